@@ -1,0 +1,30 @@
+"""lightning_field: recoverable, economically bounded training for PyTorch Lightning."""
+
+__version__ = "0.1.0"
+
+from lightning_field.checkpoint import (  # noqa: E402
+    CheckpointCorruptError,
+    CheckpointSaveError,
+    ManifestCheckpoint,
+    ResumeMismatchError,
+    latest_recoverable,
+    load_weights,
+    verify_checkpoint,
+)
+from lightning_field.core.events import EventLog, read_events  # noqa: E402
+from lightning_field.core.manifest import Manifest, read_manifest  # noqa: E402
+
+__all__ = [
+    "CheckpointCorruptError",
+    "CheckpointSaveError",
+    "EventLog",
+    "Manifest",
+    "ManifestCheckpoint",
+    "ResumeMismatchError",
+    "__version__",
+    "latest_recoverable",
+    "load_weights",
+    "read_events",
+    "read_manifest",
+    "verify_checkpoint",
+]

@@ -1,0 +1,37 @@
+"""Manifest-complete checkpoints: commit protocol, resolver, verification and the Lightning callback."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from lightning_field.checkpoint.commit import CheckpointSaveError
+from lightning_field.checkpoint.io import ManifestCheckpointIO, torch_load_verified
+from lightning_field.checkpoint.manifest_checkpoint import ManifestCheckpoint, ResumeMismatchError
+from lightning_field.checkpoint.resolver import committed_checkpoints, latest_recoverable, read_last_pointer
+from lightning_field.checkpoint.verify import CheckpointCorruptError, VerifyReport, require_intact, verify_checkpoint
+from lightning_field.core.manifest import SHARED_STATE_FILE
+
+
+def load_weights(path: str | os.PathLike[str], map_location: Any = "cpu") -> dict[str, Any]:
+    """The model ``state_dict`` of any committed checkpoint (including exports), verified first."""
+    from pathlib import Path
+
+    require_intact(path, [SHARED_STATE_FILE])
+    return torch_load_verified(Path(path) / SHARED_STATE_FILE, map_location)["state_dict"]
+
+
+__all__ = [
+    "CheckpointCorruptError",
+    "CheckpointSaveError",
+    "ManifestCheckpoint",
+    "ManifestCheckpointIO",
+    "ResumeMismatchError",
+    "VerifyReport",
+    "committed_checkpoints",
+    "latest_recoverable",
+    "load_weights",
+    "read_last_pointer",
+    "require_intact",
+    "verify_checkpoint",
+]

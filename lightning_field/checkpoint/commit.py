@@ -1,0 +1,139 @@
+"""The commit protocol: how a checkpoint directory goes from nothing to advertised.
+
+1. Every rank writes its files into a hidden temporary directory, hashing while writing, and fsyncs.
+2. Every rank's receipts (file, size, hash) are gathered.
+3. Rank 0 writes ``manifest.json`` (temporary file, fsync, rename), renames the directory into
+   place, fsyncs the parent, and replaces the ``LAST`` pointer.
+
+A crash at any point before step 3's directory rename leaves only a hidden ``.tmp-*`` directory,
+which no resolver considers and the next run deletes. After it, the checkpoint is complete.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from lightning_field.checkpoint.resolver import TEMP_PREFIXES, write_last_pointer
+from lightning_field.core.fsio import HashingWriter, exchange_or_replace_dir, fsync_dir
+from lightning_field.core.manifest import FileEntry, Manifest
+
+
+class CheckpointSaveError(RuntimeError):
+    """A save failed on some rank; nothing was committed and earlier checkpoints are untouched."""
+
+
+@dataclass
+class Receipt:
+    file: str
+    size: int
+    hash: str
+    rank: int
+    contents: list[str]
+
+
+@dataclass
+class RankOutcome:
+    rank: int
+    receipts: list[Receipt]
+    error: str | None = None
+    seconds: float = 0.0
+
+
+def temp_dir_for(dirpath: Path, name: str, token: str) -> Path:
+    return dirpath / f".tmp-{name}-{token}"
+
+
+def save_durably(obj: Any, path: Path) -> tuple[int, str]:
+    """``torch.save`` straight to disk through a hashing writer; returns (size, hash)."""
+    writer = HashingWriter(path)
+    try:
+        torch.save(obj, writer)
+        return writer.finish()
+    except BaseException:
+        writer.close()
+        raise
+
+
+def write_rank_files(tmp: Path, rank: int, files: dict[str, tuple[Any, list[str]]]) -> RankOutcome:
+    """Write this rank's files into ``tmp``; errors are returned, not raised, so every rank still
+    reaches the receipt exchange and nobody waits forever on a rank that failed."""
+    start = time.perf_counter()
+    receipts = []
+    try:
+        tmp.mkdir(parents=True, exist_ok=True)
+        for name, (obj, contents) in files.items():
+            size, digest = save_durably(obj, tmp / name)
+            receipts.append(Receipt(name, size, digest, rank, contents))
+        fsync_dir(tmp)
+    except Exception as err:
+        return RankOutcome(rank, receipts, describe_error(err), time.perf_counter() - start)
+    return RankOutcome(rank, receipts, None, time.perf_counter() - start)
+
+
+def describe_error(err: BaseException) -> str:
+    """A one-line cause, calling out a full disk explicitly (torch wraps the OSError in a RuntimeError)."""
+    chain: list[BaseException] = []
+    cur: BaseException | None = err
+    while cur is not None and cur not in chain:
+        chain.append(cur)
+        cur = cur.__cause__ or cur.__context__
+    for e in chain:
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+            return f"the disk is full or over quota ({e.strerror}, errno {e.errno}) while writing {e.filename or 'checkpoint data'}"
+    text = " ".join(str(e) for e in chain)
+    if "No space left" in text or "file write failed" in text:
+        return f"the disk is full (write failed: {chain[0]})"
+    return f"{type(err).__name__}: {err}"
+
+
+def manifest_files(outcomes: list[RankOutcome]) -> dict[str, FileEntry]:
+    return {r.file: FileEntry(r.size, r.hash, r.rank, r.contents) for o in outcomes for r in o.receipts}
+
+
+def publish(tmp: Path, final: Path, manifest: Manifest) -> None:
+    """Rank 0's step 3: manifest last, then the directory rename that makes it visible, then LAST."""
+    manifest.write(tmp)
+    fsync_dir(tmp)
+    replaced = exchange_or_replace_dir(tmp, final)
+    fsync_dir(final.parent)
+    write_last_pointer(final.parent, final)
+    if replaced is not None:
+        shutil.rmtree(replaced, ignore_errors=True)
+
+
+def discard(tmp: Path) -> None:
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+def remove_committed(path: Path) -> None:
+    """Delete a checkpoint so that no reader ever sees it half-deleted: hide it by rename first."""
+    if not path.exists():
+        return
+    hidden = path.with_name(f".trash-{path.name}-{os.getpid()}")
+    os.rename(path, hidden)
+    fsync_dir(path.parent)
+    shutil.rmtree(hidden, ignore_errors=True)
+
+
+def clean_leftovers(dirpath: Path) -> list[Path]:
+    """Delete the hidden directories interrupted saves and removals left behind."""
+    removed = []
+    if not dirpath.is_dir():
+        return removed
+    for child in dirpath.iterdir():
+        if child.is_dir() and child.name.startswith(TEMP_PREFIXES):
+            shutil.rmtree(child, ignore_errors=True)
+            removed.append(child)
+    return removed
+
+
+def outcome_summary(outcomes: list[RankOutcome]) -> list[dict[str, Any]]:
+    return [asdict(o) for o in outcomes]

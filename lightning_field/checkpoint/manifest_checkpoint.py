@@ -1,0 +1,632 @@
+"""``ManifestCheckpoint``: Lightning's ModelCheckpoint, made complete, atomic, verified and honest.
+
+It takes every ModelCheckpoint argument and keeps its scheduling (``every_n_train_steps``,
+``train_time_interval``, ``save_top_k``, ``monitor``, ``save_last``...). What changes is what a
+checkpoint *is*: a directory with the complete Lightning state, each rank's own RNG and data
+position, and a manifest written last that makes it visible. Only checkpoints that hold everything
+needed for an exact continuation are marked recoverable, and only those are resumed from.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
+from lightning.pytorch.utilities.data import extract_batch_size
+from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
+from typing_extensions import override
+
+from lightning_field.checkpoint import commit
+from lightning_field.checkpoint.io import FIELD_KEY, ManifestCheckpointIO
+from lightning_field.checkpoint.preemption import DEFAULT_SIGNALS, PreemptionWatcher
+from lightning_field.checkpoint.resolver import committed_checkpoints, latest_recoverable
+from lightning_field.core.distributed import all_gather_objects, broadcast_object
+from lightning_field.core.events import EventLog
+from lightning_field.core.manifest import SHARED_STATE_FILE, Manifest, rank_state_file
+from lightning_field.state import provenance
+from lightning_field.state.data_position import (
+    capture_sampler_state,
+    needs_replay,
+    replaying_sampler_state,
+    stale_epoch_samplers,
+)
+from lightning_field.state.rng import WorkerRngCapture, capture_rng_state, restore_rng_state
+
+log = logging.getLogger(__name__)
+
+_SUPPORTED_STRATEGIES = (SingleDeviceStrategy, DDPStrategy)
+
+
+class ResumeMismatchError(RuntimeError):
+    """The checkpoint was written by a run whose code, data, config or world size differ."""
+
+
+class ManifestCheckpoint(ModelCheckpoint):
+    """Drop-in replacement for :class:`~lightning.pytorch.callbacks.ModelCheckpoint`.
+
+    Args (beyond ModelCheckpoint's own):
+        generators: named ``torch.Generator`` objects the run draws from, captured per rank.
+        config: the run's resolved configuration (e.g. a Hydra ``DictConfig`` as a dict); defaults to
+            the module's and datamodule's hparams. Recorded (secrets redacted) and compared on resume.
+        allow_resume_mismatch: provenance differences to accept on resume, by dotted name or prefix,
+            e.g. ``["world_size", "code.git_commit", "config"]``.
+        preemption_signals: signals that trigger a save at the next step boundary and a clean stop.
+        preemption_check_every_n_steps: in multi-rank runs, how often ranks agree on a pending
+            signal (one small all-reduce); single-process runs check every step for free.
+        code_dir: where the user's code lives, for the git commit; defaults to the main script's folder.
+    """
+
+    FILE_EXTENSION = ""
+
+    def __init__(
+        self,
+        *args: Any,
+        generators: Mapping[str, torch.Generator] | None = None,
+        config: Mapping[str, Any] | None = None,
+        allow_resume_mismatch: Iterable[str] = (),
+        preemption_signals: Sequence[int] = DEFAULT_SIGNALS,
+        preemption_check_every_n_steps: int = 1,
+        code_dir: str | os.PathLike[str] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        if preemption_check_every_n_steps < 1:
+            raise ValueError(f"preemption_check_every_n_steps must be >= 1, got {preemption_check_every_n_steps}")
+        self.generators = dict(generators or {})
+        self.config = config
+        self.allow_resume_mismatch = tuple(allow_resume_mismatch)
+        self.preemption_check_every_n_steps = preemption_check_every_n_steps
+        self.code_dir = code_dir
+        self._watcher = PreemptionWatcher(preemption_signals, on_first=self._forward_signal)
+        self._trainer: pl.Trainer | None = None
+        self._pending_rng: dict[str, Any] | None = None
+        self._samples_seen = 0
+        self._tokens_seen: int | None = None
+        self._static_provenance: dict[str, Any] = {}
+        self._data_fingerprint: dict[str, Any] | None = None
+        self._resumed_manifest: Manifest | None = None
+        self._events: EventLog | None = None
+        self._prefetch_hook_installed = False
+        self.preempted_checkpoint: str | None = None
+        self._last_copy: str | None = None
+        self._deferred_batch_end: tuple[Any, Any, int] | None = None
+        self._loaded_loader_states: list[Any] | None = None
+        self._loaded_sampler_state: list[dict[str, Any]] = []
+
+    # ------------------------------------------------------------------ setup
+    @override
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
+        if not isinstance(trainer.strategy, _SUPPORTED_STRATEGIES):
+            raise NotImplementedError(
+                f"ManifestCheckpoint supports single-device and DDP strategies; {type(trainer.strategy).__name__}"
+                " shards its state, which needs the distributed-checkpoint path (not built yet)."
+            )
+        self._trainer = trainer
+        if not isinstance(trainer.strategy.checkpoint_io, ManifestCheckpointIO):
+            trainer.strategy.checkpoint_io = ManifestCheckpointIO(trainer.strategy.checkpoint_io, self._check_resume)
+        self._static_provenance = {
+            "code": provenance.code_provenance(self.code_dir),
+            "config": provenance.config_provenance(self._run_config(trainer, pl_module)),
+            "environment": provenance.environment_provenance(trainer),
+        }
+        if trainer.is_global_zero:
+            for leftover in commit.clean_leftovers(Path(self.dirpath)):
+                log.info("Removed leftover from an interrupted save: %s", leftover)
+            self._events = EventLog(trainer.default_root_dir)
+        if stage == "fit":
+            self._install_prefetch_hook(trainer)
+            self._install_worker_rng_capture(trainer)
+            ours = str(trainer.ckpt_path) if trainer.ckpt_path else None
+            theirs = broadcast_object(ours)
+            if ours != theirs:
+                raise RuntimeError(
+                    f"Ranks resolved different checkpoints to resume from: rank 0 {theirs!r}, rank"
+                    f" {trainer.global_rank} {ours!r}. Pass an explicit ckpt_path."
+                )
+
+    def _run_config(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> Any:
+        if self.config is not None:
+            return dict(self.config)
+        config: dict[str, Any] = {"model": dict(pl_module.hparams)}
+        datamodule = trainer.datamodule
+        if datamodule is not None and getattr(datamodule, "hparams", None):
+            config["datamodule"] = dict(datamodule.hparams)
+        return config
+
+    def _install_prefetch_hook(self, trainer: pl.Trainer) -> None:
+        """Run ``_before_train_fetch`` immediately before every training batch is fetched.
+
+        Lightning calls the epoch loop's ``_on_before_fetch`` right before ``next()`` on the train
+        data; wrapping it on the instance survives the per-epoch re-wiring. RNG state restored here
+        is the state the uninterrupted run had when it fetched the same batch.
+        """
+        epoch_loop = trainer.fit_loop.epoch_loop
+        original = getattr(epoch_loop, "_on_before_fetch", None)
+        if original is None or getattr(original, "_lightning_field", False):
+            self._prefetch_hook_installed = original is not None
+            return
+
+        def before_fetch() -> None:
+            self._before_train_fetch()
+            original()
+
+        before_fetch._lightning_field = True  # type: ignore[attr-defined]
+        epoch_loop._on_before_fetch = before_fetch
+        self._prefetch_hook_installed = True
+
+    def _install_worker_rng_capture(self, trainer: pl.Trainer) -> None:
+        """Make the train loaders' worker randomness resumable (see ``WorkerRngCapture``).
+
+        Workers start as soon as the loader is first iterated, before any callback hook, so the
+        loader is patched as the data source hands it out.
+        """
+        source = trainer.fit_loop._data_source
+        instance = getattr(source, "instance", None)
+        if instance is None:
+            return
+        if hasattr(instance, "worker_init_fn"):
+            _patch_loader(instance)
+            return
+        method = getattr(instance, source.name, None)
+        if method is None or getattr(method, "_lightning_field", False):
+            return
+
+        def patched_train_dataloader() -> Any:
+            loaders = method()
+            _apply_to_loaders(loaders, _patch_loader)
+            return loaders
+
+        patched_train_dataloader._lightning_field = True  # type: ignore[attr-defined]
+        setattr(instance, source.name, patched_train_dataloader)
+
+    # ------------------------------------------------------------------ training hooks
+    @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        super().on_train_start(trainer, pl_module)
+        self._watcher.install()
+        loaders = list(_iter_loaders(trainer.train_dataloader))
+        fingerprint = None
+        if trainer.is_global_zero:
+            fingerprint = provenance.data_provenance(trainer.datamodule, loaders[0] if loaders else None)
+        self._data_fingerprint = broadcast_object(fingerprint)
+        if self._resumed_manifest is not None:
+            saved = self._resumed_manifest.provenance.get("data")
+            if saved is not None:
+                self._refuse_on_differences({"data": saved}, {"data": self._data_fingerprint}, self._resumed_manifest)
+        _undo_epoch_end_double_count(trainer)
+        self._realign_resumed_samplers(trainer)
+        if not self._prefetch_hook_installed:
+            self._before_train_fetch()
+        if self._events is not None:
+            self._events.emit("fit_start", step=trainer.global_step)
+
+    def _realign_resumed_samplers(self, trainer: pl.Trainer) -> None:
+        """Rebuild the resumed train iterator so it continues the uninterrupted run's order.
+
+        Lightning creates the resumed iterator before it calls ``set_epoch``, and a sampler wrapped
+        by Lightning's ``DistributedSamplerWrapper`` is not restored by the loader at all. So the
+        epoch is set, the saved epoch order is replayed, the loader's saved position applied again
+        and the iterator rebuilt.
+        """
+        states, self._loaded_loader_states = self._loaded_loader_states, None
+        samplers, self._loaded_sampler_state = self._loaded_sampler_state, []
+        fit_loop = trainer.fit_loop
+        combined = fit_loop._combined_loader
+        if not states or combined is None or fit_loop._data_fetcher is None:
+            return
+        loaders = list(combined.flattened)
+        epoch = trainer.current_epoch
+        stale = stale_epoch_samplers(loaders, epoch)
+        if not stale and not needs_replay(samplers):
+            return
+        for sampler in stale:
+            sampler.set_epoch(epoch)
+        with replaying_sampler_state(loaders, samplers):
+            combined._load_state_dicts(states)
+            iter(fit_loop._data_fetcher)
+
+    def _before_train_fetch(self) -> None:
+        # Restored before every fetch *attempt* until a batch actually arrives: a resumed epoch
+        # that is already exhausted attempts one fetch that only raises StopIteration.
+        if self._pending_rng is not None:
+            unrestored = restore_rng_state(self._pending_rng, self.generators)
+            if unrestored:
+                rank_zero_warn(f"Could not restore RNG state for {unrestored}: the continuation may differ")
+
+    @override
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int) -> None:
+        self._pending_rng = None
+
+    @override
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        self._count_batch(batch)
+        if trainer.fit_loop.epoch_loop.batch_progress.is_last_batch:
+            # Lightning 2.6 restores a checkpoint taken at the last batch's end as an unfinished
+            # epoch and then counts that epoch twice, which shifts every epoch-seeded sampler. The
+            # same step saved at the epoch's end restores cleanly, and nothing trains in between.
+            self._deferred_batch_end = (outputs, batch, batch_idx)
+            return
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        self._maybe_save_on_preemption(trainer)
+
+    @override
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        deferred, self._deferred_batch_end = self._deferred_batch_end, None
+        if deferred is not None:
+            super().on_train_batch_end(trainer, pl_module, *deferred)
+            self._maybe_save_on_preemption(trainer)
+        super().on_train_epoch_end(trainer, pl_module)
+
+    def _count_batch(self, batch: Any) -> None:
+        # Shapes are host metadata: counting does not synchronise the device.
+        try:
+            self._samples_seen += extract_batch_size(batch)
+        except Exception:  # an exotic batch without a discoverable size is simply not counted
+            return
+        if isinstance(batch, Mapping) and isinstance(batch.get("input_ids"), torch.Tensor):
+            self._tokens_seen = (self._tokens_seen or 0) + int(batch["input_ids"].numel())
+
+    @override
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        self._watcher.uninstall()
+        super().on_exception(trainer, pl_module, exception)
+
+    @override
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._watcher.uninstall()
+        super().teardown(trainer, pl_module, stage)
+
+    # ------------------------------------------------------------------ preemption
+    def _forward_signal(self, signum: int) -> None:
+        # With Lightning's subprocess launcher only rank 0 may receive the signal; pass it on.
+        launcher = getattr(self._trainer.strategy, "launcher", None) if self._trainer else None
+        if launcher is not None and hasattr(launcher, "kill"):
+            launcher.kill(signum)
+
+    def _maybe_save_on_preemption(self, trainer: pl.Trainer) -> None:
+        if trainer.world_size > 1:
+            if trainer.global_step % self.preemption_check_every_n_steps != 0:
+                return
+            agreed = trainer.strategy.reduce_boolean_decision(self._watcher.requested, all=False)
+        else:
+            agreed = self._watcher.requested
+        if not agreed:
+            return
+        if self._last_global_step_saved != trainer.global_step or not self._last_checkpoint_saved:
+            candidates = self._monitor_candidates(trainer)
+            filepath = self.format_checkpoint_name(candidates, "preempted-{step}")
+            self._save_checkpoint(trainer, filepath)
+        self.preempted_checkpoint = self._last_checkpoint_saved
+        trainer.should_stop = True
+        sig = self._watcher.received
+        name = signal.Signals(sig).name if sig is not None else "a peer rank's signal"
+        if self._events is not None:
+            self._events.emit("preempted", step=trainer.global_step, payload={"signal": name, "path": self.preempted_checkpoint})
+        rank_zero_info(
+            f"Preempted ({name}): saved recoverable checkpoint {self.preempted_checkpoint} at step"
+            f" {trainer.global_step}; stopping. Resume with trainer.fit(..., ckpt_path='last')."
+        )
+
+    # ------------------------------------------------------------------ saving
+    @override
+    def _save_checkpoint(self, trainer: pl.Trainer, filepath: str) -> None:
+        start = time.perf_counter()
+        final = Path(filepath)
+        if self._events is not None:
+            self._events.emit("ckpt_save_start", step=trainer.global_step, payload={"path": str(final)})
+        if trainer.model is None:
+            raise AttributeError("Saving a checkpoint is only possible if a model is attached to the Trainer.")
+        checkpoint = trainer._checkpoint_connector.dump_checkpoint(self.save_weights_only)
+        rng = capture_rng_state(self.generators)
+        rank_state, rank_missing = self._rank_state(trainer, checkpoint, rng)
+        rank = trainer.global_rank
+        files: dict[str, tuple[Any, list[str]]] = {rank_state_file(rank): (rank_state, ["rng", "data_position"])}
+        shared_components: list[str] = []
+        if trainer.is_global_zero:
+            shared_components = _shared_components(checkpoint, trainer)
+            files[SHARED_STATE_FILE] = (checkpoint, shared_components)
+        token = broadcast_object(uuid.uuid4().hex[:8])
+        tmp = commit.temp_dir_for(final.parent, final.name, token)
+        outcome = commit.write_rank_files(tmp, rank, files)
+        outcomes: list[commit.RankOutcome] = all_gather_objects(outcome)
+        missing_all: list[list[str]] = all_gather_objects(rank_missing)
+        error = None
+        failed = [o for o in outcomes if o.error]
+        if failed:
+            error = "; ".join(f"rank {o.rank}: {o.error}" for o in failed)
+        elif trainer.is_global_zero:
+            try:
+                manifest = self._build_manifest(trainer, final, checkpoint, outcomes, missing_all, shared_components)
+                manifest.save_seconds = time.perf_counter() - start
+                commit.publish(tmp, final, manifest)
+            except Exception as err:
+                error = f"rank 0 (commit): {commit.describe_error(err)}"
+        if trainer.is_global_zero and error is not None:
+            commit.discard(tmp)
+        error = broadcast_object(error)
+        if error is not None:
+            previous = self._last_checkpoint_saved or "none"
+            raise commit.CheckpointSaveError(
+                f"Checkpoint {final} was not saved: {error}. Nothing was committed; the previous checkpoint"
+                f" ({previous}) is intact."
+            )
+        self._last_global_step_saved = trainer.global_step
+        self._last_checkpoint_saved = str(final)
+        self._pending_rng = rng
+        seconds = time.perf_counter() - start
+        if self._events is not None:
+            self._events.emit("ckpt_committed", step=trainer.global_step, payload={"path": str(final), "blocking_s": seconds})
+        if trainer.is_global_zero:
+            from weakref import proxy
+
+            for logger in trainer.loggers:
+                logger.after_save_checkpoint(proxy(self))
+
+    def _rank_state(
+        self, trainer: pl.Trainer, checkpoint: dict[str, Any], rng: dict[str, Any]
+    ) -> tuple[dict[str, Any], list[str]]:
+        loaders = list(_iter_loaders(trainer.train_dataloader))
+        stateful = bool(loaders) and all(callable(getattr(dl, "state_dict", None)) for dl in loaders)
+        fit_loop_state = checkpoint.get("loops", {}).get("fit_loop", {}).get("state_dict", {})
+        missing = []
+        if self.save_weights_only:
+            missing.append("rng and data position (save_weights_only=True makes an export, not a recovery point)")
+        elif not stateful:
+            kinds = sorted({type(dl).__name__ for dl in loaders}) or ["no train dataloader"]
+            missing.append(
+                f"data_position (rank {trainer.global_rank}: the train loader {', '.join(kinds)} has no state_dict;"
+                " use torchdata.stateful_dataloader.StatefulDataLoader)"
+            )
+        epoch_loop = trainer.fit_loop.epoch_loop
+        state = {
+            "rank": trainer.global_rank,
+            "rng": rng,
+            "data_position": {
+                "loader_states": fit_loop_state.get("combined_loader", []),
+                "stateful": stateful,
+                "epoch": trainer.current_epoch,
+                "batch_idx": epoch_loop.batch_progress.current.completed,
+                "global_step": trainer.global_step,
+                "samples_seen": self._samples_seen,
+                "tokens_seen": self._tokens_seen,
+                "sampler_state": capture_sampler_state(loaders),
+            },
+        }
+        return state, missing
+
+    def _build_manifest(
+        self,
+        trainer: pl.Trainer,
+        final: Path,
+        checkpoint: dict[str, Any],
+        outcomes: list[commit.RankOutcome],
+        missing_all: list[list[str]],
+        shared_components: list[str],
+    ) -> Manifest:
+        components: dict[str, list[int]] = {c: [0] for c in shared_components}
+        components["rng"] = sorted(o.rank for o in outcomes)
+        components["data_position"] = sorted(
+            o.rank for o, missing in zip(outcomes, missing_all) if not any(m.startswith("data_position") for m in missing)
+        )
+        missing = sorted({m for ranks in missing_all for m in ranks})
+        missing += _missing_shared(checkpoint, trainer, shared_components, self.save_weights_only)
+        model_state = checkpoint.get("state_dict", {})
+        return Manifest(
+            name=final.name,
+            step=trainer.global_step,
+            epoch=trainer.current_epoch,
+            world_size=trainer.world_size,
+            files=commit.manifest_files(outcomes),
+            components=components,
+            recoverable=not missing,
+            missing=missing,
+            kind="export" if self.save_weights_only else "recovery",
+            provenance={
+                **self._static_provenance,
+                "data": self._data_fingerprint,
+                "model": provenance.model_provenance(model_state),
+                "world_size": trainer.world_size,
+            },
+        )
+
+    # ------------------------------------------------------------------ save_last, retention, resolution
+    @override
+    def _save_last_checkpoint(self, trainer: pl.Trainer, monitor_candidates: dict[str, Any]) -> None:
+        if not self.save_last:
+            return
+        previous_copy = self._last_copy
+        if self._last_checkpoint_saved and self._last_global_step_saved == trainer.global_step:
+            # This step is already committed: "last" is a name for it, not a second copy.
+            self.last_model_path = self._last_checkpoint_saved
+            self._last_copy = None
+        else:
+            filepath = self.format_checkpoint_name(monitor_candidates, self.CHECKPOINT_NAME_LAST)
+            version = self.STARTING_VERSION
+            while self.file_exists(filepath, trainer):
+                filepath = self.format_checkpoint_name(monitor_candidates, self.CHECKPOINT_NAME_LAST, ver=version)
+                version += 1
+            self.last_model_path = filepath
+            self._save_checkpoint(trainer, filepath)
+            self._last_copy = filepath
+        # Only a checkpoint written solely to serve as "last" is retired here; top-k ones keep their own rules.
+        if (
+            previous_copy
+            and previous_copy != self.last_model_path
+            and self._should_remove_checkpoint(trainer, previous_copy, self.last_model_path)
+        ):
+            self._remove_checkpoint(trainer, previous_copy)
+
+    @override
+    def _remove_checkpoint(self, trainer: pl.Trainer, filepath: str) -> None:
+        reason = None
+        if trainer.is_global_zero:
+            reason = self._protection_reason(filepath)
+        reason = broadcast_object(reason)
+        if reason is not None:
+            rank_zero_info(f"Keeping {filepath}: {reason}")
+            return
+        super()._remove_checkpoint(trainer, filepath)
+
+    def _protection_reason(self, filepath: str) -> str | None:
+        target = Path(filepath).resolve()
+        if self.save_last and self.last_model_path and Path(self.last_model_path).resolve() == target:
+            return "it is the last checkpoint"
+        entries = committed_checkpoints(Path(filepath).parent)
+        recoverable = [e for e in entries if e.manifest is not None and e.manifest.recoverable]
+        if any(e.path.resolve() == target for e in recoverable) and len(recoverable) == 1:
+            return "it is the only recoverable checkpoint"
+        return None
+
+    @override
+    def _find_last_checkpoints(self, trainer: pl.Trainer) -> set[str]:
+        dirpath = self._ModelCheckpoint__resolve_ckpt_dir(trainer)  # type: ignore[attr-defined]
+        found = latest_recoverable(dirpath)
+        return {str(found)} if found is not None else set()
+
+    # ------------------------------------------------------------------ resuming
+    def _check_resume(self, manifest: Manifest, path: Path) -> None:
+        """Called by the CheckpointIO before anything is unpickled."""
+        if not manifest.recoverable:
+            raise ResumeMismatchError(
+                f"Checkpoint {path} is not recoverable, it lacks: {'; '.join(manifest.missing)}. Load its weights"
+                " with lightning_field.load_weights() instead of resuming from it."
+            )
+        trainer = self._trainer
+        current = {
+            "code": self._static_provenance.get("code", {}),
+            "config": {"resolved": self._static_provenance.get("config", {}).get("resolved")},
+            "world_size": trainer.world_size if trainer else manifest.world_size,
+        }
+        saved = {
+            "code": manifest.provenance.get("code", {}),
+            "config": {"resolved": manifest.provenance.get("config", {}).get("resolved")},
+            "world_size": manifest.world_size,
+        }
+        self._refuse_on_differences(saved, current, manifest, path)
+        self._resumed_manifest = manifest
+
+    def _refuse_on_differences(
+        self, saved: Mapping[str, Any], current: Mapping[str, Any], manifest: Manifest, path: Path | None = None
+    ) -> None:
+        diffs = provenance.diff_provenance(saved, current)
+        blocking = {k: v for k, v in diffs.items() if not _allowed(k, self.allow_resume_mismatch)}
+        for key in set(diffs) - set(blocking):
+            rank_zero_warn(f"Resuming despite allowed difference {key}: {diffs[key][0]!r} -> {diffs[key][1]!r}")
+        if blocking:
+            where = path or manifest.name
+            lines = "\n".join(f"  {k}: {a!r} (checkpoint) != {b!r} (this run)" for k, (a, b) in sorted(blocking.items()))
+            names = ", ".join(repr(k) for k in sorted(blocking))
+            raise ResumeMismatchError(
+                f"Refusing to resume from {where}: it was written by a different run.\n{lines}\n"
+                f"If this is intended, allow it explicitly: ManifestCheckpoint(allow_resume_mismatch=[{names}])."
+            )
+
+    @override
+    def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]) -> None:
+        field = checkpoint.get(FIELD_KEY)
+        if not field:
+            return
+        rank_state = field.get("rank_state")
+        if rank_state is not None:
+            self._pending_rng = rank_state["rng"]
+            position = rank_state.get("data_position", {})
+            self._loaded_loader_states = position.get("loader_states") or None
+            self._loaded_sampler_state = position.get("sampler_state") or []
+            self._samples_seen = int(position.get("samples_seen") or 0)
+            self._tokens_seen = position.get("tokens_seen")
+        if self._events is not None:
+            self._events.emit(
+                "ckpt_load", step=field["manifest"].step, payload={"path": field["path"], "seconds": field["load_seconds"]}
+            )
+
+
+def _undo_epoch_end_double_count(trainer: pl.Trainer) -> None:
+    """Compensate Lightning 2.6 counting a restored, already-processed epoch as processed twice.
+
+    Resuming from a checkpoint taken at ``on_train_epoch_end``, the fit loop replays that epoch's
+    end and increments ``processed`` again, so every later ``set_epoch`` is one ahead of the
+    uninterrupted run and an epoch-seeded sampler (DistributedSampler) shuffles differently.
+    """
+    fit_loop = trainer.fit_loop
+    progress = fit_loop.epoch_progress
+    if fit_loop.restarted_on_epoch_end and progress.total.processed == progress.total.started:
+        progress.total.processed -= 1
+        progress.current.processed -= 1
+
+
+def _allowed(key: str, allowed: Iterable[str]) -> bool:
+    return any(key == a or key.startswith(a + ".") for a in allowed)
+
+
+def _shared_components(checkpoint: dict[str, Any], trainer: pl.Trainer) -> list[str]:
+    present = []
+    if "state_dict" in checkpoint:
+        present.append("model")
+    if checkpoint.get("optimizer_states"):
+        present.append("optimizer")
+    if checkpoint.get("lr_schedulers"):
+        present.append("lr_schedulers")
+    if trainer.precision_plugin.__class__.__qualname__ in checkpoint:
+        present.append("precision")
+    if "loops" in checkpoint:
+        present.append("loops")
+    if "callbacks" in checkpoint:
+        present.append("callbacks")
+    if trainer.datamodule is not None and trainer.datamodule.__class__.__qualname__ in checkpoint:
+        present.append("datamodule")
+    if "hyper_parameters" in checkpoint:
+        present.append("hparams")
+    return present
+
+
+def _missing_shared(checkpoint: dict[str, Any], trainer: pl.Trainer, present: list[str], weights_only: bool) -> list[str]:
+    required = ["model", "loops"]
+    if weights_only:
+        return ["optimizer, schedulers and callback state (save_weights_only=True makes an export, not a recovery point)"]
+    required.append("callbacks")
+    if trainer.optimizers:
+        required.append("optimizer")
+    if trainer.lr_scheduler_configs:
+        required.append("lr_schedulers")
+    if trainer.precision_plugin.state_dict():
+        required.append("precision")
+    return [name for name in required if name not in present]
+
+
+def _iter_loaders(loaders: Any) -> Iterable[Any]:
+    if loaders is None:
+        return
+    flattened = getattr(loaders, "flattened", None)
+    if flattened is not None:
+        yield from flattened
+    elif isinstance(loaders, Mapping):
+        for value in loaders.values():
+            yield from _iter_loaders(value)
+    elif isinstance(loaders, (list, tuple)):
+        for value in loaders:
+            yield from _iter_loaders(value)
+    else:
+        yield loaders
+
+
+def _apply_to_loaders(loaders: Any, fn: Any) -> None:
+    for loader in _iter_loaders(loaders):
+        fn(loader)
+
+
+def _patch_loader(loader: Any) -> None:
+    if getattr(loader, "num_workers", 0) and not isinstance(loader.worker_init_fn, WorkerRngCapture):
+        loader.worker_init_fn = WorkerRngCapture(loader.worker_init_fn)

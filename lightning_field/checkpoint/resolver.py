@@ -1,0 +1,85 @@
+"""Finding the checkpoint to resume from: the newest one that is committed, recoverable and intact."""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from lightning_field.checkpoint.verify import verify_checkpoint
+from lightning_field.core.fsio import atomic_write_bytes
+from lightning_field.core.manifest import Manifest, ManifestError, is_checkpoint_dir, read_manifest
+
+log = logging.getLogger(__name__)
+
+LAST_POINTER = "LAST"
+TEMP_PREFIXES = (".tmp-", ".trash-")
+
+
+@dataclass
+class CheckpointEntry:
+    path: Path
+    manifest: Manifest | None
+    error: str | None = None
+
+
+def committed_checkpoints(dirpath: str | os.PathLike[str]) -> list[CheckpointEntry]:
+    """Every committed checkpoint directory under ``dirpath``, newest first.
+
+    Hidden directories (in-flight ``.tmp-*`` writes, ``.trash-*`` removals) are never candidates:
+    their manifest, if any, was not published by the commit rename.
+    """
+    root = Path(dirpath)
+    if not root.is_dir():
+        return []
+    entries = []
+    for child in root.iterdir():
+        if child.name.startswith(".") or not child.is_dir() or not is_checkpoint_dir(child):
+            continue
+        try:
+            entries.append(CheckpointEntry(child, read_manifest(child)))
+        except ManifestError as err:
+            entries.append(CheckpointEntry(child, None, str(err)))
+
+    def order(entry: CheckpointEntry) -> tuple[int, float]:
+        m = entry.manifest
+        return (m.step, m.created_unix) if m else (-1, 0.0)
+
+    return sorted(entries, key=order, reverse=True)
+
+
+def latest_recoverable(dirpath: str | os.PathLike[str]) -> Path | None:
+    """The newest checkpoint under ``dirpath`` that is recoverable and passes full verification.
+
+    A newer checkpoint that fails verification is skipped with a warning naming the bad file, so a
+    corrupt save costs only the progress since the previous one.
+    """
+    for entry in committed_checkpoints(dirpath):
+        if entry.manifest is None:
+            log.warning("Skipping %s: %s", entry.path, entry.error)
+            continue
+        if not entry.manifest.recoverable:
+            continue
+        report = verify_checkpoint(entry.path)
+        if report.recoverable:
+            return entry.path
+        log.warning(
+            "Skipping checkpoint %s, it failed verification (falling back to an older one):\n  %s",
+            entry.path,
+            "\n  ".join(report.problems),
+        )
+    return None
+
+
+def write_last_pointer(dirpath: str | os.PathLike[str], checkpoint: str | os.PathLike[str]) -> None:
+    """Point ``LAST`` at ``checkpoint`` by atomic replace: readers never see it missing."""
+    atomic_write_bytes(Path(dirpath) / LAST_POINTER, (Path(checkpoint).name + "\n").encode())
+
+
+def read_last_pointer(dirpath: str | os.PathLike[str]) -> Path | None:
+    pointer = Path(dirpath) / LAST_POINTER
+    if not pointer.is_file():
+        return None
+    name = pointer.read_text().strip()
+    return Path(dirpath) / name if name else None

@@ -1,0 +1,1 @@
+"""Shared foundations: durable I/O, the manifest schema, the event log and rank-safe helpers."""

@@ -1,0 +1,72 @@
+"""The run's append-only event log (``<run>/field/events.jsonl``): the single source of time accounting.
+
+Each line is one JSON object, appended and fsynced by global rank 0, so it survives SIGKILL. A crash
+leaves no ``attempt_end``; the next process's ``attempt_start`` marks the interruption.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+EVENTS_RELPATH = Path("field") / "events.jsonl"
+
+
+def read_events(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """All complete events; a torn last line (a crash mid-append) is ignored."""
+    path = Path(run_dir) / EVENTS_RELPATH
+    if not path.is_file():
+        return []
+    events = []
+    for line in path.read_text().splitlines():
+        try:
+            events.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return events
+
+
+class EventLog:
+    """Appends events for one attempt of a run. Construct on global rank 0 only.
+
+    Opening the log in a process that has not yet started an attempt appends ``attempt_start``;
+    every later opener in the same process joins that attempt, so several callbacks share it.
+    """
+
+    def __init__(self, run_dir: str | os.PathLike[str], run_id: str | None = None) -> None:
+        self.path = Path(run_dir) / EVENTS_RELPATH
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        previous = read_events(run_dir)
+        self.run_id = run_id or next((e["run_id"] for e in previous if "run_id" in e), None) or os.urandom(6).hex()
+        starts = [e for e in previous if e.get("event") == "attempt_start"]
+        mine = [e for e in starts if e.get("payload", {}).get("pid") == os.getpid()]
+        if mine:
+            self.attempt = int(mine[-1]["attempt"])
+        else:
+            self.attempt = len(starts) + 1
+            self.emit("attempt_start", payload={"pid": os.getpid()})
+
+    def emit(self, event: str, step: int | None = None, payload: dict[str, Any] | None = None) -> None:
+        record = {
+            "run_id": self.run_id,
+            "attempt": self.attempt,
+            "event": event,
+            "wall_time": time.time(),
+            "monotonic": time.monotonic(),
+            "step": step,
+            "payload": payload or {},
+        }
+        line = (json.dumps(record, default=str) + "\n").encode()
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, line)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        return iter(read_events(self.path.parent.parent))

@@ -1,0 +1,92 @@
+"""The manifest schema: the one description of what a checkpoint holds, readable without torch.
+
+``manifest.json`` is written last and published by rename, so its presence *is* the commit. Every
+consumer (the resolver, ``field ckpt``, and later evidence and release records) reads checkpoints
+through this module rather than by looking at files.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lightning_field.core.fsio import HASH_ALGORITHM, atomic_write_bytes
+
+FORMAT = "lightning_field.checkpoint/1"
+MANIFEST_NAME = "manifest.json"
+SHARED_STATE_FILE = "state.pt"
+
+
+def rank_state_file(rank: int) -> str:
+    return f"rank-{rank:05d}.pt"
+
+
+class ManifestError(ValueError):
+    """A manifest is missing, unreadable, or of a format this version cannot read."""
+
+
+@dataclass
+class FileEntry:
+    size: int
+    hash: str
+    rank: int
+    contents: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Manifest:
+    name: str
+    step: int
+    epoch: int
+    world_size: int
+    files: dict[str, FileEntry]
+    components: dict[str, list[int]]
+    recoverable: bool
+    missing: list[str]
+    kind: str = "recovery"
+    provenance: dict[str, Any] = field(default_factory=dict)
+    created_unix: float = field(default_factory=time.time)
+    save_seconds: float | None = None
+    format: str = FORMAT
+    hash_algorithm: str = HASH_ALGORITHM
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=True, default=str)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Manifest:
+        fmt = data.get("format")
+        if fmt != FORMAT:
+            raise ManifestError(f"unsupported checkpoint format {fmt!r}; this version reads {FORMAT!r}")
+        if data.get("hash_algorithm") != HASH_ALGORITHM:
+            raise ManifestError(f"unsupported hash algorithm {data.get('hash_algorithm')!r}")
+        payload = dict(data)
+        payload["files"] = {name: FileEntry(**entry) for name, entry in data["files"].items()}
+        known = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in payload.items() if k in known})
+
+    def write(self, directory: Path) -> None:
+        atomic_write_bytes(directory / MANIFEST_NAME, self.to_json().encode())
+
+
+def read_manifest(checkpoint_dir: str | Path) -> Manifest:
+    path = Path(checkpoint_dir) / MANIFEST_NAME
+    try:
+        raw = path.read_text()
+    except FileNotFoundError as err:
+        raise ManifestError(f"{path}: no manifest, so this is not a committed checkpoint") from err
+    try:
+        data = json.loads(raw)
+    except json.JSONDecodeError as err:
+        raise ManifestError(f"{path}: manifest is not valid JSON ({err})") from err
+    try:
+        return Manifest.from_dict(data)
+    except (KeyError, TypeError) as err:
+        raise ManifestError(f"{path}: manifest lacks a required field ({err})") from err
+
+
+def is_checkpoint_dir(path: str | Path) -> bool:
+    return (Path(path) / MANIFEST_NAME).is_file()

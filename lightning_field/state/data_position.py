@@ -1,0 +1,118 @@
+"""Data position beyond what the loader saves itself: the order of a wrapped sampler's epoch.
+
+A StatefulDataLoader restores its own sampler, but not a sampler wrapped around another one, such as
+the ``DistributedSamplerWrapper`` Lightning injects under DDP. That wrapper materialises its inner
+sampler's order once per epoch, and the inner sampler draws it from a ``torch.Generator``; how many
+draws happen per epoch depends on loader internals (worker count, resume path). So the order in use
+and the generators' current state are saved as they are, and a resume replays that order instead of
+re-drawing it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+_MAX_DEPTH = 5
+
+
+def sampler_generators(loader: Any) -> dict[str, torch.Generator]:
+    """Every ``torch.Generator`` reachable from the loader's samplers, keyed by attribute path."""
+    found: dict[str, torch.Generator] = {}
+    seen: set[int] = set()
+
+    def walk(obj: Any, path: str, depth: int) -> None:
+        if obj is None or id(obj) in seen or depth > _MAX_DEPTH:
+            return
+        seen.add(id(obj))
+        if isinstance(obj, torch.Generator):
+            found[path] = obj
+            return
+        attrs = getattr(obj, "__dict__", None)
+        if not attrs:
+            return
+        for name, value in attrs.items():
+            if isinstance(value, (torch.Tensor, str, bytes, int, float, list, dict, tuple)):
+                continue
+            walk(value, f"{path}.{name}", depth + 1)
+
+    walk(getattr(loader, "sampler", None), "sampler", 0)
+    walk(getattr(loader, "batch_sampler", None), "batch_sampler", 0)
+    return found
+
+
+def _wrapped_sampler_orders(loader: Any) -> dict[str, Any]:
+    """The ``_DatasetSamplerWrapper`` objects (inside Lightning's DistributedSamplerWrapper), by path."""
+    from lightning.pytorch.overrides.distributed import _DatasetSamplerWrapper
+
+    batch_sampler = getattr(loader, "batch_sampler", None)
+    candidates = {"sampler": getattr(loader, "sampler", None), "batch_sampler.sampler": getattr(batch_sampler, "sampler", None)}
+    return {
+        path: sampler.dataset
+        for path, sampler in candidates.items()
+        if isinstance(getattr(sampler, "dataset", None), _DatasetSamplerWrapper)
+    }
+
+
+def capture_sampler_state(loaders: Iterable[Any]) -> list[dict[str, Any]]:
+    """Per loader: its sampler generators' states and any wrapped sampler's current epoch order."""
+    states = []
+    for loader in loaders:
+        orders = {
+            path: torch.tensor(wrapper._sampler_list, dtype=torch.int64)
+            for path, wrapper in _wrapped_sampler_orders(loader).items()
+            if getattr(wrapper, "_sampler_list", None) is not None
+        }
+        generators = {path: gen.get_state() for path, gen in sampler_generators(loader).items()}
+        states.append({"generators": generators, "wrapped_orders": orders})
+    return states
+
+
+def needs_replay(saved: list[dict[str, Any]]) -> bool:
+    return any(state.get("wrapped_orders") for state in saved)
+
+
+@contextmanager
+def replaying_sampler_state(loaders: list[Any], saved: list[dict[str, Any]]) -> Iterator[None]:
+    """While a resumed iterator is rebuilt, wrapped samplers replay the saved epoch order.
+
+    On exit, every sampler generator is put back to its saved state, so later epochs draw exactly
+    what the uninterrupted run drew.
+    """
+    patched = []
+    for loader, state in zip(loaders, saved):
+        wrappers = _wrapped_sampler_orders(loader)
+        for path, order in state.get("wrapped_orders", {}).items():
+            wrapper = wrappers.get(path)
+            if wrapper is None or "reset" in vars(wrapper):
+                continue
+
+            def reset(wrapper: Any = wrapper, order: torch.Tensor = order) -> None:
+                wrapper._sampler_list = order.tolist()
+
+            wrapper.reset = reset
+            patched.append(wrapper)
+    try:
+        yield
+    finally:
+        for wrapper in patched:
+            del wrapper.reset
+        for loader, state in zip(loaders, saved):
+            generators = sampler_generators(loader)
+            for path, gen_state in state.get("generators", {}).items():
+                if path in generators:
+                    generators[path].set_state(gen_state)
+
+
+def stale_epoch_samplers(loaders: Iterable[Any], epoch: int) -> list[Any]:
+    """Epoch-seeded samplers whose ``epoch`` is not the one being resumed."""
+    stale = []
+    for dl in loaders:
+        batch_sampler = getattr(dl, "batch_sampler", None)
+        for sampler in (getattr(dl, "sampler", None), getattr(batch_sampler, "sampler", None)):
+            if callable(getattr(sampler, "set_epoch", None)) and getattr(sampler, "epoch", epoch) != epoch:
+                stale.append(sampler)
+    return stale

@@ -1,0 +1,177 @@
+"""Provenance: which code, config, data, model and environment produced a checkpoint.
+
+Recorded in the manifest so a resume into a different run is refused with a readable diff instead
+of silently continuing somebody else's experiment. Secrets never enter it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import re
+import socket
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+_SECRET_KEY = re.compile(r"(api[_-]?key|token|secret|password|passwd|credential|auth|private[_-]?key)", re.IGNORECASE)
+_SECRET_VALUE = re.compile(r"^(sk-|ghp_|gho_|xox[bap]-|AKIA)[A-Za-z0-9_\-]{8,}|^[0-9a-f]{40}$")
+REDACTED = "<redacted>"
+
+
+def scrub_secrets(value: Any) -> Any:
+    """A copy of ``value`` with secret-looking keys and values redacted."""
+    if isinstance(value, Mapping):
+        return {
+            str(k): (REDACTED if _SECRET_KEY.search(str(k)) else scrub_secrets(v)) for k, v in value.items()
+        }
+    if isinstance(value, (list, tuple)):
+        return [scrub_secrets(v) for v in value]
+    if isinstance(value, str) and _SECRET_VALUE.match(value):
+        return REDACTED
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return repr(value)
+
+
+def stable_hash(value: Any) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=repr).encode()).hexdigest()
+
+
+def _git(args: list[str], cwd: Path) -> str | None:
+    try:
+        out = subprocess.run(["git", *args], cwd=cwd, capture_output=True, timeout=10, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.decode(errors="replace")
+
+
+def code_provenance(source: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+    """Versions of the stack and, when the user's code is in git, the commit and a hash of its diff."""
+    import lightning
+
+    import lightning_field
+
+    info: dict[str, Any] = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "lightning": lightning.__version__,
+        "lightning_field": lightning_field.__version__,
+    }
+    if source is None:
+        main = sys.modules.get("__main__")
+        source = getattr(main, "__file__", None) or os.getcwd()
+    where = Path(source).resolve()
+    where = where if where.is_dir() else where.parent
+    commit = _git(["rev-parse", "HEAD"], where)
+    if commit:
+        diff = _git(["diff", "HEAD"], where) or ""
+        info["git_commit"] = commit.strip()
+        info["git_dirty"] = bool(diff)
+        info["git_diff_hash"] = hashlib.sha256(diff.encode()).hexdigest() if diff else None
+    return info
+
+
+def config_provenance(config: Any) -> dict[str, Any]:
+    resolved = scrub_secrets(config if config is not None else {})
+    return {"resolved": resolved, "hash": stable_hash(resolved)}
+
+
+def _sample_bytes(sample: Any) -> bytes:
+    if isinstance(sample, torch.Tensor):
+        return sample.detach().cpu().contiguous().numpy().tobytes()
+    if isinstance(sample, Mapping):
+        return b"".join(_sample_bytes(v) for _, v in sorted(sample.items(), key=lambda kv: str(kv[0])))
+    if isinstance(sample, (list, tuple)):
+        return b"".join(_sample_bytes(v) for v in sample)
+    if hasattr(sample, "tobytes"):
+        return sample.tobytes()
+    return repr(sample).encode()
+
+
+def data_provenance(datamodule: Any, train_loader: Any) -> dict[str, Any]:
+    """The datamodule's own ``fingerprint()`` if it has one, else the dataset's type, length and a few samples.
+
+    Sampling three fixed indices keeps this cheap for large datasets while still catching a swapped
+    or regenerated dataset. Random transforms would make sample bytes unstable, so those are hashed
+    with every RNG pinned.
+    """
+    own = getattr(datamodule, "fingerprint", None)
+    if callable(own):
+        return {"source": "datamodule.fingerprint", "fingerprint": str(own())}
+    dataset = getattr(train_loader, "dataset", None)
+    if dataset is None:
+        return {"source": "none", "fingerprint": None}
+    info: dict[str, Any] = {"source": "sampled", "type": f"{type(dataset).__module__}.{type(dataset).__qualname__}"}
+    try:
+        length = len(dataset)
+    except TypeError:
+        length = None
+    info["length"] = length
+    if length and hasattr(dataset, "__getitem__"):
+        from lightning_field.state.rng import capture_rng_state, restore_rng_state
+
+        saved = capture_rng_state()
+        try:
+            h = hashlib.sha256()
+            for index in sorted({0, length // 2, length - 1}):
+                import random
+
+                import numpy as np
+
+                random.seed(index)
+                np.random.seed(index)
+                torch.manual_seed(index)
+                h.update(_sample_bytes(dataset[index]))
+            info["sample_hash"] = h.hexdigest()
+        except Exception as err:  # a dataset that cannot be indexed still gets a fingerprint
+            info["sample_hash"] = None
+            info["sample_error"] = f"{type(err).__name__}: {err}"
+        finally:
+            restore_rng_state(saved)
+    info["fingerprint"] = stable_hash({k: v for k, v in info.items() if k != "source"})
+    return info
+
+
+def model_provenance(state_dict: Mapping[str, Any]) -> dict[str, Any]:
+    """Parameter count, dtypes, and an architecture hash from state-dict keys and shapes (not values)."""
+    shapes = {k: list(v.shape) for k, v in state_dict.items() if isinstance(v, torch.Tensor)}
+    dtypes = sorted({str(v.dtype) for v in state_dict.values() if isinstance(v, torch.Tensor)})
+    count = sum(int(v.numel()) for v in state_dict.values() if isinstance(v, torch.Tensor))
+    return {"parameters": count, "dtypes": dtypes, "architecture_hash": stable_hash(shapes)}
+
+
+def environment_provenance(trainer: Any) -> dict[str, Any]:
+    devices = []
+    if torch.cuda.is_available():
+        devices = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    return {
+        "host": socket.gethostname(),
+        "accelerator": type(trainer.accelerator).__name__,
+        "devices": devices,
+        "num_nodes": trainer.num_nodes,
+        "precision": str(trainer.precision),
+        "strategy": type(trainer.strategy).__name__,
+        "deterministic": torch.are_deterministic_algorithms_enabled(),
+        "cudnn_deterministic": bool(torch.backends.cudnn.deterministic),
+        "cudnn_benchmark": bool(torch.backends.cudnn.benchmark),
+    }
+
+
+def diff_provenance(saved: Mapping[str, Any], current: Mapping[str, Any], prefix: str = "") -> dict[str, tuple[Any, Any]]:
+    """Flat ``{"dotted.key": (saved, current)}`` of every leaf that differs."""
+    out: dict[str, tuple[Any, Any]] = {}
+    for key in sorted(set(saved) | set(current)):
+        a, b = saved.get(key), current.get(key)
+        name = f"{prefix}{key}"
+        if isinstance(a, Mapping) and isinstance(b, Mapping):
+            out.update(diff_provenance(a, b, name + "."))
+        elif a != b:
+            out[name] = (a, b)
+    return out

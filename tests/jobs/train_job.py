@@ -1,0 +1,113 @@
+"""A training job run as a real child process by the resume and fault tests.
+
+It trains the demo workload with either ManifestCheckpoint or plain ModelCheckpoint, optionally
+kills itself with SIGKILL right after the checkpoint at --kill-after-step is committed, and on
+completion writes the final weights and optimizer state for bitwise comparison.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+
+from lightning_field import ManifestCheckpoint
+from lightning_field.demo import DemoDataModule, DemoRegressor
+from lightning_field.state.rng import capture_rng_state, rng_digest
+
+
+class KillAfterStep(Callback):
+    """SIGKILL this rank at the start of the batch after ``step`` (the save of ``step`` is done)."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if trainer.global_step == self.step:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+class StepTrace(Callback):
+    """Per-step loss, batch digest and RNG digest, so a failing comparison names its first divergence."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self._rng_at_start = rng_digest(capture_rng_state())
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        record = {
+            "rng_start": self._rng_at_start,
+            "rank": trainer.global_rank,
+            "step": trainer.global_step,
+            "loss": float(outputs["loss"]),
+            "batch": float(batch[0].double().sum()),
+            # Feature differences cancel the per-sample jitter: this identifies the samples alone.
+            "order": [round(float(v), 4) for v in (batch[0][:, 0] - batch[0][:, 1])],
+            "rng": rng_digest(capture_rng_state()),
+        }
+        with open(f"{self.path}.rank{trainer.global_rank}", "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--root", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--checkpoint", choices=["manifest", "plain"], default="manifest")
+    p.add_argument("--max-steps", type=int, default=40)
+    p.add_argument("--every", type=int, default=5)
+    p.add_argument("--kill-after-step", type=int, default=None)
+    p.add_argument("--resume", action="store_true")
+    p.add_argument("--workers", type=int, default=0)
+    p.add_argument("--devices", type=int, default=1)
+    p.add_argument("--size", type=int, default=96)
+    p.add_argument("--val-every", type=int, default=None)
+    p.add_argument("--stateful", type=int, default=1)
+    args = p.parse_args()
+
+    pl.seed_everything(1234, workers=False)
+    ckpt_dir = os.path.join(args.root, "checkpoints")
+    if args.checkpoint == "manifest":
+        checkpoint = ManifestCheckpoint(dirpath=ckpt_dir, every_n_train_steps=args.every, save_top_k=-1, save_last=True)
+    else:
+        checkpoint = ModelCheckpoint(dirpath=ckpt_dir, every_n_train_steps=args.every, save_top_k=-1, save_last=True)
+    callbacks = [checkpoint, StepTrace(args.out + ".trace")]
+    if args.kill_after_step is not None:
+        callbacks.append(KillAfterStep(args.kill_after_step))
+    trainer = pl.Trainer(
+        default_root_dir=args.root,
+        accelerator="cpu",
+        devices=args.devices,
+        strategy="ddp" if args.devices > 1 else "auto",
+        max_steps=args.max_steps,
+        callbacks=callbacks,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=2 if args.val_every else 0,
+        val_check_interval=args.val_every,
+        check_val_every_n_epoch=None if args.val_every else 1,
+        deterministic=True,
+    )
+    model = DemoRegressor()
+    data = DemoDataModule(size=args.size, num_workers=args.workers, stateful=bool(args.stateful))
+    trainer.fit(model, datamodule=data, ckpt_path="last" if args.resume else None)
+    if trainer.is_global_zero:
+        torch.save(
+            {"state_dict": model.state_dict(), "optimizer": trainer.optimizers[0].state_dict(), "step": trainer.global_step},
+            args.out,
+        )
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()
