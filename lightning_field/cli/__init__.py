@@ -1,0 +1,1 @@
+"""The ``field`` command line: thin parsing over the library's functions."""

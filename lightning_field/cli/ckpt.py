@@ -1,0 +1,160 @@
+"""``field ckpt verify|list|inspect``: look at checkpoints without starting a training run."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import TextIO
+
+from lightning_field.checkpoint.resolver import committed_checkpoints, latest_recoverable, read_last_pointer
+from lightning_field.checkpoint.verify import verify_checkpoint
+from lightning_field.core.manifest import ManifestError, read_manifest
+
+_PROGRESS_MIN_BYTES = 64 << 20
+
+
+def _human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def _human_age(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.1f}{unit}"
+    return f"{seconds:.0f}s"
+
+
+class _Progress:
+    """A one-line progress meter on stderr, shown only for verifications big enough to wait for."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+        self.start = time.monotonic()
+        self.last = 0.0
+
+    def __call__(self, done: int, total: int) -> None:
+        now = time.monotonic()
+        if total < _PROGRESS_MIN_BYTES or (now - self.last < 0.5 and done < total):
+            return
+        self.last = now
+        rate = done / max(now - self.start, 1e-9)
+        self.stream.write(f"\rverifying {_human_bytes(done)} / {_human_bytes(total)} ({_human_bytes(rate)}/s)")
+        if done >= total:
+            self.stream.write("\n")
+        self.stream.flush()
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    report = verify_checkpoint(args.path, progress=None if args.quiet else _Progress(sys.stderr))
+    if report.manifest is None:
+        print(f"NOT A CHECKPOINT  {args.path}\n  " + "\n  ".join(report.problems))
+        return 1
+    m = report.manifest
+    if report.problems:
+        print(f"CORRUPT  {args.path} (step {m.step})")
+        for problem in report.problems:
+            print(f"  {problem}")
+        return 1
+    if not m.recoverable:
+        print(f"INTACT BUT NOT RECOVERABLE  {args.path} (step {m.step}, {m.kind}); it lacks:")
+        for missing in m.missing:
+            print(f"  {missing}")
+        return 1
+    total = sum(f.size for f in m.files.values())
+    print(f"OK  {args.path}: recoverable, {len(m.files)} files, {_human_bytes(total)}, step {m.step}, world size {m.world_size}")
+    return 0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    root = Path(args.dir)
+    if not root.is_dir():
+        print(f"field ckpt list: {root} is not a directory", file=sys.stderr)
+        return 2
+    entries = committed_checkpoints(root)
+    last = read_last_pointer(root)
+    resume = latest_recoverable(root) if args.verify else None
+    now = time.time()
+    print(f"{'name':<36} {'step':>8} {'status':<16} {'size':>10} {'age':>7}")
+    for entry in entries:
+        m = entry.manifest
+        if m is None:
+            print(f"{entry.path.name:<36} {'?':>8} {'unreadable':<16} {'':>10} {'':>7}  {entry.error}")
+            continue
+        if args.verify:
+            report = verify_checkpoint(entry.path)
+            status = "recoverable" if report.recoverable else ("corrupt" if report.problems else "not recoverable")
+        else:
+            status = "recoverable*" if m.recoverable else f"{m.kind}, incomplete" if m.kind == "recovery" else m.kind
+        marks = (" <- LAST" if last and last.name == entry.path.name else "") + (
+            " <- resume" if resume and resume.name == entry.path.name else ""
+        )
+        size = sum(f.size for f in m.files.values())
+        print(f"{entry.path.name:<36} {m.step:>8} {status:<16} {_human_bytes(size):>10} {_human_age(now - m.created_unix):>7}{marks}")
+    if not args.verify and entries:
+        print("* from the manifest, not verified; add --verify to hash every file")
+    if not entries:
+        print(f"(no committed checkpoints in {root})")
+    return 0
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    try:
+        m = read_manifest(args.path)
+    except ManifestError as err:
+        print(f"field ckpt inspect: {err}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(m.to_json())
+        return 0
+    print(f"checkpoint   {args.path}")
+    print(f"format       {m.format} (hashes: {m.hash_algorithm})")
+    print(f"kind         {m.kind}; recoverable: {'yes' if m.recoverable else 'NO'}")
+    for missing in m.missing:
+        print(f"  missing    {missing}")
+    print(f"step/epoch   {m.step} / {m.epoch}; world size {m.world_size}")
+    created = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(m.created_unix))
+    save = f"; save took {m.save_seconds:.2f}s" if m.save_seconds is not None else ""
+    print(f"created      {created}{save}")
+    print("components")
+    for name, ranks in sorted(m.components.items()):
+        print(f"  {name:<14} ranks {ranks}")
+    print("files")
+    for name, entry in sorted(m.files.items()):
+        print(f"  {name:<18} {_human_bytes(entry.size):>10}  rank {entry.rank}  {entry.hash[:16]}…  {', '.join(entry.contents)}")
+    prov = m.provenance
+    print("provenance")
+    for section in ("code", "model", "data", "environment"):
+        value = prov.get(section)
+        if value:
+            print(f"  {section:<12} {json.dumps(value, sort_keys=True, default=str)}")
+    config = prov.get("config") or {}
+    if config:
+        print(f"  {'config':<12} hash {config.get('hash', '?')[:16]}… (full resolved config: --json)")
+    return 0
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    ckpt = subparsers.add_parser("ckpt", help="verify, list and inspect manifest checkpoints")
+    sub = ckpt.add_subparsers(dest="ckpt_command", required=True)
+    verify = sub.add_parser("verify", help="exit 0 only for an intact, recoverable checkpoint")
+    verify.add_argument("path")
+    verify.add_argument("-q", "--quiet", action="store_true", help="no progress meter")
+    verify.set_defaults(func=cmd_verify)
+    listing = sub.add_parser("list", help="each checkpoint with its step, status, size and age")
+    listing.add_argument("dir")
+    listing.add_argument("--verify", action="store_true", help="hash every file (slower, exact status)")
+    listing.set_defaults(func=cmd_list)
+    inspect = sub.add_parser("inspect", help="the manifest in readable form")
+    inspect.add_argument("path")
+    inspect.add_argument("--json", action="store_true", help="the raw manifest")
+    inspect.set_defaults(func=cmd_inspect)
+
+
+__all__ = ["add_parser"]

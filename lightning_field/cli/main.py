@@ -1,0 +1,24 @@
+"""Entry point of the ``field`` command."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from lightning_field.cli import ckpt
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="field", description="lightning_field: recoverable, bounded training runs")
+    sub = parser.add_subparsers(dest="command", required=True)
+    ckpt.add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

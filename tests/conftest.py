@@ -1,0 +1,81 @@
+"""Shared helpers: real child processes, killed for real, with nothing left running afterwards."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+import torch
+
+TESTS_DIR = Path(__file__).parent
+TRAIN_JOB = TESTS_DIR / "jobs" / "train_job.py"
+
+
+def child_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONWARNINGS"] = "ignore"
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
+def run_child(args: Sequence[str], timeout: float = 120, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``python args...`` in its own session; on timeout the whole process group is killed."""
+    proc = subprocess.Popen(
+        [sys.executable, *map(str, args)],
+        cwd=cwd,
+        env=child_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        raise AssertionError(f"child {args} timed out after {timeout}s; output:\n{out[-4000:]}") from None
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # DataLoader workers or DDP ranks left behind
+        except ProcessLookupError:
+            pass
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, "")
+
+
+def run_train_job(root: Path, out: Path, *extra: str, expect_rc: int | None = 0, timeout: float = 120) -> str:
+    result = run_child([TRAIN_JOB, "--root", root, "--out", out, *extra], timeout=timeout)
+    if expect_rc is not None:
+        assert result.returncode == expect_rc, f"train job exited {result.returncode}:\n{result.stdout[-4000:]}"
+    return result.stdout
+
+
+def assert_bitwise_equal(a: object, b: object, path: str = "") -> None:
+    """Every tensor and value in two nested structures is identical, bit for bit."""
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape, path
+        assert torch.equal(a, b), f"{path}: max |Δ| = {(a.double() - b.double()).abs().max().item():.3g}"
+    elif isinstance(a, dict):
+        assert isinstance(b, dict) and a.keys() == b.keys(), f"{path}: keys differ"
+        for key in a:
+            assert_bitwise_equal(a[key], b[key], f"{path}.{key}")
+    elif isinstance(a, (list, tuple)):
+        assert isinstance(b, (list, tuple)) and len(a) == len(b), f"{path}: lengths differ"
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_bitwise_equal(x, y, f"{path}[{i}]")
+    else:
+        assert a == b, f"{path}: {a!r} != {b!r}"
+
+
+def max_weight_difference(a: dict, b: dict) -> float:
+    return max((a[k].double() - b[k].double()).abs().max().item() for k in a)
+
+
+@pytest.fixture
+def quiet_lightning(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYTHONWARNINGS", "ignore")
