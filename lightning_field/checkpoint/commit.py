@@ -86,8 +86,10 @@ def describe_error(err: BaseException) -> str:
         chain.append(cur)
         cur = cur.__cause__ or cur.__context__
     for e in chain:
-        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
-            return f"the disk is full or over quota ({e.strerror}, errno {e.errno}) while writing {e.filename or 'checkpoint data'}"
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return f"the disk is full or over quota ({e.strerror}) while writing {e.filename or 'checkpoint data'}"
+        if isinstance(e, OSError) and e.errno == errno.EFBIG:
+            return f"a file size limit was exceeded ({e.strerror}) while writing {e.filename or 'checkpoint data'}"
     text = " ".join(str(e) for e in chain)
     if "No space left" in text or "file write failed" in text:
         return f"the disk is full (write failed: {chain[0]})"

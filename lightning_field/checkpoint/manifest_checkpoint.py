@@ -22,6 +22,7 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
+from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.data import extract_batch_size
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from typing_extensions import override
@@ -99,6 +100,7 @@ class ManifestCheckpoint(ModelCheckpoint):
         self._prefetch_hook_installed = False
         self.preempted_checkpoint: str | None = None
         self._last_copy: str | None = None
+        self._rng_before_validation: dict[str, Any] | None = None
         self._deferred_batch_end: tuple[Any, Any, int] | None = None
         self._loaded_loader_states: list[Any] | None = None
         self._loaded_sampler_state: list[dict[str, Any]] = []
@@ -204,10 +206,14 @@ class ManifestCheckpoint(ModelCheckpoint):
             saved = self._resumed_manifest.provenance.get("data")
             if saved is not None:
                 self._refuse_on_differences({"data": saved}, {"data": self._data_fingerprint}, self._resumed_manifest)
+        resumed_at_epoch_end = trainer.fit_loop.restarted_on_epoch_end
         _undo_epoch_end_double_count(trainer)
         self._realign_resumed_samplers(trainer)
-        if not self._prefetch_hook_installed:
+        if resumed_at_epoch_end or not self._prefetch_hook_installed:
+            # At an epoch end the uninterrupted run still creates the next epoch's iterator (which
+            # draws from the generators) before fetching: restore now, ahead of that.
             self._before_train_fetch()
+            self._pending_rng = None
         if self._events is not None:
             self._events.emit("fit_start", step=trainer.global_step)
 
@@ -253,6 +259,9 @@ class ManifestCheckpoint(ModelCheckpoint):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         self._count_batch(batch)
+        # Host-side copy (~50 µs, no device sync): validation may follow this batch, and its loader
+        # draws from the global generators before any validation hook runs.
+        self._rng_before_validation = capture_rng_state(self.generators)
         if trainer.fit_loop.epoch_loop.batch_progress.is_last_batch:
             # Lightning 2.6 restores a checkpoint taken at the last batch's end as an unfinished
             # epoch and then counts that epoch twice, which shifts every epoch-seeded sampler. The
@@ -280,13 +289,29 @@ class ManifestCheckpoint(ModelCheckpoint):
             self._tokens_seen = (self._tokens_seen or 0) + int(batch["input_ids"].numel())
 
     @override
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # Validation inside fit leaves the training RNG streams as it found them, so whether a run
+        # validated between a checkpoint and the next batch cannot change the continuation.
+        fitting = trainer.state.fn == TrainerFn.FITTING and not trainer.sanity_checking
+        if fitting and self._rng_before_validation is not None:
+            restore_rng_state(self._rng_before_validation, self.generators)
+            self._rng_before_validation = None
+        super().on_validation_end(trainer, pl_module)
+
+    @override
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         self._watcher.uninstall()
+        if self._events is not None:
+            self._events.end(f"failed: {type(exception).__name__}", step=trainer.global_step)
+            self._events = None
         super().on_exception(trainer, pl_module, exception)
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._watcher.uninstall()
+        if self._events is not None:
+            self._events.end("preempted" if self.preempted_checkpoint else "finished", step=trainer.global_step)
+            self._events = None
         super().teardown(trainer, pl_module, stage)
 
     # ------------------------------------------------------------------ preemption
@@ -365,7 +390,6 @@ class ManifestCheckpoint(ModelCheckpoint):
             )
         self._last_global_step_saved = trainer.global_step
         self._last_checkpoint_saved = str(final)
-        self._pending_rng = rng
         seconds = time.perf_counter() - start
         if self._events is not None:
             self._events.emit("ckpt_committed", step=trainer.global_step, payload={"path": str(final), "blocking_s": seconds})

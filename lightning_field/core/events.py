@@ -33,8 +33,9 @@ def read_events(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
 class EventLog:
     """Appends events for one attempt of a run. Construct on global rank 0 only.
 
-    Opening the log in a process that has not yet started an attempt appends ``attempt_start``;
-    every later opener in the same process joins that attempt, so several callbacks share it.
+    Opening the log in a process without an open attempt appends ``attempt_start``; every later
+    opener in the same process joins that attempt until ``end`` closes it, so several callbacks
+    share one attempt and a second ``fit`` in the same process starts a new one.
     """
 
     def __init__(self, run_dir: str | os.PathLike[str], run_id: str | None = None) -> None:
@@ -44,7 +45,8 @@ class EventLog:
         self.run_id = run_id or next((e["run_id"] for e in previous if "run_id" in e), None) or os.urandom(6).hex()
         starts = [e for e in previous if e.get("event") == "attempt_start"]
         mine = [e for e in starts if e.get("payload", {}).get("pid") == os.getpid()]
-        if mine:
+        ended = {e["attempt"] for e in previous if e.get("event") == "attempt_end"}
+        if mine and mine[-1]["attempt"] not in ended:
             self.attempt = int(mine[-1]["attempt"])
         else:
             self.attempt = len(starts) + 1
@@ -67,6 +69,9 @@ class EventLog:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+    def end(self, status: str, step: int | None = None) -> None:
+        self.emit("attempt_end", step=step, payload={"status": status})
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         return iter(read_events(self.path.parent.parent))

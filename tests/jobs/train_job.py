@@ -33,6 +33,17 @@ class KillAfterStep(Callback):
             os.kill(os.getpid(), signal.SIGKILL)
 
 
+class SignalAtStep(Callback):
+    """Send ``signum`` to this process (on ``rank`` only) once ``step`` has been trained."""
+
+    def __init__(self, step: int, signum: int, rank: int) -> None:
+        self.step, self.signum, self.rank = step, signum, rank
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if trainer.global_step == self.step and trainer.global_rank == self.rank:
+            os.kill(os.getpid(), self.signum)
+
+
 class StepTrace(Callback):
     """Per-step loss, batch digest and RNG digest, so a failing comparison names its first divergence."""
 
@@ -71,15 +82,28 @@ def main() -> None:
     p.add_argument("--size", type=int, default=96)
     p.add_argument("--val-every", type=int, default=None)
     p.add_argument("--stateful", type=int, default=1)
+    p.add_argument("--hidden", type=int, default=32, help="width of the hidden layer: the state grows ~17x this")
+    p.add_argument("--weights-only", action="store_true")
+    p.add_argument("--signal-after-step", type=int, default=None)
+    p.add_argument("--signal", default="SIGTERM")
+    p.add_argument("--signal-rank", type=int, default=0)
     args = p.parse_args()
 
     pl.seed_everything(1234, workers=False)
     ckpt_dir = os.path.join(args.root, "checkpoints")
     if args.checkpoint == "manifest":
-        checkpoint = ManifestCheckpoint(dirpath=ckpt_dir, every_n_train_steps=args.every, save_top_k=-1, save_last=True)
+        checkpoint = ManifestCheckpoint(
+            dirpath=ckpt_dir,
+            every_n_train_steps=args.every,
+            save_top_k=-1,
+            save_last=True,
+            save_weights_only=args.weights_only,
+        )
     else:
         checkpoint = ModelCheckpoint(dirpath=ckpt_dir, every_n_train_steps=args.every, save_top_k=-1, save_last=True)
     callbacks = [checkpoint, StepTrace(args.out + ".trace")]
+    if args.signal_after_step is not None:
+        callbacks.append(SignalAtStep(args.signal_after_step, signal.Signals[args.signal], args.signal_rank))
     if args.kill_after_step is not None:
         callbacks.append(KillAfterStep(args.kill_after_step))
     trainer = pl.Trainer(
@@ -98,9 +122,12 @@ def main() -> None:
         check_val_every_n_epoch=None if args.val_every else 1,
         deterministic=True,
     )
-    model = DemoRegressor()
+    model = DemoRegressor(hidden=args.hidden)
     data = DemoDataModule(size=args.size, num_workers=args.workers, stateful=bool(args.stateful))
     trainer.fit(model, datamodule=data, ckpt_path="last" if args.resume else None)
+    if args.checkpoint == "manifest" and checkpoint.preempted_checkpoint:
+        print(f"PREEMPTED-CHECKPOINT {checkpoint.preempted_checkpoint} at step {trainer.global_step}")
+        sys.exit(0)
     if trainer.is_global_zero:
         torch.save(
             {"state_dict": model.state_dict(), "optimizer": trainer.optimizers[0].state_dict(), "step": trainer.global_step},

@@ -1,0 +1,175 @@
+"""Faults during and after saving: SIGKILL mid-save, corrupted files, a full disk."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import random
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import lightning.pytorch as pl
+import pytest
+from conftest import child_env
+
+from lightning_field import CheckpointSaveError, ManifestCheckpoint, latest_recoverable, verify_checkpoint
+from lightning_field.checkpoint import committed_checkpoints
+from lightning_field.checkpoint.verify import CheckpointCorruptError
+from lightning_field.cli.main import main as field_main
+from lightning_field.demo import DemoDataModule, DemoRegressor
+
+KILL_TRIALS = 20
+
+
+def _train_saving_every_step(root: Path) -> None:
+    """The forked child: saves a ~25 MB state at every step until it is killed."""
+    import torch
+
+    torch.set_num_threads(1)
+    trainer = pl.Trainer(
+        default_root_dir=root, max_steps=100_000, accelerator="cpu", logger=False, enable_progress_bar=False,
+        enable_model_summary=False, limit_val_batches=0,
+        callbacks=[ManifestCheckpoint(dirpath=root / "checkpoints", every_n_train_steps=1, save_top_k=1, save_last=True)],
+    )
+    trainer.fit(DemoRegressor(hidden=120_000), datamodule=DemoDataModule(size=64))
+
+
+def _kill_during_saves(root: Path, rng: random.Random) -> bool:
+    """SIGKILL a training child at a random moment once it has begun saving; return whether it died
+    with a save in flight (a hidden temp directory left behind).
+
+    The child is forked from this already-initialised interpreter so each trial costs a save, not
+    an import of torch and Lightning.
+    """
+    ckpts = root / "checkpoints"
+    child = multiprocessing.get_context("fork").Process(target=_train_saving_every_step, args=(root,), daemon=True)
+    child.start()
+    try:
+        deadline = time.monotonic() + 60
+        while not (ckpts.is_dir() and any(p.name.startswith(".tmp-") for p in ckpts.iterdir())):
+            assert child.is_alive() and time.monotonic() < deadline, "the job never started saving"
+            time.sleep(0.002)
+        time.sleep(rng.uniform(0.0, 0.5))
+    finally:
+        os.kill(child.pid, signal.SIGKILL)
+        child.join()
+    assert child.exitcode == -signal.SIGKILL
+    return any(p.name.startswith(".tmp-") for p in ckpts.iterdir())
+
+
+def test_sigkill_at_random_moments_during_saving_never_leaves_an_advertised_bad_checkpoint(tmp_path: Path) -> None:
+    rng = random.Random(20261130)
+    killed_mid_save = 0
+    for trial in range(KILL_TRIALS):
+        root = tmp_path / f"trial{trial}"
+        killed_mid_save += _kill_during_saves(root, rng)
+        for entry in committed_checkpoints(root / "checkpoints"):
+            report = verify_checkpoint(entry.path)
+            assert report.intact, f"trial {trial}: committed {entry.path} is corrupt: {report.problems}"
+        latest = latest_recoverable(root / "checkpoints")
+        if latest is not None:
+            assert verify_checkpoint(latest).recoverable
+        shutil.rmtree(root)
+    # The kills must really land inside saves, or this test proves nothing.
+    assert killed_mid_save >= KILL_TRIALS // 4, f"only {killed_mid_save}/{KILL_TRIALS} kills landed mid-save"
+
+
+@pytest.fixture
+def two_checkpoints(tmp_path: Path) -> Path:
+    trainer = pl.Trainer(
+        default_root_dir=tmp_path, max_steps=4, accelerator="cpu", logger=False, enable_progress_bar=False,
+        enable_model_summary=False, limit_val_batches=0,
+        callbacks=[ManifestCheckpoint(dirpath=tmp_path / "ckpts", every_n_train_steps=2, save_top_k=-1)],
+    )
+    trainer.fit(DemoRegressor(), datamodule=DemoDataModule(size=64))
+    return tmp_path / "ckpts"
+
+
+def _newest(ckpts: Path) -> Path:
+    return ckpts / "epoch=0-step=4"
+
+
+@pytest.mark.parametrize("damage", ["flipped_byte", "truncated", "deleted"])
+def test_damaged_file_is_named_by_verify_and_skipped_by_the_resolver(
+    two_checkpoints: Path, damage: str, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    victim = _newest(two_checkpoints) / "state.pt"
+    if damage == "flipped_byte":
+        data = bytearray(victim.read_bytes())
+        data[len(data) // 2] ^= 0x01
+        victim.write_bytes(bytes(data))
+    elif damage == "truncated":
+        os.truncate(victim, victim.stat().st_size - 10)
+    else:
+        victim.unlink()
+    assert field_main(["ckpt", "verify", str(_newest(two_checkpoints))]) == 1
+    out = capsys.readouterr().out
+    assert "CORRUPT" in out and str(victim) in out
+    assert latest_recoverable(two_checkpoints) == two_checkpoints / "epoch=0-step=2"
+    assert any("failed verification" in r.message and str(victim) in r.message for r in caplog.records)
+
+
+def test_resuming_explicitly_from_a_corrupt_checkpoint_fails_before_unpickling_and_names_the_file(
+    two_checkpoints: Path, tmp_path: Path
+) -> None:
+    victim = _newest(two_checkpoints) / "rank-00000.pt"
+    os.truncate(victim, 5)
+    trainer = pl.Trainer(
+        default_root_dir=tmp_path, max_steps=6, accelerator="cpu", logger=False, enable_progress_bar=False,
+        callbacks=[ManifestCheckpoint(dirpath=two_checkpoints, every_n_train_steps=2)], limit_val_batches=0,
+    )
+    with pytest.raises(CheckpointCorruptError, match="rank-00000.pt"):
+        trainer.fit(DemoRegressor(), datamodule=DemoDataModule(size=64), ckpt_path=_newest(two_checkpoints))
+
+
+def _full_disk_child(target: Path) -> None:
+    """In a child: cap file size so the second save cannot fit (the fallback where tmpfs can't be mounted)."""
+    resource.setrlimit(resource.RLIMIT_FSIZE, (600_000, 600_000))
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the cap then fails with EFBIG
+    _save_twice(target)
+
+
+def _save_twice(target: Path) -> None:
+    trainer = pl.Trainer(
+        default_root_dir=target, max_steps=4, accelerator="cpu", logger=False, enable_progress_bar=False,
+        enable_model_summary=False, limit_val_batches=0,
+        callbacks=[ManifestCheckpoint(dirpath=target / "ckpts", every_n_train_steps=2, save_top_k=-1)],
+    )
+    # hidden=4000 makes state.pt ~0.5 MB; the growing Adam state makes step 4's save larger than step 2's.
+    trainer.fit(DemoRegressor(hidden=4000), datamodule=DemoDataModule(size=64))
+
+
+def _mount_tmpfs(where: Path, size: str) -> bool:
+    where.mkdir()
+    return subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
+                          capture_output=True).returncode == 0
+
+
+def test_full_disk_during_a_save_raises_a_clear_error_and_keeps_the_previous_checkpoint(tmp_path: Path) -> None:
+    disk = tmp_path / "disk"
+    if _mount_tmpfs(disk, "1200k"):
+        try:
+            with pytest.raises(CheckpointSaveError, match="disk is full") as info:
+                _save_twice(disk)
+            message = str(info.value)
+            ckpts = disk / "ckpts"
+            assert "previous checkpoint" in message and "epoch=0-step=2" in message
+            assert [e.path.name for e in committed_checkpoints(ckpts)] == ["epoch=0-step=2"]
+            assert verify_checkpoint(ckpts / "epoch=0-step=2").recoverable
+            assert not [p for p in ckpts.iterdir() if p.name.startswith(".tmp-")]
+        finally:
+            subprocess.run(["umount", str(disk)], check=False)
+    else:  # no privilege to mount: the same failure path through a file-size limit in a child
+        code = (
+            "import sys; sys.path.insert(0, %r); from test_fault_injection import _full_disk_child;"
+            " from pathlib import Path; _full_disk_child(Path(%r))" % (str(Path(__file__).parent), str(disk))
+        )
+        result = subprocess.run([sys.executable, "-c", code], env=child_env(), capture_output=True, text=True)
+        assert result.returncode != 0 and "CheckpointSaveError" in result.stderr
+        assert "over quota" in result.stderr or "file size limit" in result.stderr
+        assert verify_checkpoint(disk / "ckpts" / "epoch=0-step=2").recoverable

@@ -1,0 +1,37 @@
+"""SIGTERM (and SLURM's SIGUSR1) become a checkpoint at the next step boundary and a clean exit."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import assert_bitwise_equal, run_train_job
+
+from lightning_field import read_events, verify_checkpoint
+
+
+@pytest.mark.parametrize("signame", ["SIGTERM", "SIGUSR1"])
+def test_signal_saves_at_the_next_step_exits_cleanly_and_the_resume_is_exact(tmp_path: Path, signame: str) -> None:
+    run_train_job(tmp_path / "uninterrupted", tmp_path / "u.pt")
+    root = tmp_path / "preempted"
+    # Signalled while step 12 runs: saved as step 12, which no regular save (every 5) covers.
+    out = run_train_job(root, tmp_path / "p.pt", "--signal-after-step", "11", "--signal", signame)
+    assert f"Preempted ({signame}): saved recoverable checkpoint" in out
+    checkpoint = root / "checkpoints" / "preempted-step=12"
+    assert f"PREEMPTED-CHECKPOINT {checkpoint} at step 12" in out
+    assert verify_checkpoint(checkpoint).recoverable
+    assert [e["payload"]["signal"] for e in read_events(root) if e["event"] == "preempted"] == [signame]
+    run_train_job(root, tmp_path / "p.pt", "--resume")
+    assert_bitwise_equal(torch.load(tmp_path / "u.pt"), torch.load(tmp_path / "p.pt"))
+
+
+def test_sigterm_to_rank_zero_alone_stops_every_ddp_rank_after_a_joint_save(tmp_path: Path) -> None:
+    run_train_job(tmp_path / "uninterrupted", tmp_path / "u.pt", "--devices", "2")
+    root = tmp_path / "preempted"
+    out = run_train_job(root, tmp_path / "p.pt", "--devices", "2", "--signal-after-step", "7", "--signal-rank", "0")
+    assert "Preempted (SIGTERM)" in out
+    report = verify_checkpoint(root / "checkpoints" / "preempted-step=8")
+    assert report.recoverable and report.manifest is not None and report.manifest.components["rng"] == [0, 1]
+    run_train_job(root, tmp_path / "p.pt", "--devices", "2", "--resume")
+    assert_bitwise_equal(torch.load(tmp_path / "u.pt"), torch.load(tmp_path / "p.pt"))

@@ -1,0 +1,81 @@
+"""Resuming into a different run is refused with a readable diff, unless the difference is allowed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import lightning.pytorch as pl
+import pytest
+
+from lightning_field import ManifestCheckpoint, ResumeMismatchError, read_events, read_manifest
+from lightning_field.demo import DemoDataModule, DemoRegressor
+from lightning_field.state.provenance import diff_provenance
+
+
+def _trainer(root: Path, max_steps: int, **kwargs: object) -> tuple[pl.Trainer, ManifestCheckpoint]:
+    callback = ManifestCheckpoint(dirpath=root / "ckpts", every_n_train_steps=2, save_top_k=-1, **kwargs)
+    trainer = pl.Trainer(
+        default_root_dir=root, max_steps=max_steps, accelerator="cpu", logger=False, enable_progress_bar=False,
+        enable_model_summary=False, limit_val_batches=0, callbacks=[callback],
+    )
+    return trainer, callback
+
+
+def test_changed_hyperparameter_is_refused_with_a_diff_naming_it(tmp_path: Path) -> None:
+    trainer, _ = _trainer(tmp_path, 4)
+    trainer.fit(DemoRegressor(lr=0.01), datamodule=DemoDataModule(size=64))
+    resumed, _ = _trainer(tmp_path, 6)
+    with pytest.raises(ResumeMismatchError) as info:
+        resumed.fit(DemoRegressor(lr=0.05), datamodule=DemoDataModule(size=64), ckpt_path="last")
+    message = str(info.value)
+    assert "config.resolved.model.lr: 0.01 (checkpoint) != 0.05 (this run)" in message
+    assert "allow_resume_mismatch=['config.resolved.model.lr']" in message
+
+
+def test_an_explicitly_allowed_difference_resumes(tmp_path: Path) -> None:
+    trainer, _ = _trainer(tmp_path, 4)
+    trainer.fit(DemoRegressor(lr=0.01), datamodule=DemoDataModule(size=64))
+    resumed, _ = _trainer(tmp_path, 6, allow_resume_mismatch=["config"])
+    with pytest.warns(UserWarning, match="allowed difference config.resolved.model.lr"):
+        resumed.fit(DemoRegressor(lr=0.05), datamodule=DemoDataModule(size=64), ckpt_path="last")
+    assert resumed.global_step == 6
+
+
+def test_changed_training_data_is_refused_before_the_first_step(tmp_path: Path) -> None:
+    trainer, _ = _trainer(tmp_path, 4, allow_resume_mismatch=["config"])
+    trainer.fit(DemoRegressor(), datamodule=DemoDataModule(size=64, seed=0))
+    resumed, _ = _trainer(tmp_path, 6, allow_resume_mismatch=["config"])
+    with pytest.raises(ResumeMismatchError, match=r"data\.fingerprint"):
+        resumed.fit(DemoRegressor(), datamodule=DemoDataModule(size=64, seed=1), ckpt_path="last")
+    assert resumed.global_step == 4
+
+
+def test_world_size_difference_is_reported_by_name() -> None:
+    diff = diff_provenance({"world_size": 2, "code": {"torch": "2.4"}}, {"world_size": 1, "code": {"torch": "2.4"}})
+    assert diff == {"world_size": (2, 1)}
+
+
+def test_secrets_in_config_and_environment_never_reach_the_manifest(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WANDB_API_KEY", "0123456789abcdef0123456789abcdef01234567")
+    config = {"logger": {"api_key": "sk-verysecretvalue123"}, "nested": {"token": "abc"}, "url": "ghp_abcdefghijklmnop"}
+    trainer, _ = _trainer(tmp_path, 2, config=config)
+    trainer.fit(DemoRegressor(), datamodule=DemoDataModule(size=64))
+    text = (tmp_path / "ckpts" / "epoch=0-step=2" / "manifest.json").read_text()
+    for secret in ("sk-verysecretvalue123", "ghp_abcdefghijklmnop", "0123456789abcdef0123456789abcdef01234567", '"abc"'):
+        assert secret not in text
+    resolved = read_manifest(tmp_path / "ckpts" / "epoch=0-step=2").provenance["config"]["resolved"]
+    assert resolved["logger"]["api_key"] == "<redacted>"
+
+
+def test_saves_and_loads_are_recorded_in_the_event_log(tmp_path: Path) -> None:
+    trainer, _ = _trainer(tmp_path, 4)
+    trainer.fit(DemoRegressor(), datamodule=DemoDataModule(size=64))
+    resumed, _ = _trainer(tmp_path, 6)
+    resumed.fit(DemoRegressor(), datamodule=DemoDataModule(size=64), ckpt_path="last")
+    events = read_events(tmp_path)
+    kinds = [(e["attempt"], e["event"]) for e in events]
+    assert kinds.count((1, "ckpt_committed")) == 2 and (1, "attempt_start") in kinds
+    assert (2, "attempt_start") in kinds and (2, "ckpt_load") in kinds
+    committed = [e for e in events if e["event"] == "ckpt_committed"]
+    assert all(e["payload"]["blocking_s"] > 0 for e in committed)
+    assert [e["step"] for e in committed] == [2, 4, 6]
