@@ -2,7 +2,7 @@
 
 __version__ = "0.1.0"
 
-from lightning_field.checkpoint import (  # noqa: E402
+from lightning_field.checkpoint import (
     CheckpointCorruptError,
     CheckpointSaveError,
     ManifestCheckpoint,
@@ -11,8 +11,8 @@ from lightning_field.checkpoint import (  # noqa: E402
     load_weights,
     verify_checkpoint,
 )
-from lightning_field.core.events import EventLog, read_events  # noqa: E402
-from lightning_field.core.manifest import Manifest, read_manifest  # noqa: E402
+from lightning_field.core.events import EventLog, read_events
+from lightning_field.core.manifest import Manifest, read_manifest
 
 __all__ = [
     "CheckpointCorruptError",

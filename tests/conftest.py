@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -41,10 +42,8 @@ def run_child(args: Sequence[str], timeout: float = 120, cwd: Path | None = None
         out, _ = proc.communicate()
         raise AssertionError(f"child {args} timed out after {timeout}s; output:\n{out[-4000:]}") from None
     finally:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)  # DataLoader workers or DDP ranks left behind
-        except ProcessLookupError:
-            pass
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, "")
 
 
@@ -66,7 +65,7 @@ def assert_bitwise_equal(a: object, b: object, path: str = "") -> None:
             assert_bitwise_equal(a[key], b[key], f"{path}.{key}")
     elif isinstance(a, (list, tuple)):
         assert isinstance(b, (list, tuple)) and len(a) == len(b), f"{path}: lengths differ"
-        for i, (x, y) in enumerate(zip(a, b)):
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
             assert_bitwise_equal(x, y, f"{path}[{i}]")
     else:
         assert a == b, f"{path}: {a!r} != {b!r}"

@@ -32,9 +32,16 @@ def _train_saving_every_step(root: Path) -> None:
 
     torch.set_num_threads(1)
     trainer = pl.Trainer(
-        default_root_dir=root, max_steps=100_000, accelerator="cpu", logger=False, enable_progress_bar=False,
-        enable_model_summary=False, limit_val_batches=0,
-        callbacks=[ManifestCheckpoint(dirpath=root / "checkpoints", every_n_train_steps=1, save_top_k=1, save_last=True)],
+        default_root_dir=root,
+        max_steps=100_000,
+        accelerator="cpu",
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        callbacks=[
+            ManifestCheckpoint(dirpath=root / "checkpoints", every_n_train_steps=1, save_top_k=1, save_last=True)
+        ],
     )
     trainer.fit(DemoRegressor(hidden=120_000), datamodule=DemoDataModule(size=64))
 
@@ -82,8 +89,13 @@ def test_sigkill_at_random_moments_during_saving_never_leaves_an_advertised_bad_
 @pytest.fixture
 def two_checkpoints(tmp_path: Path) -> Path:
     trainer = pl.Trainer(
-        default_root_dir=tmp_path, max_steps=4, accelerator="cpu", logger=False, enable_progress_bar=False,
-        enable_model_summary=False, limit_val_batches=0,
+        default_root_dir=tmp_path,
+        max_steps=4,
+        accelerator="cpu",
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
         callbacks=[ManifestCheckpoint(dirpath=tmp_path / "ckpts", every_n_train_steps=2, save_top_k=-1)],
     )
     trainer.fit(DemoRegressor(), datamodule=DemoDataModule(size=64))
@@ -120,34 +132,49 @@ def test_resuming_explicitly_from_a_corrupt_checkpoint_fails_before_unpickling_a
     victim = _newest(two_checkpoints) / "rank-00000.pt"
     os.truncate(victim, 5)
     trainer = pl.Trainer(
-        default_root_dir=tmp_path, max_steps=6, accelerator="cpu", logger=False, enable_progress_bar=False,
-        callbacks=[ManifestCheckpoint(dirpath=two_checkpoints, every_n_train_steps=2)], limit_val_batches=0,
+        default_root_dir=tmp_path,
+        max_steps=6,
+        accelerator="cpu",
+        logger=False,
+        enable_progress_bar=False,
+        callbacks=[ManifestCheckpoint(dirpath=two_checkpoints, every_n_train_steps=2)],
+        limit_val_batches=0,
     )
-    with pytest.raises(CheckpointCorruptError, match="rank-00000.pt"):
+    with pytest.raises(CheckpointCorruptError, match=r"rank-00000\.pt"):
         trainer.fit(DemoRegressor(), datamodule=DemoDataModule(size=64), ckpt_path=_newest(two_checkpoints))
 
 
 def _full_disk_child(target: Path) -> None:
-    """In a child: cap file size so the second save cannot fit (the fallback where tmpfs can't be mounted)."""
-    resource.setrlimit(resource.RLIMIT_FSIZE, (600_000, 600_000))
+    """In a child, where tmpfs can't be mounted: after a first save, cap the file size so the next fails."""
+    _fit_saving_every_two_steps(target, max_steps=2)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, 100_000))
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the cap then fails with EFBIG
-    _save_twice(target)
+    _fit_saving_every_two_steps(target, max_steps=4, ckpt_path="last")
 
 
-def _save_twice(target: Path) -> None:
+def _fit_saving_every_two_steps(target: Path, max_steps: int = 4, ckpt_path: str | None = None) -> None:
     trainer = pl.Trainer(
-        default_root_dir=target, max_steps=4, accelerator="cpu", logger=False, enable_progress_bar=False,
-        enable_model_summary=False, limit_val_batches=0,
+        default_root_dir=target,
+        max_steps=max_steps,
+        accelerator="cpu",
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
         callbacks=[ManifestCheckpoint(dirpath=target / "ckpts", every_n_train_steps=2, save_top_k=-1)],
     )
-    # hidden=4000 makes state.pt ~0.5 MB; the growing Adam state makes step 4's save larger than step 2's.
-    trainer.fit(DemoRegressor(hidden=4000), datamodule=DemoDataModule(size=64))
+    # hidden=4000 makes each checkpoint ~0.8 MB: a 1.2 MB disk holds the first and not the second.
+    trainer.fit(DemoRegressor(hidden=4000), datamodule=DemoDataModule(size=64), ckpt_path=ckpt_path)
 
 
 def _mount_tmpfs(where: Path, size: str) -> bool:
     where.mkdir()
-    return subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
-                          capture_output=True).returncode == 0
+    return (
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)], capture_output=True
+        ).returncode
+        == 0
+    )
 
 
 def test_full_disk_during_a_save_raises_a_clear_error_and_keeps_the_previous_checkpoint(tmp_path: Path) -> None:
@@ -155,7 +182,7 @@ def test_full_disk_during_a_save_raises_a_clear_error_and_keeps_the_previous_che
     if _mount_tmpfs(disk, "1200k"):
         try:
             with pytest.raises(CheckpointSaveError, match="disk is full") as info:
-                _save_twice(disk)
+                _fit_saving_every_two_steps(disk)
             message = str(info.value)
             ckpts = disk / "ckpts"
             assert "previous checkpoint" in message and "epoch=0-step=2" in message
@@ -166,10 +193,12 @@ def test_full_disk_during_a_save_raises_a_clear_error_and_keeps_the_previous_che
             subprocess.run(["umount", str(disk)], check=False)
     else:  # no privilege to mount: the same failure path through a file-size limit in a child
         code = (
-            "import sys; sys.path.insert(0, %r); from test_fault_injection import _full_disk_child;"
-            " from pathlib import Path; _full_disk_child(Path(%r))" % (str(Path(__file__).parent), str(disk))
+            f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r});"
+            " from test_fault_injection import _full_disk_child;"
+            f" from pathlib import Path; _full_disk_child(Path({str(disk)!r}))"
         )
         result = subprocess.run([sys.executable, "-c", code], env=child_env(), capture_output=True, text=True)
         assert result.returncode != 0 and "CheckpointSaveError" in result.stderr
-        assert "over quota" in result.stderr or "file size limit" in result.stderr
+        assert "file size limit" in result.stderr and "epoch=0-step=2) is intact" in result.stderr
+        assert [e.path.name for e in committed_checkpoints(disk / "ckpts")] == ["epoch=0-step=2"]
         assert verify_checkpoint(disk / "ckpts" / "epoch=0-step=2").recoverable

@@ -15,8 +15,14 @@ from lightning_field.state.provenance import diff_provenance
 def _trainer(root: Path, max_steps: int, **kwargs: object) -> tuple[pl.Trainer, ManifestCheckpoint]:
     callback = ManifestCheckpoint(dirpath=root / "ckpts", every_n_train_steps=2, save_top_k=-1, **kwargs)
     trainer = pl.Trainer(
-        default_root_dir=root, max_steps=max_steps, accelerator="cpu", logger=False, enable_progress_bar=False,
-        enable_model_summary=False, limit_val_batches=0, callbacks=[callback],
+        default_root_dir=root,
+        max_steps=max_steps,
+        accelerator="cpu",
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        callbacks=[callback],
     )
     return trainer, callback
 
@@ -55,13 +61,20 @@ def test_world_size_difference_is_reported_by_name() -> None:
     assert diff == {"world_size": (2, 1)}
 
 
-def test_secrets_in_config_and_environment_never_reach_the_manifest(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_secrets_in_config_and_environment_never_reach_the_manifest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("WANDB_API_KEY", "0123456789abcdef0123456789abcdef01234567")
     config = {"logger": {"api_key": "sk-verysecretvalue123"}, "nested": {"token": "abc"}, "url": "ghp_abcdefghijklmnop"}
     trainer, _ = _trainer(tmp_path, 2, config=config)
     trainer.fit(DemoRegressor(), datamodule=DemoDataModule(size=64))
     text = (tmp_path / "ckpts" / "epoch=0-step=2" / "manifest.json").read_text()
-    for secret in ("sk-verysecretvalue123", "ghp_abcdefghijklmnop", "0123456789abcdef0123456789abcdef01234567", '"abc"'):
+    for secret in (
+        "sk-verysecretvalue123",
+        "ghp_abcdefghijklmnop",
+        "0123456789abcdef0123456789abcdef01234567",
+        '"abc"',
+    ):
         assert secret not in text
     resolved = read_manifest(tmp_path / "ckpts" / "epoch=0-step=2").provenance["config"]["resolved"]
     assert resolved["logger"]["api_key"] == "<redacted>"

@@ -251,7 +251,9 @@ class ManifestCheckpoint(ModelCheckpoint):
                 rank_zero_warn(f"Could not restore RNG state for {unrestored}: the continuation may differ")
 
     @override
-    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
         self._pending_rng = None
 
     @override
@@ -339,7 +341,9 @@ class ManifestCheckpoint(ModelCheckpoint):
         sig = self._watcher.received
         name = signal.Signals(sig).name if sig is not None else "a peer rank's signal"
         if self._events is not None:
-            self._events.emit("preempted", step=trainer.global_step, payload={"signal": name, "path": self.preempted_checkpoint})
+            self._events.emit(
+                "preempted", step=trainer.global_step, payload={"signal": name, "path": self.preempted_checkpoint}
+            )
         rank_zero_info(
             f"Preempted ({name}): saved recoverable checkpoint {self.preempted_checkpoint} at step"
             f" {trainer.global_step}; stopping. Resume with trainer.fit(..., ckpt_path='last')."
@@ -383,16 +387,16 @@ class ManifestCheckpoint(ModelCheckpoint):
             commit.discard(tmp)
         error = broadcast_object(error)
         if error is not None:
-            previous = self._last_checkpoint_saved or "none"
-            raise commit.CheckpointSaveError(
-                f"Checkpoint {final} was not saved: {error}. Nothing was committed; the previous checkpoint"
-                f" ({previous}) is intact."
-            )
+            committed = committed_checkpoints(final.parent)
+            previous = f"the previous checkpoint ({committed[0].path}) is intact" if committed else "there is no earlier one"
+            raise commit.CheckpointSaveError(f"Checkpoint {final} was not saved: {error}. Nothing was committed; {previous}.")
         self._last_global_step_saved = trainer.global_step
         self._last_checkpoint_saved = str(final)
         seconds = time.perf_counter() - start
         if self._events is not None:
-            self._events.emit("ckpt_committed", step=trainer.global_step, payload={"path": str(final), "blocking_s": seconds})
+            self._events.emit(
+                "ckpt_committed", step=trainer.global_step, payload={"path": str(final), "blocking_s": seconds}
+            )
         if trainer.is_global_zero:
             from weakref import proxy
 
@@ -443,7 +447,9 @@ class ManifestCheckpoint(ModelCheckpoint):
         components: dict[str, list[int]] = {c: [0] for c in shared_components}
         components["rng"] = sorted(o.rank for o in outcomes)
         components["data_position"] = sorted(
-            o.rank for o, missing in zip(outcomes, missing_all) if not any(m.startswith("data_position") for m in missing)
+            o.rank
+            for o, missing in zip(outcomes, missing_all, strict=True)
+            if not any(m.startswith("data_position") for m in missing)
         )
         missing = sorted({m for ranks in missing_all for m in ranks})
         missing += _missing_shared(checkpoint, trainer, shared_components, self.save_weights_only)
@@ -551,7 +557,9 @@ class ManifestCheckpoint(ModelCheckpoint):
             rank_zero_warn(f"Resuming despite allowed difference {key}: {diffs[key][0]!r} -> {diffs[key][1]!r}")
         if blocking:
             where = path or manifest.name
-            lines = "\n".join(f"  {k}: {a!r} (checkpoint) != {b!r} (this run)" for k, (a, b) in sorted(blocking.items()))
+            lines = "\n".join(
+                f"  {k}: {a!r} (checkpoint) != {b!r} (this run)" for k, (a, b) in sorted(blocking.items())
+            )
             names = ", ".join(repr(k) for k in sorted(blocking))
             raise ResumeMismatchError(
                 f"Refusing to resume from {where}: it was written by a different run.\n{lines}\n"
@@ -559,7 +567,9 @@ class ManifestCheckpoint(ModelCheckpoint):
             )
 
     @override
-    def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]) -> None:
+    def on_load_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
         field = checkpoint.get(FIELD_KEY)
         if not field:
             return
@@ -573,7 +583,9 @@ class ManifestCheckpoint(ModelCheckpoint):
             self._tokens_seen = position.get("tokens_seen")
         if self._events is not None:
             self._events.emit(
-                "ckpt_load", step=field["manifest"].step, payload={"path": field["path"], "seconds": field["load_seconds"]}
+                "ckpt_load",
+                step=field["manifest"].step,
+                payload={"path": field["path"], "seconds": field["load_seconds"]},
             )
 
 
@@ -616,10 +628,14 @@ def _shared_components(checkpoint: dict[str, Any], trainer: pl.Trainer) -> list[
     return present
 
 
-def _missing_shared(checkpoint: dict[str, Any], trainer: pl.Trainer, present: list[str], weights_only: bool) -> list[str]:
+def _missing_shared(
+    checkpoint: dict[str, Any], trainer: pl.Trainer, present: list[str], weights_only: bool
+) -> list[str]:
     required = ["model", "loops"]
     if weights_only:
-        return ["optimizer, schedulers and callback state (save_weights_only=True makes an export, not a recovery point)"]
+        return [
+            "optimizer, schedulers and callback state (save_weights_only=True makes an export, not a recovery point)"
+        ]
     required.append("callbacks")
     if trainer.optimizers:
         required.append("optimizer")

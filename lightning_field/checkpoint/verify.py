@@ -61,7 +61,9 @@ def verify_checkpoint(
         elif not file_path.is_file():
             report.problems.append(f"{file_path}: missing")
         elif (actual := file_path.stat().st_size) != entry.size:
-            report.problems.append(f"{file_path}: size {actual} bytes, manifest says {entry.size} (truncated or extended)")
+            report.problems.append(
+                f"{file_path}: size {actual} bytes, manifest says {entry.size} (truncated or extended)"
+            )
         else:
             to_hash.append((name, entry))
     for name, entry in to_hash:
@@ -75,7 +77,9 @@ def verify_checkpoint(
 
         _, digest = hash_file(path / name, progress=on_chunk)
         if digest != entry.hash:
-            report.problems.append(f"{path / name}: content hash {digest[:16]}… does not match the manifest's {entry.hash[:16]}…")
+            report.problems.append(
+                f"{path / name}: content hash {digest[:16]}… does not match the manifest's {entry.hash[:16]}…"
+            )
     return report
 
 
@@ -83,6 +87,8 @@ def require_intact(path: str | os.PathLike[str], files: Iterable[str] | None = N
     """Verify, raising :class:`CheckpointCorruptError` that names each bad file."""
     report = verify_checkpoint(path, files)
     if not report.intact:
-        raise CheckpointCorruptError(f"checkpoint {report.path} failed verification:\n  " + "\n  ".join(report.problems))
+        raise CheckpointCorruptError(
+            f"checkpoint {report.path} failed verification:\n  " + "\n  ".join(report.problems)
+        )
     assert report.manifest is not None
     return report.manifest

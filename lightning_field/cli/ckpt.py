@@ -68,7 +68,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
             print(f"  {missing}")
         return 1
     total = sum(f.size for f in m.files.values())
-    print(f"OK  {args.path}: recoverable, {len(m.files)} files, {_human_bytes(total)}, step {m.step}, world size {m.world_size}")
+    print(
+        f"OK  {args.path}: recoverable, {len(m.files)} files, {_human_bytes(total)}, step {m.step},"
+        f" world size {m.world_size}"
+    )
     return 0
 
 
@@ -96,7 +99,10 @@ def cmd_list(args: argparse.Namespace) -> int:
             " <- resume" if resume and resume.name == entry.path.name else ""
         )
         size = sum(f.size for f in m.files.values())
-        print(f"{entry.path.name:<36} {m.step:>8} {status:<16} {_human_bytes(size):>10} {_human_age(now - m.created_unix):>7}{marks}")
+        print(
+            f"{entry.path.name:<36} {m.step:>8} {status:<16} {_human_bytes(size):>10}"
+            f" {_human_age(now - m.created_unix):>7}{marks}"
+        )
     if not args.verify and entries:
         print("* from the manifest, not verified; add --verify to hash every file")
     if not entries:
@@ -127,7 +133,10 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         print(f"  {name:<14} ranks {ranks}")
     print("files")
     for name, entry in sorted(m.files.items()):
-        print(f"  {name:<18} {_human_bytes(entry.size):>10}  rank {entry.rank}  {entry.hash[:16]}…  {', '.join(entry.contents)}")
+        print(
+            f"  {name:<18} {_human_bytes(entry.size):>10}  rank {entry.rank}  {entry.hash[:16]}…"
+            f"  {', '.join(entry.contents)}"
+        )
     prov = m.provenance
     print("provenance")
     for section in ("code", "model", "data", "environment"):

@@ -49,7 +49,10 @@ def _wrapped_sampler_orders(loader: Any) -> dict[str, Any]:
     from lightning.pytorch.overrides.distributed import _DatasetSamplerWrapper
 
     batch_sampler = getattr(loader, "batch_sampler", None)
-    candidates = {"sampler": getattr(loader, "sampler", None), "batch_sampler.sampler": getattr(batch_sampler, "sampler", None)}
+    candidates = {
+        "sampler": getattr(loader, "sampler", None),
+        "batch_sampler.sampler": getattr(batch_sampler, "sampler", None),
+    }
     return {
         path: sampler.dataset
         for path, sampler in candidates.items()
@@ -83,7 +86,7 @@ def replaying_sampler_state(loaders: list[Any], saved: list[dict[str, Any]]) -> 
     what the uninterrupted run drew.
     """
     patched = []
-    for loader, state in zip(loaders, saved):
+    for loader, state in zip(loaders, saved, strict=False):  # a loader added since the save has nothing to replay
         wrappers = _wrapped_sampler_orders(loader)
         for path, order in state.get("wrapped_orders", {}).items():
             wrapper = wrappers.get(path)
@@ -100,7 +103,7 @@ def replaying_sampler_state(loaders: list[Any], saved: list[dict[str, Any]]) -> 
     finally:
         for wrapper in patched:
             del wrapper.reset
-        for loader, state in zip(loaders, saved):
+        for loader, state in zip(loaders, saved, strict=False):  # a loader added since the save has nothing to replay
             generators = sampler_generators(loader)
             for path, gen_state in state.get("generators", {}).items():
                 if path in generators:

@@ -28,9 +28,7 @@ REDACTED = "<redacted>"
 def scrub_secrets(value: Any) -> Any:
     """A copy of ``value`` with secret-looking keys and values redacted."""
     if isinstance(value, Mapping):
-        return {
-            str(k): (REDACTED if _SECRET_KEY.search(str(k)) else scrub_secrets(v)) for k, v in value.items()
-        }
+        return {str(k): (REDACTED if _SECRET_KEY.search(str(k)) else scrub_secrets(v)) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [scrub_secrets(v) for v in value]
     if isinstance(value, str) and _SECRET_VALUE.match(value):
@@ -164,7 +162,9 @@ def environment_provenance(trainer: Any) -> dict[str, Any]:
     }
 
 
-def diff_provenance(saved: Mapping[str, Any], current: Mapping[str, Any], prefix: str = "") -> dict[str, tuple[Any, Any]]:
+def diff_provenance(
+    saved: Mapping[str, Any], current: Mapping[str, Any], prefix: str = ""
+) -> dict[str, tuple[Any, Any]]:
     """Flat ``{"dotted.key": (saved, current)}`` of every leaf that differs."""
     out: dict[str, tuple[Any, Any]] = {}
     for key in sorted(set(saved) | set(current)):

@@ -18,7 +18,13 @@ import torch
 
 def _numpy_state_to_plain(state: tuple[Any, ...]) -> dict[str, Any]:
     name, keys, pos, has_gauss, cached = state
-    return {"name": name, "keys": np.asarray(keys).tobytes(), "pos": int(pos), "has_gauss": int(has_gauss), "cached": float(cached)}
+    return {
+        "name": name,
+        "keys": np.asarray(keys).tobytes(),
+        "pos": int(pos),
+        "has_gauss": int(has_gauss),
+        "cached": float(cached),
+    }
 
 
 def _numpy_state_from_plain(state: Mapping[str, Any]) -> tuple[Any, ...]:

@@ -130,7 +130,11 @@ def main() -> None:
         sys.exit(0)
     if trainer.is_global_zero:
         torch.save(
-            {"state_dict": model.state_dict(), "optimizer": trainer.optimizers[0].state_dict(), "step": trainer.global_step},
+            {
+                "state_dict": model.state_dict(),
+                "optimizer": trainer.optimizers[0].state_dict(),
+                "step": trainer.global_step,
+            },
             args.out,
         )
     sys.exit(0)

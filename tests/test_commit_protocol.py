@@ -1,0 +1,104 @@
+"""The commit protocol's pieces: hashing while writing, atomic publication, hidden leftovers, retention."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from lightning_field.checkpoint import commit, committed_checkpoints, latest_recoverable, read_last_pointer
+from lightning_field.checkpoint.manifest_checkpoint import ManifestCheckpoint
+from lightning_field.core.fsio import HashingWriter, atomic_write_bytes, exchange_or_replace_dir, hash_file
+from lightning_field.core.manifest import FORMAT, Manifest, ManifestError, read_manifest
+
+
+def test_hash_computed_while_writing_equals_a_second_read_of_the_file(tmp_path: Path) -> None:
+    state = {"w": torch.randn(1000, 100), "step": 3}
+    size, digest = commit.save_durably(state, tmp_path / "s.pt")
+    data = (tmp_path / "s.pt").read_bytes()
+    assert size == len(data) and digest == hashlib.sha256(data).hexdigest() == hash_file(tmp_path / "s.pt")[1]
+    assert torch.equal(torch.load(tmp_path / "s.pt")["w"], state["w"])
+
+
+def test_hashing_writer_refuses_to_overwrite_an_existing_file(tmp_path: Path) -> None:
+    (tmp_path / "x").write_bytes(b"old")
+    with pytest.raises(FileExistsError):
+        HashingWriter(tmp_path / "x")
+    assert (tmp_path / "x").read_bytes() == b"old"
+
+
+def test_atomic_write_replaces_content_and_leaves_no_temporary_file(tmp_path: Path) -> None:
+    atomic_write_bytes(tmp_path / "LAST", b"a\n")
+    atomic_write_bytes(tmp_path / "LAST", b"b\n")
+    assert (tmp_path / "LAST").read_bytes() == b"b\n" and os.listdir(tmp_path) == ["LAST"]
+
+
+def test_publishing_over_an_existing_checkpoint_swaps_it_atomically(tmp_path: Path) -> None:
+    old, new = tmp_path / "ckpt", tmp_path / ".tmp-ckpt"
+    old.mkdir()
+    (old / "f").write_text("old")
+    new.mkdir()
+    (new / "f").write_text("new")
+    leftover = exchange_or_replace_dir(new, old)
+    assert (old / "f").read_text() == "new"
+    assert leftover is not None and (leftover / "f").read_text() == "old"
+
+
+def _fake_checkpoint(root: Path, name: str, step: int, recoverable: bool = True) -> Path:
+    directory = root / name
+    directory.mkdir(parents=True)
+    size, digest = commit.save_durably({"step": step}, directory / "state.pt")
+    Manifest(
+        name=name,
+        step=step,
+        epoch=0,
+        world_size=1,
+        files={"state.pt": commit.FileEntry(size, digest, 0, ["model"])},
+        components={"model": [0]},
+        recoverable=recoverable,
+        missing=[] if recoverable else ["data_position"],
+    ).write(directory)
+    return directory
+
+
+def test_resolver_ignores_hidden_in_flight_directories_and_prefers_the_newest_step(tmp_path: Path) -> None:
+    _fake_checkpoint(tmp_path, "a", 5)
+    _fake_checkpoint(tmp_path, "b", 10)
+    _fake_checkpoint(tmp_path, ".tmp-c-1234", 15)  # a save that never committed
+    _fake_checkpoint(tmp_path, "d", 20, recoverable=False)
+    assert [e.path.name for e in committed_checkpoints(tmp_path)] == ["d", "b", "a"]
+    assert latest_recoverable(tmp_path) == tmp_path / "b"
+    assert commit.clean_leftovers(tmp_path) == [tmp_path / ".tmp-c-1234"]
+
+
+def test_publish_writes_manifest_last_and_points_last_at_the_new_checkpoint(tmp_path: Path) -> None:
+    tmp = tmp_path / ".tmp-x-1"
+    outcome = commit.write_rank_files(tmp, 0, {"state.pt": ({"a": 1}, ["model"])})
+    assert outcome.error is None and not (tmp / "manifest.json").exists()
+    manifest = Manifest("x", 1, 0, 1, commit.manifest_files([outcome]), {"model": [0]}, True, [])
+    commit.publish(tmp, tmp_path / "x", manifest)
+    assert read_manifest(tmp_path / "x").format == FORMAT
+    assert read_last_pointer(tmp_path) == tmp_path / "x" and not tmp.exists()
+
+
+def test_a_rank_write_error_is_returned_not_raised_so_every_rank_reaches_the_exchange(tmp_path: Path) -> None:
+    outcome = commit.write_rank_files(tmp_path / ".tmp-y", 1, {"state.pt": (lambda: None, ["model"])})
+    assert outcome.error is not None and outcome.rank == 1 and outcome.receipts == []
+
+
+def test_manifest_of_an_unknown_format_is_rejected_by_name(tmp_path: Path) -> None:
+    (tmp_path / "manifest.json").write_text('{"format": "other/9"}')
+    with pytest.raises(ManifestError, match="unsupported checkpoint format 'other/9'"):
+        read_manifest(tmp_path)
+
+
+def test_retention_never_deletes_the_only_recoverable_checkpoint(tmp_path: Path) -> None:
+    only = _fake_checkpoint(tmp_path, "good", 5)
+    _fake_checkpoint(tmp_path, "newer-but-incomplete", 10, recoverable=False)
+    callback = ManifestCheckpoint(dirpath=tmp_path)
+    assert callback._protection_reason(str(only)) == "it is the only recoverable checkpoint"
+    _fake_checkpoint(tmp_path, "another-good", 15)
+    assert callback._protection_reason(str(only)) is None
