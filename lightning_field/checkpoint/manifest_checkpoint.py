@@ -388,8 +388,8 @@ class ManifestCheckpoint(ModelCheckpoint):
         error = broadcast_object(error)
         if error is not None:
             committed = committed_checkpoints(final.parent)
-            previous = f"the previous checkpoint ({committed[0].path}) is intact" if committed else "there is no earlier one"
-            raise commit.CheckpointSaveError(f"Checkpoint {final} was not saved: {error}. Nothing was committed; {previous}.")
+            kept = f"the previous checkpoint ({committed[0].path}) is intact" if committed else "no earlier one exists"
+            raise commit.CheckpointSaveError(f"Checkpoint {final} was not saved: {error}. Nothing was committed; {kept}.")
         self._last_global_step_saved = trainer.global_step
         self._last_checkpoint_saved = str(final)
         seconds = time.perf_counter() - start
