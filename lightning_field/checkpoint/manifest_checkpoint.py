@@ -389,7 +389,9 @@ class ManifestCheckpoint(ModelCheckpoint):
         if error is not None:
             committed = committed_checkpoints(final.parent)
             kept = f"the previous checkpoint ({committed[0].path}) is intact" if committed else "no earlier one exists"
-            raise commit.CheckpointSaveError(f"Checkpoint {final} was not saved: {error}. Nothing was committed; {kept}.")
+            raise commit.CheckpointSaveError(
+                f"Checkpoint {final} was not saved: {error}. Nothing was committed; {kept}."
+            )
         self._last_global_step_saved = trainer.global_step
         self._last_checkpoint_saved = str(final)
         seconds = time.perf_counter() - start
