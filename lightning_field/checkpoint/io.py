@@ -81,7 +81,8 @@ def load_manifest_checkpoint(
     own = rank_state_file(rank)
     wanted = [SHARED_STATE_FILE] + ([own] if own in manifest.files else [])
     require_intact(path, wanted)
-    checkpoint = torch_load_verified(path / SHARED_STATE_FILE, map_location)
+    # Like Lightning's own CheckpointIO: tensors land on the CPU and the strategy moves them.
+    checkpoint = torch_load_verified(path / SHARED_STATE_FILE, map_location or "cpu")
     rank_state = torch_load_verified(path / own, map_location="cpu") if own in manifest.files else None
     if rank_state is not None:
         loader_states = rank_state.get("data_position", {}).get("loader_states")

@@ -14,7 +14,7 @@ import os
 import signal
 import time
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,8 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
 from lightning_field.checkpoint import commit
+from lightning_field.checkpoint import lightning_internals as internals
+from lightning_field.checkpoint.components import missing_components, present_components
 from lightning_field.checkpoint.io import FIELD_KEY, ManifestCheckpointIO
 from lightning_field.checkpoint.preemption import DEFAULT_SIGNALS, PreemptionWatcher
 from lightning_field.checkpoint.resolver import committed_checkpoints, latest_recoverable
@@ -35,13 +37,8 @@ from lightning_field.core.distributed import all_gather_objects, broadcast_objec
 from lightning_field.core.events import EventLog
 from lightning_field.core.manifest import SHARED_STATE_FILE, Manifest, rank_state_file
 from lightning_field.state import provenance
-from lightning_field.state.data_position import (
-    capture_sampler_state,
-    needs_replay,
-    replaying_sampler_state,
-    stale_epoch_samplers,
-)
-from lightning_field.state.rng import WorkerRngCapture, capture_rng_state, restore_rng_state
+from lightning_field.state.data_position import capture_sampler_state
+from lightning_field.state.rng import capture_rng_state, restore_rng_state
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +60,9 @@ class ManifestCheckpoint(ModelCheckpoint):
             e.g. ``["world_size", "code.git_commit", "config"]``.
         preemption_signals: signals that trigger a save at the next step boundary and a clean stop.
         preemption_check_every_n_steps: in multi-rank runs, how often ranks agree on a pending
-            signal (one small all-reduce); single-process runs check every step for free.
+            signal with one small all-reduce. Default: every step on CPU (a host-side op), every 10
+            steps on accelerators, where reading the result synchronises the device. Single-process
+            runs check every step for free.
         code_dir: where the user's code lives, for the git commit; defaults to the main script's folder.
     """
 
@@ -76,12 +75,12 @@ class ManifestCheckpoint(ModelCheckpoint):
         config: Mapping[str, Any] | None = None,
         allow_resume_mismatch: Iterable[str] = (),
         preemption_signals: Sequence[int] = DEFAULT_SIGNALS,
-        preemption_check_every_n_steps: int = 1,
+        preemption_check_every_n_steps: int | None = None,
         code_dir: str | os.PathLike[str] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
-        if preemption_check_every_n_steps < 1:
+        if preemption_check_every_n_steps is not None and preemption_check_every_n_steps < 1:
             raise ValueError(f"preemption_check_every_n_steps must be >= 1, got {preemption_check_every_n_steps}")
         self.generators = dict(generators or {})
         self.config = config
@@ -100,6 +99,7 @@ class ManifestCheckpoint(ModelCheckpoint):
         self._prefetch_hook_installed = False
         self.preempted_checkpoint: str | None = None
         self._last_copy: str | None = None
+        self._undo_loader_patch: Callable[[], None] | None = None
         self._rng_before_validation: dict[str, Any] | None = None
         self._deferred_batch_end: tuple[Any, Any, int] | None = None
         self._loaded_loader_states: list[Any] | None = None
@@ -127,15 +127,8 @@ class ManifestCheckpoint(ModelCheckpoint):
                 log.info("Removed leftover from an interrupted save: %s", leftover)
             self._events = EventLog(trainer.default_root_dir)
         if stage == "fit":
-            self._install_prefetch_hook(trainer)
-            self._install_worker_rng_capture(trainer)
-            ours = str(trainer.ckpt_path) if trainer.ckpt_path else None
-            theirs = broadcast_object(ours)
-            if ours != theirs:
-                raise RuntimeError(
-                    f"Ranks resolved different checkpoints to resume from: rank 0 {theirs!r}, rank"
-                    f" {trainer.global_rank} {ours!r}. Pass an explicit ckpt_path."
-                )
+            self._prefetch_hook_installed = internals.install_before_fetch(trainer, self._before_train_fetch)
+            self._undo_loader_patch = internals.patch_train_loaders(trainer)
 
     def _run_config(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> Any:
         if self.config is not None:
@@ -146,58 +139,15 @@ class ManifestCheckpoint(ModelCheckpoint):
             config["datamodule"] = dict(datamodule.hparams)
         return config
 
-    def _install_prefetch_hook(self, trainer: pl.Trainer) -> None:
-        """Run ``_before_train_fetch`` immediately before every training batch is fetched.
-
-        Lightning calls the epoch loop's ``_on_before_fetch`` right before ``next()`` on the train
-        data; wrapping it on the instance survives the per-epoch re-wiring. RNG state restored here
-        is the state the uninterrupted run had when it fetched the same batch.
-        """
-        epoch_loop = trainer.fit_loop.epoch_loop
-        original = getattr(epoch_loop, "_on_before_fetch", None)
-        if original is None or getattr(original, "_lightning_field", False):
-            self._prefetch_hook_installed = original is not None
-            return
-
-        def before_fetch() -> None:
-            self._before_train_fetch()
-            original()
-
-        before_fetch._lightning_field = True  # type: ignore[attr-defined]
-        epoch_loop._on_before_fetch = before_fetch
-        self._prefetch_hook_installed = True
-
-    def _install_worker_rng_capture(self, trainer: pl.Trainer) -> None:
-        """Make the train loaders' worker randomness resumable (see ``WorkerRngCapture``).
-
-        Workers start as soon as the loader is first iterated, before any callback hook, so the
-        loader is patched as the data source hands it out.
-        """
-        source = trainer.fit_loop._data_source
-        instance = getattr(source, "instance", None)
-        if instance is None:
-            return
-        if hasattr(instance, "worker_init_fn"):
-            _patch_loader(instance)
-            return
-        method = getattr(instance, source.name, None)
-        if method is None or getattr(method, "_lightning_field", False):
-            return
-
-        def patched_train_dataloader() -> Any:
-            loaders = method()
-            _apply_to_loaders(loaders, _patch_loader)
-            return loaders
-
-        patched_train_dataloader._lightning_field = True  # type: ignore[attr-defined]
-        setattr(instance, source.name, patched_train_dataloader)
-
     # ------------------------------------------------------------------ training hooks
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         super().on_train_start(trainer, pl_module)
         self._watcher.install()
-        loaders = list(_iter_loaders(trainer.train_dataloader))
+        resumed_from = all_gather_objects(str(trainer.ckpt_path) if trainer.ckpt_path else None)
+        if len(set(resumed_from)) > 1:
+            raise RuntimeError(f"Ranks resumed from different checkpoints {resumed_from}; pass an explicit ckpt_path.")
+        loaders = list(internals.iter_loaders(trainer.train_dataloader))
         fingerprint = None
         if trainer.is_global_zero:
             fingerprint = provenance.data_provenance(trainer.datamodule, loaders[0] if loaders else None)
@@ -207,8 +157,10 @@ class ManifestCheckpoint(ModelCheckpoint):
             if saved is not None:
                 self._refuse_on_differences({"data": saved}, {"data": self._data_fingerprint}, self._resumed_manifest)
         resumed_at_epoch_end = trainer.fit_loop.restarted_on_epoch_end
-        _undo_epoch_end_double_count(trainer)
-        self._realign_resumed_samplers(trainer)
+        internals.undo_epoch_end_double_count(trainer)
+        states, self._loaded_loader_states = self._loaded_loader_states, None
+        samplers, self._loaded_sampler_state = self._loaded_sampler_state, []
+        internals.rebuild_resumed_iterator(trainer, states or [], samplers)
         if resumed_at_epoch_end or not self._prefetch_hook_installed:
             # At an epoch end the uninterrupted run still creates the next epoch's iterator (which
             # draws from the generators) before fetching: restore now, ahead of that.
@@ -216,31 +168,6 @@ class ManifestCheckpoint(ModelCheckpoint):
             self._pending_rng = None
         if self._events is not None:
             self._events.emit("fit_start", step=trainer.global_step)
-
-    def _realign_resumed_samplers(self, trainer: pl.Trainer) -> None:
-        """Rebuild the resumed train iterator so it continues the uninterrupted run's order.
-
-        Lightning creates the resumed iterator before it calls ``set_epoch``, and a sampler wrapped
-        by Lightning's ``DistributedSamplerWrapper`` is not restored by the loader at all. So the
-        epoch is set, the saved epoch order is replayed, the loader's saved position applied again
-        and the iterator rebuilt.
-        """
-        states, self._loaded_loader_states = self._loaded_loader_states, None
-        samplers, self._loaded_sampler_state = self._loaded_sampler_state, []
-        fit_loop = trainer.fit_loop
-        combined = fit_loop._combined_loader
-        if not states or combined is None or fit_loop._data_fetcher is None:
-            return
-        loaders = list(combined.flattened)
-        epoch = trainer.current_epoch
-        stale = stale_epoch_samplers(loaders, epoch)
-        if not stale and not needs_replay(samplers):
-            return
-        for sampler in stale:
-            sampler.set_epoch(epoch)
-        with replaying_sampler_state(loaders, samplers):
-            combined._load_state_dicts(states)
-            iter(fit_loop._data_fetcher)
 
     def _before_train_fetch(self) -> None:
         # Restored before every fetch *attempt* until a batch actually arrives: a resumed epoch
@@ -264,7 +191,7 @@ class ManifestCheckpoint(ModelCheckpoint):
         # Host-side copy (~50 µs, no device sync): validation may follow this batch, and its loader
         # draws from the global generators before any validation hook runs.
         self._rng_before_validation = capture_rng_state(self.generators)
-        if trainer.fit_loop.epoch_loop.batch_progress.is_last_batch:
+        if internals.is_last_batch_of_epoch(trainer):
             # Lightning 2.6 restores a checkpoint taken at the last batch's end as an unfinished
             # epoch and then counts that epoch twice, which shifts every epoch-seeded sampler. The
             # same step saved at the epoch's end restores cleanly, and nothing trains in between.
@@ -311,6 +238,9 @@ class ManifestCheckpoint(ModelCheckpoint):
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._watcher.uninstall()
+        if self._undo_loader_patch is not None:
+            self._undo_loader_patch()
+            self._undo_loader_patch = None
         if self._events is not None:
             self._events.end("preempted" if self.preempted_checkpoint else "finished", step=trainer.global_step)
             self._events = None
@@ -325,7 +255,10 @@ class ManifestCheckpoint(ModelCheckpoint):
 
     def _maybe_save_on_preemption(self, trainer: pl.Trainer) -> None:
         if trainer.world_size > 1:
-            if trainer.global_step % self.preemption_check_every_n_steps != 0:
+            every = self.preemption_check_every_n_steps
+            if every is None:
+                every = 1 if trainer.strategy.root_device.type == "cpu" else 10
+            if trainer.global_step % every != 0:
                 return
             agreed = trainer.strategy.reduce_boolean_decision(self._watcher.requested, all=False)
         else:
@@ -358,14 +291,14 @@ class ManifestCheckpoint(ModelCheckpoint):
             self._events.emit("ckpt_save_start", step=trainer.global_step, payload={"path": str(final)})
         if trainer.model is None:
             raise AttributeError("Saving a checkpoint is only possible if a model is attached to the Trainer.")
-        checkpoint = trainer._checkpoint_connector.dump_checkpoint(self.save_weights_only)
+        checkpoint = internals.dump_checkpoint(trainer, self.save_weights_only)
         rng = capture_rng_state(self.generators)
         rank_state, rank_missing = self._rank_state(trainer, checkpoint, rng)
         rank = trainer.global_rank
         files: dict[str, tuple[Any, list[str]]] = {rank_state_file(rank): (rank_state, ["rng", "data_position"])}
         shared_components: list[str] = []
         if trainer.is_global_zero:
-            shared_components = _shared_components(checkpoint, trainer)
+            shared_components = present_components(checkpoint, trainer)
             files[SHARED_STATE_FILE] = (checkpoint, shared_components)
         token = broadcast_object(uuid.uuid4().hex[:8])
         tmp = commit.temp_dir_for(final.parent, final.name, token)
@@ -408,7 +341,7 @@ class ManifestCheckpoint(ModelCheckpoint):
     def _rank_state(
         self, trainer: pl.Trainer, checkpoint: dict[str, Any], rng: dict[str, Any]
     ) -> tuple[dict[str, Any], list[str]]:
-        loaders = list(_iter_loaders(trainer.train_dataloader))
+        loaders = list(internals.iter_loaders(trainer.train_dataloader))
         stateful = bool(loaders) and all(callable(getattr(dl, "state_dict", None)) for dl in loaders)
         fit_loop_state = checkpoint.get("loops", {}).get("fit_loop", {}).get("state_dict", {})
         missing = []
@@ -454,7 +387,7 @@ class ManifestCheckpoint(ModelCheckpoint):
             if not any(m.startswith("data_position") for m in missing)
         )
         missing = sorted({m for ranks in missing_all for m in ranks})
-        missing += _missing_shared(checkpoint, trainer, shared_components, self.save_weights_only)
+        missing += missing_components(checkpoint, trainer, shared_components, self.save_weights_only)
         model_state = checkpoint.get("state_dict", {})
         return Manifest(
             name=final.name,
@@ -524,8 +457,7 @@ class ManifestCheckpoint(ModelCheckpoint):
 
     @override
     def _find_last_checkpoints(self, trainer: pl.Trainer) -> set[str]:
-        dirpath = self._ModelCheckpoint__resolve_ckpt_dir(trainer)  # type: ignore[attr-defined]
-        found = latest_recoverable(dirpath)
+        found = latest_recoverable(internals.checkpoint_dir(self, trainer))
         return {str(found)} if found is not None else set()
 
     # ------------------------------------------------------------------ resuming
@@ -591,84 +523,5 @@ class ManifestCheckpoint(ModelCheckpoint):
             )
 
 
-def _undo_epoch_end_double_count(trainer: pl.Trainer) -> None:
-    """Compensate Lightning 2.6 counting a restored, already-processed epoch as processed twice.
-
-    Resuming from a checkpoint taken at ``on_train_epoch_end``, the fit loop replays that epoch's
-    end and increments ``processed`` again, so every later ``set_epoch`` is one ahead of the
-    uninterrupted run and an epoch-seeded sampler (DistributedSampler) shuffles differently.
-    """
-    fit_loop = trainer.fit_loop
-    progress = fit_loop.epoch_progress
-    if fit_loop.restarted_on_epoch_end and progress.total.processed == progress.total.started:
-        progress.total.processed -= 1
-        progress.current.processed -= 1
-
-
 def _allowed(key: str, allowed: Iterable[str]) -> bool:
     return any(key == a or key.startswith(a + ".") for a in allowed)
-
-
-def _shared_components(checkpoint: dict[str, Any], trainer: pl.Trainer) -> list[str]:
-    present = []
-    if "state_dict" in checkpoint:
-        present.append("model")
-    if checkpoint.get("optimizer_states"):
-        present.append("optimizer")
-    if checkpoint.get("lr_schedulers"):
-        present.append("lr_schedulers")
-    if trainer.precision_plugin.__class__.__qualname__ in checkpoint:
-        present.append("precision")
-    if "loops" in checkpoint:
-        present.append("loops")
-    if "callbacks" in checkpoint:
-        present.append("callbacks")
-    if trainer.datamodule is not None and trainer.datamodule.__class__.__qualname__ in checkpoint:
-        present.append("datamodule")
-    if "hyper_parameters" in checkpoint:
-        present.append("hparams")
-    return present
-
-
-def _missing_shared(
-    checkpoint: dict[str, Any], trainer: pl.Trainer, present: list[str], weights_only: bool
-) -> list[str]:
-    required = ["model", "loops"]
-    if weights_only:
-        return [
-            "optimizer, schedulers and callback state (save_weights_only=True makes an export, not a recovery point)"
-        ]
-    required.append("callbacks")
-    if trainer.optimizers:
-        required.append("optimizer")
-    if trainer.lr_scheduler_configs:
-        required.append("lr_schedulers")
-    if trainer.precision_plugin.state_dict():
-        required.append("precision")
-    return [name for name in required if name not in present]
-
-
-def _iter_loaders(loaders: Any) -> Iterable[Any]:
-    if loaders is None:
-        return
-    flattened = getattr(loaders, "flattened", None)
-    if flattened is not None:
-        yield from flattened
-    elif isinstance(loaders, Mapping):
-        for value in loaders.values():
-            yield from _iter_loaders(value)
-    elif isinstance(loaders, (list, tuple)):
-        for value in loaders:
-            yield from _iter_loaders(value)
-    else:
-        yield loaders
-
-
-def _apply_to_loaders(loaders: Any, fn: Any) -> None:
-    for loader in _iter_loaders(loaders):
-        fn(loader)
-
-
-def _patch_loader(loader: Any) -> None:
-    if getattr(loader, "num_workers", 0) and not isinstance(loader.worker_init_fn, WorkerRngCapture):
-        loader.worker_init_fn = WorkerRngCapture(loader.worker_init_fn)
