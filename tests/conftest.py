@@ -10,8 +10,11 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+import lightning.pytorch as pl
 import pytest
 import torch
+
+from lightning_field import ManifestCheckpoint
 
 TESTS_DIR = Path(__file__).parent
 TRAIN_JOB = TESTS_DIR / "jobs" / "train_job.py"
@@ -22,6 +25,22 @@ def child_env() -> dict[str, str]:
     env["PYTHONWARNINGS"] = "ignore"
     env.setdefault("OMP_NUM_THREADS", "1")
     return env
+
+
+def make_trainer(root: Path, max_steps: int, dirpath: Path | None = None, **checkpoint: object) -> pl.Trainer:
+    """A quiet CPU Trainer with one ManifestCheckpoint (every 2 steps, keep all unless overridden)."""
+    options: dict[str, object] = {"every_n_train_steps": 2, "save_top_k": -1, **checkpoint}
+    callback = ManifestCheckpoint(dirpath=dirpath or root / "ckpts", **options)
+    return pl.Trainer(
+        default_root_dir=root,
+        max_steps=max_steps,
+        accelerator="cpu",
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        callbacks=[callback],
+    )
 
 
 def run_child(args: Sequence[str], timeout: float = 120, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:

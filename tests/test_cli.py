@@ -6,10 +6,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import lightning.pytorch as pl
 import pytest
+from conftest import make_trainer
 
-from lightning_field import ManifestCheckpoint
 from lightning_field.cli.main import main as field_main
 from lightning_field.demo import DemoDataModule, DemoRegressor
 
@@ -17,16 +16,7 @@ from lightning_field.demo import DemoDataModule, DemoRegressor
 @pytest.fixture(scope="module")
 def ckpts(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("run")
-    trainer = pl.Trainer(
-        default_root_dir=root,
-        max_steps=4,
-        accelerator="cpu",
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        limit_val_batches=0,
-        callbacks=[ManifestCheckpoint(dirpath=root / "ckpts", every_n_train_steps=2, save_top_k=-1)],
-    )
+    trainer = make_trainer(root, 4)
     trainer.fit(DemoRegressor(), datamodule=DemoDataModule(size=64))
     return root / "ckpts"
 

@@ -13,11 +13,10 @@ import sys
 import time
 from pathlib import Path
 
-import lightning.pytorch as pl
 import pytest
-from conftest import child_env
+from conftest import child_env, make_trainer
 
-from lightning_field import CheckpointSaveError, ManifestCheckpoint, latest_recoverable, verify_checkpoint
+from lightning_field import CheckpointSaveError, latest_recoverable, verify_checkpoint
 from lightning_field.checkpoint import committed_checkpoints
 from lightning_field.checkpoint.verify import CheckpointCorruptError
 from lightning_field.cli.main import main as field_main
@@ -31,18 +30,7 @@ def _train_saving_every_step(root: Path) -> None:
     import torch
 
     torch.set_num_threads(1)
-    trainer = pl.Trainer(
-        default_root_dir=root,
-        max_steps=100_000,
-        accelerator="cpu",
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        limit_val_batches=0,
-        callbacks=[
-            ManifestCheckpoint(dirpath=root / "checkpoints", every_n_train_steps=1, save_top_k=1, save_last=True)
-        ],
-    )
+    trainer = make_trainer(root, 100_000, root / "checkpoints", every_n_train_steps=1, save_top_k=1, save_last=True)
     trainer.fit(DemoRegressor(hidden=120_000), datamodule=DemoDataModule(size=64))
 
 
@@ -88,16 +76,7 @@ def test_sigkill_at_random_moments_during_saving_never_leaves_an_advertised_bad_
 
 @pytest.fixture
 def two_checkpoints(tmp_path: Path) -> Path:
-    trainer = pl.Trainer(
-        default_root_dir=tmp_path,
-        max_steps=4,
-        accelerator="cpu",
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        limit_val_batches=0,
-        callbacks=[ManifestCheckpoint(dirpath=tmp_path / "ckpts", every_n_train_steps=2, save_top_k=-1)],
-    )
+    trainer = make_trainer(tmp_path, 4)
     trainer.fit(DemoRegressor(), datamodule=DemoDataModule(size=64))
     return tmp_path / "ckpts"
 
@@ -131,15 +110,7 @@ def test_resuming_explicitly_from_a_corrupt_checkpoint_fails_before_unpickling_a
 ) -> None:
     victim = _newest(two_checkpoints) / "rank-00000.pt"
     os.truncate(victim, 5)
-    trainer = pl.Trainer(
-        default_root_dir=tmp_path,
-        max_steps=6,
-        accelerator="cpu",
-        logger=False,
-        enable_progress_bar=False,
-        callbacks=[ManifestCheckpoint(dirpath=two_checkpoints, every_n_train_steps=2)],
-        limit_val_batches=0,
-    )
+    trainer = make_trainer(tmp_path, 6, two_checkpoints)
     with pytest.raises(CheckpointCorruptError, match=r"rank-00000\.pt"):
         trainer.fit(DemoRegressor(), datamodule=DemoDataModule(size=64), ckpt_path=_newest(two_checkpoints))
 
@@ -153,16 +124,7 @@ def _full_disk_child(target: Path) -> None:
 
 
 def _fit_saving_every_two_steps(target: Path, max_steps: int = 4, ckpt_path: str | None = None) -> None:
-    trainer = pl.Trainer(
-        default_root_dir=target,
-        max_steps=max_steps,
-        accelerator="cpu",
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        limit_val_batches=0,
-        callbacks=[ManifestCheckpoint(dirpath=target / "ckpts", every_n_train_steps=2, save_top_k=-1)],
-    )
+    trainer = make_trainer(target, max_steps)
     # hidden=4000 makes each checkpoint ~0.8 MB: a 1.2 MB disk holds the first and not the second.
     trainer.fit(DemoRegressor(hidden=4000), datamodule=DemoDataModule(size=64), ckpt_path=ckpt_path)
 

@@ -6,24 +6,16 @@ from pathlib import Path
 
 import lightning.pytorch as pl
 import pytest
+from conftest import make_trainer
 
-from lightning_field import ManifestCheckpoint, ResumeMismatchError, latest_recoverable, load_weights, read_manifest
+from lightning_field import ResumeMismatchError, latest_recoverable, load_weights, read_manifest
 from lightning_field.cli.main import main as field_main
 from lightning_field.demo import DemoDataModule, DemoRegressor
 
 
 def _fit(root: Path, datamodule: pl.LightningDataModule, **checkpoint_kwargs: object) -> Path:
     ckpts = root / "ckpts"
-    trainer = pl.Trainer(
-        default_root_dir=root,
-        max_steps=4,
-        accelerator="cpu",
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        limit_val_batches=0,
-        callbacks=[ManifestCheckpoint(dirpath=ckpts, every_n_train_steps=2, save_top_k=-1, **checkpoint_kwargs)],
-    )
+    trainer = make_trainer(root, 4, ckpts, **checkpoint_kwargs)
     trainer.fit(DemoRegressor(), datamodule=datamodule)
     return ckpts
 
@@ -53,29 +45,13 @@ def test_weights_only_save_is_an_export_not_a_recovery_point(tmp_path: Path) -> 
 
 def test_resuming_explicitly_from_an_export_is_refused_with_what_it_lacks(tmp_path: Path) -> None:
     ckpts = _fit(tmp_path, DemoDataModule(size=64), save_weights_only=True)
-    trainer = pl.Trainer(
-        default_root_dir=tmp_path,
-        max_steps=6,
-        accelerator="cpu",
-        logger=False,
-        enable_progress_bar=False,
-        callbacks=[ManifestCheckpoint(dirpath=ckpts)],
-        limit_val_batches=0,
-    )
+    trainer = make_trainer(tmp_path, 6, ckpts)
     with pytest.raises(ResumeMismatchError, match="not recoverable"):
         trainer.fit(DemoRegressor(), datamodule=DemoDataModule(size=64), ckpt_path=ckpts / "epoch=0-step=4")
 
 
 def test_last_resolves_to_nothing_rather_than_an_unrecoverable_checkpoint(tmp_path: Path) -> None:
     ckpts = _fit(tmp_path, DemoDataModule(size=64, stateful=False))
-    trainer = pl.Trainer(
-        default_root_dir=tmp_path,
-        max_steps=6,
-        accelerator="cpu",
-        logger=False,
-        enable_progress_bar=False,
-        callbacks=[ManifestCheckpoint(dirpath=ckpts, every_n_train_steps=2)],
-        limit_val_batches=0,
-    )
+    trainer = make_trainer(tmp_path, 6, ckpts)
     trainer.fit(DemoRegressor(), datamodule=DemoDataModule(size=64, stateful=False), ckpt_path="last")
     assert trainer.ckpt_path is None  # started fresh: nothing recoverable to resume from

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import lightning.pytorch as pl
 import pytest
+from conftest import make_trainer
 
 from lightning_field import ManifestCheckpoint, ResumeMismatchError, read_events, read_manifest
 from lightning_field.demo import DemoDataModule, DemoRegressor
@@ -13,18 +14,8 @@ from lightning_field.state.provenance import diff_provenance
 
 
 def _trainer(root: Path, max_steps: int, **kwargs: object) -> tuple[pl.Trainer, ManifestCheckpoint]:
-    callback = ManifestCheckpoint(dirpath=root / "ckpts", every_n_train_steps=2, save_top_k=-1, **kwargs)
-    trainer = pl.Trainer(
-        default_root_dir=root,
-        max_steps=max_steps,
-        accelerator="cpu",
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        limit_val_batches=0,
-        callbacks=[callback],
-    )
-    return trainer, callback
+    trainer = make_trainer(root, max_steps, **kwargs)
+    return trainer, trainer.checkpoint_callback
 
 
 def test_changed_hyperparameter_is_refused_with_a_diff_naming_it(tmp_path: Path) -> None:
