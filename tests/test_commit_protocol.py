@@ -102,3 +102,14 @@ def test_retention_never_deletes_the_only_recoverable_checkpoint(tmp_path: Path)
     assert callback._protection_reason(str(only)) == "it is the only recoverable checkpoint"
     _fake_checkpoint(tmp_path, "another-good", 15)
     assert callback._protection_reason(str(only)) is None
+
+
+def test_top_k_with_save_last_keeps_only_the_newest_checkpoint(tmp_path: Path) -> None:
+    from conftest import make_trainer
+
+    from lightning_field.demo import DemoDataModule, DemoRegressor
+
+    trainer = make_trainer(tmp_path, 6, every_n_train_steps=1, save_top_k=1, save_last=True)
+    trainer.fit(DemoRegressor(), datamodule=DemoDataModule(size=64))
+    assert [e.path.name for e in committed_checkpoints(tmp_path / "ckpts")] == ["epoch=0-step=6"]
+    assert read_last_pointer(tmp_path / "ckpts") == tmp_path / "ckpts" / "epoch=0-step=6"

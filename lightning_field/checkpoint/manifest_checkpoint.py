@@ -447,8 +447,6 @@ class ManifestCheckpoint(ModelCheckpoint):
 
     def _protection_reason(self, filepath: str) -> str | None:
         target = Path(filepath).resolve()
-        if self.save_last and self.last_model_path and Path(self.last_model_path).resolve() == target:
-            return "it is the last checkpoint"
         entries = committed_checkpoints(Path(filepath).parent)
         recoverable = [e for e in entries if e.manifest is not None and e.manifest.recoverable]
         if any(e.path.resolve() == target for e in recoverable) and len(recoverable) == 1:
