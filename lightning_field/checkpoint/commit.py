@@ -15,7 +15,7 @@ import errno
 import os
 import shutil
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -135,7 +135,3 @@ def clean_leftovers(dirpath: Path) -> list[Path]:
             shutil.rmtree(child, ignore_errors=True)
             removed.append(child)
     return removed
-
-
-def outcome_summary(outcomes: list[RankOutcome]) -> list[dict[str, Any]]:
-    return [asdict(o) for o in outcomes]

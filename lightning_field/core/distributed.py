@@ -18,10 +18,6 @@ def global_rank() -> int:
     return int(os.environ.get("RANK", 0))
 
 
-def world_size() -> int:
-    return dist.get_world_size() if is_distributed() else 1
-
-
 def all_gather_objects(obj: Any) -> list[Any]:
     """Every rank's ``obj``, in rank order. Collective: all ranks must call it."""
     if not is_distributed():

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +71,3 @@ class EventLog:
 
     def end(self, status: str, step: int | None = None) -> None:
         self.emit("attempt_end", step=step, payload={"status": status})
-
-    def __iter__(self) -> Iterator[dict[str, Any]]:
-        return iter(read_events(self.path.parent.parent))
