@@ -83,3 +83,24 @@ def test_saves_and_loads_are_recorded_in_the_event_log(tmp_path: Path) -> None:
     committed = [e for e in events if e["event"] == "ckpt_committed"]
     assert all(e["payload"]["blocking_s"] > 0 for e in committed)
     assert [e["step"] for e in committed] == [2, 4, 6]
+
+
+def test_code_provenance_records_commit_and_a_dirty_diff_hash(tmp_path: Path) -> None:
+    import subprocess
+
+    from lightning_field.state.provenance import code_provenance
+
+    def git(*args: str) -> None:
+        subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", *args], cwd=tmp_path, check=True)
+
+    (tmp_path / "train.py").write_text("print(1)\n")
+    git("init", "-q")
+    git("add", "train.py")
+    git("commit", "-qm", "init")
+    clean = code_provenance(tmp_path)
+    assert len(clean["git_commit"]) == 40 and clean["git_dirty"] is False and clean["git_diff_hash"] is None
+    (tmp_path / "train.py").write_text("print(2)\n")
+    dirty = code_provenance(tmp_path)
+    assert dirty["git_dirty"] is True and dirty["git_commit"] == clean["git_commit"]
+    (tmp_path / "train.py").write_text("print(3)\n")
+    assert code_provenance(tmp_path)["git_diff_hash"] != dirty["git_diff_hash"]

@@ -50,6 +50,23 @@ def _git(args: list[str], cwd: Path) -> str | None:
     return out.stdout.decode(errors="replace")
 
 
+def _git_diff_hash(cwd: Path) -> str | None:
+    """Hash of ``git diff HEAD``, streamed so a large diff costs time, not memory; None when clean."""
+    try:
+        proc = subprocess.Popen(["git", "diff", "HEAD"], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    except OSError:
+        return None
+    hasher = hashlib.sha256()
+    seen = 0
+    assert proc.stdout is not None
+    with proc.stdout:
+        while chunk := proc.stdout.read(1 << 20):
+            hasher.update(chunk)
+            seen += len(chunk)
+    proc.wait()
+    return hasher.hexdigest() if seen and proc.returncode == 0 else None
+
+
 def code_provenance(source: str | os.PathLike[str] | None = None) -> dict[str, Any]:
     """Versions of the stack and, when the user's code is in git, the commit and a hash of its diff."""
     import lightning
@@ -69,10 +86,10 @@ def code_provenance(source: str | os.PathLike[str] | None = None) -> dict[str, A
     where = where if where.is_dir() else where.parent
     commit = _git(["rev-parse", "HEAD"], where)
     if commit:
-        diff = _git(["diff", "HEAD"], where) or ""
+        diff_hash = _git_diff_hash(where)
         info["git_commit"] = commit.strip()
-        info["git_dirty"] = bool(diff)
-        info["git_diff_hash"] = hashlib.sha256(diff.encode()).hexdigest() if diff else None
+        info["git_dirty"] = diff_hash is not None
+        info["git_diff_hash"] = diff_hash
     return info
 
 
