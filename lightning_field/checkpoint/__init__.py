@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 from lightning_field.checkpoint.commit import CheckpointSaveError
@@ -15,8 +16,6 @@ from lightning_field.core.manifest import SHARED_STATE_FILE
 
 def load_weights(path: str | os.PathLike[str], map_location: Any = "cpu") -> dict[str, Any]:
     """The model ``state_dict`` of any committed checkpoint (including exports), verified first."""
-    from pathlib import Path
-
     require_intact(path, [SHARED_STATE_FILE])
     return torch_load_verified(Path(path) / SHARED_STATE_FILE, map_location)["state_dict"]
 

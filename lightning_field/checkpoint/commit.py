@@ -91,7 +91,7 @@ def describe_error(err: BaseException) -> str:
         if isinstance(e, OSError) and e.errno == errno.EFBIG:
             return f"a file size limit was exceeded ({e.strerror}) while writing {e.filename or 'checkpoint data'}"
     text = " ".join(str(e) for e in chain)
-    if "No space left" in text or "file write failed" in text:
+    if "No space left" in text:
         return f"the disk is full (write failed: {chain[0]})"
     return f"{type(err).__name__}: {err}"
 

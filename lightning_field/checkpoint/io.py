@@ -21,7 +21,13 @@ from lightning.fabric.plugins import CheckpointIO
 from lightning_field.checkpoint.commit import remove_committed
 from lightning_field.checkpoint.verify import require_intact
 from lightning_field.core.distributed import global_rank
-from lightning_field.core.manifest import SHARED_STATE_FILE, Manifest, is_checkpoint_dir, rank_state_file
+from lightning_field.core.manifest import (
+    SHARED_STATE_FILE,
+    Manifest,
+    is_checkpoint_dir,
+    rank_state_file,
+    read_manifest,
+)
 
 log = logging.getLogger(__name__)
 
@@ -73,8 +79,6 @@ def load_manifest_checkpoint(
     """Verify, check compatibility (``on_manifest`` may raise), then load shared and per-rank state."""
     start = time.perf_counter()
     rank = global_rank()
-    from lightning_field.core.manifest import read_manifest
-
     manifest = read_manifest(path)
     if on_manifest is not None:
         on_manifest(manifest, path)

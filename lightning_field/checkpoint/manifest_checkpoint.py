@@ -303,8 +303,9 @@ class ManifestCheckpoint(ModelCheckpoint):
         token = broadcast_object(uuid.uuid4().hex[:8])
         tmp = commit.temp_dir_for(final.parent, final.name, token)
         outcome = commit.write_rank_files(tmp, rank, files)
-        outcomes: list[commit.RankOutcome] = all_gather_objects(outcome)
-        missing_all: list[list[str]] = all_gather_objects(rank_missing)
+        gathered: list[tuple[commit.RankOutcome, list[str]]] = all_gather_objects((outcome, rank_missing))
+        outcomes = [o for o, _ in gathered]
+        missing_all = [m for _, m in gathered]
         error = None
         failed = [o for o in outcomes if o.error]
         if failed:

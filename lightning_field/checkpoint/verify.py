@@ -66,15 +66,14 @@ def verify_checkpoint(
             )
         else:
             to_hash.append((name, entry))
+
+    def on_chunk(n: int) -> None:
+        nonlocal done
+        done += n
+        if progress is not None:
+            progress(done, total)
+
     for name, entry in to_hash:
-        base = done
-
-        def on_chunk(n: int, _base: int = base) -> None:
-            nonlocal done
-            done += n
-            if progress is not None:
-                progress(done, total)
-
         _, digest = hash_file(path / name, progress=on_chunk)
         if digest != entry.hash:
             report.problems.append(

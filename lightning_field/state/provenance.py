@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 import platform
+import random
 import re
 import socket
 import subprocess
@@ -18,7 +19,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import lightning
+import numpy as np
 import torch
+
+from lightning_field.state.rng import capture_rng_state, restore_rng_state
 
 _SECRET_KEY = re.compile(r"(api[_-]?key|token|secret|password|passwd|credential|auth|private[_-]?key)", re.IGNORECASE)
 _SECRET_VALUE = re.compile(r"^(sk-|ghp_|gho_|xox[bap]-|AKIA)[A-Za-z0-9_\-]{8,}|^[0-9a-f]{40}$")
@@ -69,9 +74,7 @@ def _git_diff_hash(cwd: Path) -> str | None:
 
 def code_provenance(source: str | os.PathLike[str] | None = None) -> dict[str, Any]:
     """Versions of the stack and, when the user's code is in git, the commit and a hash of its diff."""
-    import lightning
-
-    import lightning_field
+    import lightning_field  # here, not at the top: the package's __init__ imports this module
 
     info: dict[str, Any] = {
         "python": platform.python_version(),
@@ -130,16 +133,10 @@ def data_provenance(datamodule: Any, train_loader: Any) -> dict[str, Any]:
         length = None
     info["length"] = length
     if length and hasattr(dataset, "__getitem__"):
-        from lightning_field.state.rng import capture_rng_state, restore_rng_state
-
         saved = capture_rng_state()
         try:
             h = hashlib.sha256()
             for index in sorted({0, length // 2, length - 1}):
-                import random
-
-                import numpy as np
-
                 random.seed(index)
                 np.random.seed(index)
                 torch.manual_seed(index)
