@@ -50,6 +50,9 @@ class Manifest:
     provenance: dict[str, Any] = field(default_factory=dict)
     created_unix: float = field(default_factory=time.time)
     save_seconds: float | None = None
+    # Set by a passing restore drill (lightning_field.evidence.RestoreDrill), with the drill's record.
+    restore_tested: bool = False
+    restore_drill: dict[str, Any] | None = None
     format: str = FORMAT
     hash_algorithm: str = HASH_ALGORITHM
 
