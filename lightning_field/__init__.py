@@ -13,15 +13,20 @@ from lightning_field.checkpoint import (
 )
 from lightning_field.core.events import EventLog, read_events
 from lightning_field.core.manifest import Manifest, read_manifest
+from lightning_field.evidence import EvidenceSettings, RestoreDrill, StepTracer, check_bundle
 
 __all__ = [
     "CheckpointCorruptError",
     "CheckpointSaveError",
     "EventLog",
+    "EvidenceSettings",
     "Manifest",
     "ManifestCheckpoint",
+    "RestoreDrill",
     "ResumeMismatchError",
+    "StepTracer",
     "__version__",
+    "check_bundle",
     "latest_recoverable",
     "load_weights",
     "read_events",

@@ -98,6 +98,7 @@ class ManifestCheckpoint(ModelCheckpoint):
         self._events: EventLog | None = None
         self._prefetch_hook_installed = False
         self.preempted_checkpoint: str | None = None
+        self.last_committed: tuple[str, int] | None = None  # (path, step) of the newest commit by this run
         self._last_copy: str | None = None
         self._undo_loader_patch: Callable[[], None] | None = None
         self._rng_before_validation: dict[str, Any] | None = None
@@ -138,6 +139,11 @@ class ManifestCheckpoint(ModelCheckpoint):
         if datamodule is not None and getattr(datamodule, "hparams", None):
             config["datamodule"] = dict(datamodule.hparams)
         return config
+
+    @property
+    def events(self) -> EventLog | None:
+        """The run's event log on global rank 0 while fitting (None elsewhere), for sibling callbacks."""
+        return self._events
 
     # ------------------------------------------------------------------ training hooks
     @override
@@ -328,6 +334,7 @@ class ManifestCheckpoint(ModelCheckpoint):
             )
         self._last_global_step_saved = trainer.global_step
         self._last_checkpoint_saved = str(final)
+        self.last_committed = (str(final), trainer.global_step)
         seconds = time.perf_counter() - start
         if self._events is not None:
             self._events.emit(

@@ -53,7 +53,8 @@ def latest_recoverable(dirpath: str | os.PathLike[str]) -> Path | None:
     """The newest checkpoint under ``dirpath`` that is recoverable and passes full verification.
 
     A newer checkpoint that fails verification is skipped with a warning naming the bad file, so a
-    corrupt save costs only the progress since the previous one.
+    corrupt save costs only the progress since the previous one. So is one whose restore drill
+    failed: it verifiably does not continue the run it came from.
     """
     for entry in committed_checkpoints(dirpath):
         if entry.manifest is None:
@@ -61,8 +62,19 @@ def latest_recoverable(dirpath: str | os.PathLike[str]) -> Path | None:
             continue
         if not entry.manifest.recoverable:
             continue
+        if entry.manifest.restore_drill is not None and not entry.manifest.restore_tested:
+            # A drill replayed the next step from it and got a different result: it is not a faithful
+            # recovery point, like a corrupt one. An explicit ckpt_path can still load it.
+            log.warning(
+                "Skipping checkpoint %s: its restore drill failed (%s); falling back to an older one",
+                entry.path,
+                entry.manifest.restore_drill.get("log"),
+            )
+            continue
         report = verify_checkpoint(entry.path)
         if report.recoverable:
+            tested = "restore-tested by a drill" if entry.manifest.restore_tested else "not restore-tested"
+            log.info("Latest recoverable checkpoint: %s (step %d, %s)", entry.path, entry.manifest.step, tested)
             return entry.path
         log.warning(
             "Skipping checkpoint %s, it failed verification (falling back to an older one):\n  %s",

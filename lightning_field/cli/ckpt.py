@@ -11,7 +11,7 @@ from typing import TextIO
 
 from lightning_field.checkpoint.resolver import committed_checkpoints, latest_recoverable, read_last_pointer
 from lightning_field.checkpoint.verify import verify_checkpoint
-from lightning_field.core.manifest import ManifestError, read_manifest
+from lightning_field.core.manifest import Manifest, ManifestError, read_manifest
 
 _PROGRESS_MIN_BYTES = 64 << 20
 
@@ -75,6 +75,14 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 0
 
 
+def _drill_mark(m: Manifest) -> str:
+    if m.restore_tested:
+        return "tested"
+    if m.restore_drill is not None:
+        return "FAILED"
+    return "-"
+
+
 def cmd_list(args: argparse.Namespace) -> int:
     root = Path(args.dir)
     if not root.is_dir():
@@ -84,11 +92,11 @@ def cmd_list(args: argparse.Namespace) -> int:
     last = read_last_pointer(root)
     resume = latest_recoverable(root) if args.verify else None
     now = time.time()
-    print(f"{'name':<36} {'step':>8} {'status':<16} {'size':>10} {'age':>7}")
+    print(f"{'name':<36} {'step':>8} {'status':<16} {'drill':<6} {'size':>10} {'age':>7}")
     for entry in entries:
         m = entry.manifest
         if m is None:
-            print(f"{entry.path.name:<36} {'?':>8} {'unreadable':<16} {'':>10} {'':>7}  {entry.error}")
+            print(f"{entry.path.name:<36} {'?':>8} {'unreadable':<16} {'':<6} {'':>10} {'':>7}  {entry.error}")
             continue
         if args.verify:
             report = verify_checkpoint(entry.path)
@@ -99,12 +107,15 @@ def cmd_list(args: argparse.Namespace) -> int:
             " <- resume" if resume and resume.name == entry.path.name else ""
         )
         size = sum(f.size for f in m.files.values())
+        drill = _drill_mark(m)
         print(
-            f"{entry.path.name:<36} {m.step:>8} {status:<16} {_human_bytes(size):>10}"
+            f"{entry.path.name:<36} {m.step:>8} {status:<16} {drill:<6} {_human_bytes(size):>10}"
             f" {_human_age(now - m.created_unix):>7}{marks}"
         )
     if not args.verify and entries:
         print("* from the manifest, not verified; add --verify to hash every file")
+    if entries:
+        print("drill: 'tested' = a restore drill replayed the next step from it and matched the live run")
     if not entries:
         print(f"(no committed checkpoints in {root})")
     return 0
@@ -128,6 +139,13 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     created = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(m.created_unix))
     save = f"; save took {m.save_seconds:.2f}s" if m.save_seconds is not None else ""
     print(f"created      {created}{save}")
+    if m.restore_drill is not None:
+        checks = m.restore_drill.get("checks", {})
+        failed = [name for name, check in checks.items() if not check.get("passed")]
+        outcome = "passed" if m.restore_tested else f"FAILED ({', '.join(failed) or m.restore_drill.get('error')})"
+        print(f"restore      drill {outcome}; log {m.restore_drill.get('log')}")
+    else:
+        print("restore      not drilled (no restore drill has replayed a step from it)")
     print("components")
     for name, ranks in sorted(m.components.items()):
         print(f"  {name:<14} ranks {ranks}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from lightning_field.evidence.bundle import build_evidence, check_bundle, write_bundle
 from lightning_field.evidence.compare import EXACT, FAIL, WITHIN_NOISE
+from lightning_field.evidence.drill import RestoreDrill, RestoreDrillError
 from lightning_field.evidence.protocol import EvidenceConfigError, EvidenceSettings, run_protocol
 from lightning_field.evidence.trace import StepTracer
 
@@ -13,6 +14,8 @@ __all__ = [
     "WITHIN_NOISE",
     "EvidenceConfigError",
     "EvidenceSettings",
+    "RestoreDrill",
+    "RestoreDrillError",
     "StepTracer",
     "build_evidence",
     "check_bundle",

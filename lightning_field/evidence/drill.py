@@ -1,0 +1,406 @@
+"""``RestoreDrill``: prove, while training continues, that the checkpoints being written restore.
+
+Every ``every_n_checkpoints`` commits, the live run records what happens in the step right after
+the checkpoint (the batch's bytes, the loss, the weights after the update). A separate process then
+loads that checkpoint into a fresh model, replays the step, and compares. A pass marks the
+checkpoint's manifest ``restore_tested: true`` with the drill's record; a failure is logged as an
+error, written to the event log and sent to the run's loggers as a metric. Training never waits
+for a drill: the process is polled between batches, and only the end of ``fit`` waits for the last.
+
+The post-update weights are what catch damage to the optimizer state: the replayed loss depends
+only on the weights, but the update depends on the optimizer's moments too.
+
+Run as ``python -m lightning_field.evidence.drill SPEC`` by the callback; not meant to be run by hand.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.callbacks import Callback
+from typing_extensions import override
+
+from lightning_field.checkpoint.manifest_checkpoint import ManifestCheckpoint
+from lightning_field.core.manifest import ManifestError, read_manifest
+from lightning_field.evidence.digest import batch_digest, parameter_norms, weights_digest
+from lightning_field.evidence.trace import StepTracer, loss_value, read_trace
+
+log = logging.getLogger(__name__)
+
+DRILLS_RELPATH = Path("field") / "drills"
+
+
+class RestoreDrillError(ValueError):
+    """The drill cannot be set up for this run; the message says what to pass instead."""
+
+
+def _target_config(obj: Any, hparams: Mapping[str, Any], what: str, option: str) -> dict[str, Any]:
+    cls = type(obj)
+    if cls.__module__ == "__main__":
+        raise RestoreDrillError(
+            f"RestoreDrill cannot rebuild the {what} {cls.__name__}: it is defined in the main script, which a"
+            f" drill process cannot import. Move it to a module, or pass RestoreDrill({option}={{'_target_': ...}})."
+        )
+    config = {"_target_": f"{cls.__module__}.{cls.__qualname__}", **dict(hparams)}
+    try:
+        json.dumps(config)
+    except TypeError as err:
+        raise RestoreDrillError(
+            f"RestoreDrill cannot rebuild the {what} from its hparams ({err}); pass RestoreDrill({option}=...)"
+        ) from None
+    return config
+
+
+@dataclass
+class _Running:
+    process: subprocess.Popen[bytes]
+    checkpoint: str
+    step: int
+    result_path: Path
+    log_path: Path
+    started: float
+
+
+class RestoreDrill(Callback):
+    """Restore-test every ``every_n_checkpoints``-th committed checkpoint in a separate process.
+
+    Args:
+        every_n_checkpoints: 0 turns drills off (the default).
+        model, data: Hydra-style configs (``{"_target_": ..., **kwargs}``) that rebuild the module and
+            datamodule in the drill process. Default: the classes of the live objects and their
+            ``hparams`` (so both must call ``save_hyperparameters`` and live in importable modules).
+        accelerator: where the drill runs; default the live run's device type. A different device
+            changes floating-point results, so then set ``rtol`` above 0.
+        rtol: 0 compares the loss and the weights bit for bit; above 0, the loss and per-tensor
+            weight norms within this relative tolerance.
+        timeout_s: a drill still running after this long is killed and counted as failed.
+        wait_at_end: let the end of ``fit`` wait for drills in flight so their outcome is recorded.
+    """
+
+    def __init__(
+        self,
+        every_n_checkpoints: int = 0,
+        model: Mapping[str, Any] | None = None,
+        data: Mapping[str, Any] | None = None,
+        accelerator: str | None = None,
+        rtol: float = 0.0,
+        timeout_s: float = 600.0,
+        wait_at_end: bool = True,
+    ) -> None:
+        if every_n_checkpoints < 0:
+            raise ValueError(f"every_n_checkpoints must be >= 0, got {every_n_checkpoints}")
+        if rtol < 0:
+            raise ValueError(f"rtol must be >= 0, got {rtol}")
+        self.every_n_checkpoints = every_n_checkpoints
+        self.model = dict(model) if model else None
+        self.data = dict(data) if data else None
+        self.accelerator = accelerator
+        self.rtol = rtol
+        self.timeout_s = timeout_s
+        self.wait_at_end = wait_at_end
+        self.results: list[dict[str, Any]] = []
+        self.failures = 0
+        self._checkpoint: ManifestCheckpoint | None = None
+        self._recipe: dict[str, Any] = {}
+        self._drill_dir: Path | None = None
+        self._commits_seen = 0
+        self._last_seen: str | None = None
+        self._armed: dict[str, Any] | None = None
+        self._running: list[_Running] = []
+
+    @property
+    def enabled(self) -> bool:
+        return self.every_n_checkpoints > 0
+
+    # ------------------------------------------------------------------ setup
+    @override
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if not self.enabled or stage != "fit":
+            return
+        self._checkpoint = next((c for c in trainer.callbacks if isinstance(c, ManifestCheckpoint)), None)
+        if self._checkpoint is None:
+            raise RestoreDrillError("RestoreDrill needs a lightning_field.ManifestCheckpoint among the callbacks")
+        if trainer.world_size > 1:
+            raise RestoreDrillError(
+                f"RestoreDrill replays a step in one process; this run has {trainer.world_size} ranks. Use"
+                " field-evidence (trainer=ddp_cpu) to test multi-rank restores."
+            )
+        model = self.model or _target_config(pl_module, pl_module.hparams, "module", "model")
+        datamodule = trainer.datamodule
+        if self.data is None and datamodule is None:
+            raise RestoreDrillError("RestoreDrill needs a LightningDataModule (or data=...) to replay a step")
+        data = self.data or _target_config(datamodule, datamodule.hparams, "datamodule", "data")
+        device = trainer.strategy.root_device.type
+        self._recipe = {
+            "model": model,
+            "data": data,
+            "trainer": {
+                "accelerator": self.accelerator or ("gpu" if device == "cuda" else device),
+                "precision": str(trainer.precision),
+                "accumulate_grad_batches": trainer.accumulate_grad_batches,
+                "gradient_clip_val": trainer.gradient_clip_val,
+                "gradient_clip_algorithm": trainer.gradient_clip_algorithm,
+                "deterministic": torch.are_deterministic_algorithms_enabled(),
+                "max_epochs": trainer.max_epochs,
+                "limit_train_batches": trainer.limit_train_batches,
+            },
+            "threads": torch.get_num_threads(),
+            "rtol": self.rtol,
+            "sys_path": [p for p in sys.path if p],
+        }
+        self._drill_dir = Path(trainer.default_root_dir) / DRILLS_RELPATH
+
+    # ------------------------------------------------------------------ the live side of a drill
+    @override
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        if self._checkpoint is None or self._checkpoint.last_committed is None:
+            return
+        path, step = self._checkpoint.last_committed
+        if path == self._last_seen or step != trainer.global_step:
+            return
+        self._last_seen = path
+        self._commits_seen += 1
+        if self._commits_seen % self.every_n_checkpoints == 0 and self._armed is None:
+            # The checkpoint holds the state right before this batch: this batch is the one to replay.
+            self._armed = {
+                "checkpoint": path,
+                "step": step,
+                "position": [trainer.current_epoch, batch_idx],
+                "batch": batch_digest(batch),
+            }
+
+    @override
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        armed = self._armed
+        if armed is not None:
+            armed.setdefault("loss", loss_value(outputs))
+            if trainer.global_step == armed["step"] + 1:
+                armed["weights"] = weights_digest(pl_module)
+                armed["norms"] = parameter_norms(pl_module)
+                self._armed = None
+                self._launch(armed)
+        self._poll(trainer)
+
+    @override
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._armed = None  # the final checkpoint has no next step in this run to compare with
+        if self.wait_at_end:
+            for running in list(self._running):
+                remaining = self.timeout_s - (time.monotonic() - running.started)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    running.process.wait(timeout=max(remaining, 0.0))
+        self._poll(trainer, final=True)
+
+    @override
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        for running in self._running:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(running.process.pid, signal.SIGKILL)
+        self._running = []
+
+    def _launch(self, armed: dict[str, Any]) -> None:
+        assert self._drill_dir is not None
+        name = f"{Path(armed['checkpoint']).name}-{os.urandom(3).hex()}"
+        work = self._drill_dir / name
+        work.mkdir(parents=True, exist_ok=True)
+        spec = {**self._recipe, "checkpoint": armed["checkpoint"], "expected": armed, "work_dir": str(work)}
+        spec_path = work / "spec.json"
+        spec_path.write_text(json.dumps(spec, indent=2, default=str))
+        log_path = work / "drill.log"
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(self._recipe["sys_path"])
+        with open(log_path, "wb") as out:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "lightning_field.evidence.drill", str(spec_path)],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+            )
+        self._running.append(
+            _Running(process, armed["checkpoint"], armed["step"], work / "result.json", log_path, time.monotonic())
+        )
+
+    def _poll(self, trainer: pl.Trainer, final: bool = False) -> None:
+        for running in list(self._running):
+            overdue = time.monotonic() - running.started > self.timeout_s
+            if running.process.poll() is None and not (overdue or final):
+                continue
+            if running.process.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(running.process.pid, signal.SIGKILL)
+                running.process.wait()
+                result = {"passed": False, "error": f"drill did not finish within {self.timeout_s:.0f} s"}
+            elif running.result_path.is_file():
+                result = json.loads(running.result_path.read_text())
+            else:
+                code = running.process.returncode
+                result = {"passed": False, "error": f"drill process exited {code} without a result"}
+            self._running.remove(running)
+            self._record(trainer, running, result)
+
+    def _record(self, trainer: pl.Trainer, running: _Running, result: dict[str, Any]) -> None:
+        record = {
+            "checkpoint": running.checkpoint,
+            "step": running.step,
+            "passed": bool(result.get("passed")),
+            "checks": result.get("checks", {}),
+            "error": result.get("error"),
+            "seconds": time.monotonic() - running.started,
+            "log": str(running.log_path),
+            "finished_unix": time.time(),
+        }
+        self.results.append(record)
+        if record["passed"]:
+            log.info("Restore drill passed for %s (step %d)", running.checkpoint, running.step)
+        else:
+            self.failures += 1
+            log.error(
+                "RESTORE DRILL FAILED for checkpoint %s (step %d): %s. Resuming from it may not continue the run"
+                " exactly; see %s",
+                running.checkpoint,
+                running.step,
+                record["error"] or json.dumps(record["checks"]),
+                running.log_path,
+            )
+        if trainer.is_global_zero:
+            self._mark_manifest(running.checkpoint, record)
+            events = self._checkpoint.events if self._checkpoint else None
+            if events is not None:
+                events.emit("restore_drill", step=running.step, payload=record)
+            metrics = {
+                "field/restore_drill_passed": float(record["passed"]),
+                "field/restore_drill_failures": float(self.failures),
+            }
+            for logger in trainer.loggers:
+                logger.log_metrics(metrics, step=trainer.global_step)
+
+    @staticmethod
+    def _mark_manifest(checkpoint: str, record: dict[str, Any]) -> None:
+        try:
+            manifest = read_manifest(checkpoint)
+        except ManifestError:
+            log.info("Checkpoint %s was removed before its drill finished; the outcome is in the event log", checkpoint)
+            return
+        manifest.restore_tested = record["passed"]
+        manifest.restore_drill = record
+        manifest.write(Path(checkpoint))
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        return {"commits_seen": self._commits_seen, "failures": self.failures}
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._commits_seen = int(state_dict.get("commits_seen", 0))
+        self.failures = int(state_dict.get("failures", 0))
+
+
+# ---------------------------------------------------------------------- the drill process
+def _close(a: float | None, b: float | None, rtol: float) -> bool:
+    if a is None or b is None:
+        return a is b
+    if rtol == 0:
+        return a == b
+    return math.isclose(a, b, rel_tol=rtol, abs_tol=0.0)
+
+
+def run_drill(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """Load the checkpoint into fresh objects, train exactly one step, compare with the live record."""
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+
+    started = time.monotonic()
+    torch.set_num_threads(int(spec["threads"]))
+    work = Path(spec["work_dir"])
+    expected = spec["expected"]
+    model = instantiate(OmegaConf.create(spec["model"]))
+    data = instantiate(OmegaConf.create(spec["data"]))
+    # A checkpoint callback that never saves: it loads the manifest checkpoint and its per-rank state.
+    # The live process built the recipe from the same code a moment ago, so code and config are not re-checked.
+    loader = ManifestCheckpoint(
+        dirpath=work / "unused", save_top_k=0, save_last=False, allow_resume_mismatch=["code", "config"]
+    )
+    tracer = StepTracer(work / "trace")
+    trainer = pl.Trainer(
+        **spec["trainer"],
+        devices=1,
+        max_steps=int(expected["step"]) + 1,
+        callbacks=[tracer, loader],
+        default_root_dir=str(work),
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+    )
+    trainer.fit(model, datamodule=data, ckpt_path=spec["checkpoint"])
+    records = read_trace(work / "trace")
+    rtol = float(spec["rtol"])
+    if not records:
+        return {"passed": False, "error": "the drill trained no step from the checkpoint"}
+    first = records[0]
+    checks: dict[str, dict[str, Any]] = {
+        "position": {"expected": expected["position"], "actual": [first["epoch"], first["batch_idx"]]},
+        "batch": {"expected": expected["batch"], "actual": first["batch"]},
+        "loss": {"expected": expected["loss"], "actual": first["loss"]},
+    }
+    checks["position"]["passed"] = checks["position"]["expected"] == checks["position"]["actual"]
+    checks["batch"]["passed"] = expected["batch"] == first["batch"]
+    checks["loss"]["passed"] = _close(expected["loss"], first["loss"], rtol)
+    if rtol == 0:
+        actual = weights_digest(model)
+        checks["weights_after_step"] = {"expected": expected["weights"], "actual": actual}
+        checks["weights_after_step"]["passed"] = expected["weights"] == actual
+    else:
+        norms = parameter_norms(model)
+        worst = max(
+            (abs(norms.get(k, math.inf) - v) / max(abs(v), 1e-30) for k, v in expected["norms"].items()), default=0.0
+        )
+        checks["weights_after_step"] = {"max_relative_norm_diff": worst, "passed": worst <= rtol}
+    return {
+        "passed": all(c["passed"] for c in checks.values()),
+        "checks": checks,
+        "seconds": time.monotonic() - started,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m lightning_field.evidence.drill SPEC.json", file=sys.stderr)
+        return 2
+    spec = json.loads(Path(args[0]).read_text())
+    for entry in reversed(spec.get("sys_path", [])):
+        if entry not in sys.path:
+            sys.path.insert(0, entry)
+    try:
+        result = run_drill(spec)
+    except Exception as err:  # the live run must learn *why* a drill could not run, not just that it died
+        result = {"passed": False, "error": f"{type(err).__name__}: {err}"}
+    out = Path(spec["work_dir"]) / "result.json"
+    out.write_text(json.dumps(result, indent=2, default=str))
+    print(json.dumps(result, indent=2, default=str))
+    return 0 if result["passed"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
