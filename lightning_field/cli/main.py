@@ -5,13 +5,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from lightning_field.cli import ckpt
+from lightning_field.cli import ckpt, evidence
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="field", description="lightning_field: recoverable, bounded training runs")
     sub = parser.add_subparsers(dest="command", required=True)
     ckpt.add_parser(sub)
+    evidence.add_parser(sub)
     return parser
 
 

@@ -1,0 +1,47 @@
+"""Deliberately flawed workloads that the resume evidence must catch (imported by _target_ in child runs).
+
+Each one is a realistic bug, not a contrived one: state kept in a plain attribute, a checkpoint
+callback that forgets the RNG, randomness drawn from an unseeded generator.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from lightning_field import ManifestCheckpoint
+from lightning_field.demo import DemoRegressor
+
+
+class HiddenStateRegressor(DemoRegressor):
+    """Keeps a step counter in a plain attribute that scales the loss: it is in no state_dict."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.calls = 0
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        self.calls += 1
+        return super().training_step(batch, batch_idx) * (1.0 + 0.01 * self.calls)
+
+
+class NondeterministicRegressor(DemoRegressor):
+    """Perturbs its inputs with a generator seeded from the OS: no two processes draw alike."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.noise = torch.Generator().manual_seed(int.from_bytes(os.urandom(8), "little") >> 1)
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        x = x + 0.05 * torch.randn(x.shape, generator=self.noise)
+        return super().training_step((x, y), batch_idx)
+
+
+class RngForgettingCheckpoint(ManifestCheckpoint):
+    """A checkpoint callback whose RNG restore is broken: it saves the RNG state but never puts it back."""
+
+    def _before_train_fetch(self) -> None:
+        self._pending_rng = None
