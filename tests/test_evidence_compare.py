@@ -1,0 +1,85 @@
+"""The comparison and verdict as pure functions of step records: which component, which step, which verdict."""
+
+from __future__ import annotations
+
+import torch
+
+from lightning_field.evidence.compare import (
+    EXACT,
+    FAIL,
+    WITHIN_NOISE,
+    compare_run,
+    decide,
+    effective_records,
+    first_divergence,
+)
+
+
+def record(step: int, attempt: int = 1, **changes: object) -> dict:
+    base = {"epoch": 0, "batch_idx": step - 1, "step": step, "attempt": attempt, "rng": f"r{step}",
+            "batch": f"b{step}", "weights": f"w{step}", "optimizer": f"o{step}", "loss": 1.0 / step}  # fmt: skip
+    return {**base, **changes}
+
+
+def run(records: list[dict]) -> dict:
+    return {0: effective_records(records)}
+
+
+FINAL = {"weights": {"w": torch.ones(3)}, "optimizer": [{"state": {}}], "schedulers": []}
+
+
+def test_a_later_attempt_replaces_the_steps_the_killed_attempt_had_already_done() -> None:
+    records = [record(s) for s in range(1, 6)] + [record(4, attempt=2, loss=9.0), record(5, attempt=2)]
+    effective = effective_records(records)
+    assert [k for k in effective] == [(0, i) for i in range(5)]
+    assert effective[(0, 3)]["loss"] == 9.0 and effective[(0, 3)]["attempt"] == 2
+
+
+def test_first_divergence_names_the_earliest_step_and_components_in_causal_order() -> None:
+    reference = run([record(s) for s in range(1, 9)])
+    other = [record(s) for s in range(1, 9)]
+    other[5] = record(6, rng="x", batch="y", loss=0.5)
+    other[6] = record(7, weights="z")
+    divergence = first_divergence(reference, run(other))
+    assert divergence is not None and divergence.step == 6
+    assert divergence.components == ["rng", "data", "loss"] and divergence.to_dict()["component"] == "RNG"
+    assert first_divergence(reference, reference) is None
+
+
+def test_identical_runs_are_exact_and_any_difference_with_bitwise_controls_fails() -> None:
+    reference = run([record(s) for s in range(1, 9)])
+    controls = compare_run("control-2", reference, reference, FINAL, FINAL)
+    same = compare_run("interrupted-1", reference, reference, FINAL, FINAL, resume_step=4)
+    assert decide(controls, [same], 3.0).verdict == EXACT
+
+    shifted = run([record(s) if s < 6 else record(s, loss=record(s)["loss"] + 1e-7) for s in range(1, 9)])
+    tiny = compare_run("interrupted-1", reference, shifted, FINAL, FINAL, resume_step=4)
+    verdict = decide(controls, [tiny], 3.0)
+    assert verdict.verdict == FAIL and "step 6" in verdict.summary and tiny.divergence.primary == "loss"
+
+
+def test_final_state_differences_count_even_when_every_step_record_matches() -> None:
+    reference = run([record(s) for s in range(1, 5)])
+    moved = {**FINAL, "weights": {"w": torch.tensor([1.0, 1.0, 1.5])}}
+    controls = compare_run("control-2", reference, reference, FINAL, FINAL)
+    other = compare_run("interrupted-1", reference, reference, FINAL, moved, resume_step=2)
+    assert decide(controls, [other], 3.0).verdict == FAIL
+    assert other.final.weights_max_abs_diff == 0.5 and other.final.components == ["weights"]
+
+
+def test_with_noisy_controls_the_verdict_depends_on_the_size_of_the_difference() -> None:
+    reference = run([record(s) for s in range(1, 11)])
+
+    def offset(by: float) -> dict:
+        return run([record(s, loss=record(s)["loss"] + by) for s in range(1, 11)])
+
+    def final(by: float) -> dict:
+        return {**FINAL, "weights": {"w": torch.ones(3) + by}}
+
+    controls = compare_run("control-2", reference, offset(0.01), FINAL, final(0.01))
+    close = compare_run("interrupted-1", reference, offset(0.02), FINAL, final(0.02), resume_step=5)
+    far = compare_run("interrupted-2", reference, offset(0.5), FINAL, final(0.02), resume_step=5)
+    verdict = decide(controls, [close], 3.0)
+    assert verdict.verdict == WITHIN_NOISE and not verdict.reproducible
+    assert "not reproducible even without interruption" in controls.findings[0]
+    assert decide(controls, [close, far], 3.0).verdict == FAIL and far.verdict == FAIL and close.verdict == WITHIN_NOISE

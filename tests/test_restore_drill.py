@@ -1,0 +1,129 @@
+"""RestoreDrill: a separate process replays the step after a checkpoint; good ones are marked, bad ones are loud."""
+
+from __future__ import annotations
+
+import csv
+import logging
+from pathlib import Path
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.loggers import CSVLogger
+
+from lightning_field import ManifestCheckpoint, RestoreDrill, latest_recoverable, read_events, read_manifest
+from lightning_field.cli.main import main as field_main
+from lightning_field.core.fsio import hash_file
+from lightning_field.core.manifest import SHARED_STATE_FILE
+from lightning_field.demo import DemoDataModule, DemoRegressor
+from lightning_field.evidence import RestoreDrillError
+
+
+class OptimizerSaboteur(Callback):
+    """After the checkpoint of ``step`` commits, triple its Adam moments and fix the manifest so every hash passes."""
+
+    def __init__(self, checkpoint: ManifestCheckpoint, step: int) -> None:
+        self.checkpoint, self.step, self.done = checkpoint, step, False
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        committed = self.checkpoint.last_committed
+        if self.done or committed is None or committed[1] != self.step:
+            return
+        self.done = True
+        directory = Path(committed[0])
+        state = torch.load(directory / SHARED_STATE_FILE, weights_only=False)
+        for moments in state["optimizer_states"][0]["state"].values():
+            moments["exp_avg"].mul_(3.0)
+        (directory / SHARED_STATE_FILE).unlink()
+        torch.save(state, directory / SHARED_STATE_FILE)
+        manifest = read_manifest(directory)
+        entry = manifest.files[SHARED_STATE_FILE]
+        entry.size, entry.hash = hash_file(directory / SHARED_STATE_FILE)
+        manifest.write(directory)
+
+
+def test_drills_mark_good_checkpoints_and_loudly_flag_one_whose_optimizer_state_was_edited(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pl.seed_everything(0)
+    checkpoint = ManifestCheckpoint(dirpath=tmp_path / "ckpts", every_n_train_steps=3, save_top_k=-1)
+    drill = RestoreDrill(every_n_checkpoints=1)
+    trainer = pl.Trainer(
+        default_root_dir=tmp_path,
+        max_steps=10,
+        accelerator="cpu",
+        deterministic=True,
+        logger=CSVLogger(tmp_path, name="logs", version=0),
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        callbacks=[OptimizerSaboteur(checkpoint, 6), drill, checkpoint],
+    )
+    with caplog.at_level(logging.ERROR, logger="lightning_field"):
+        trainer.fit(DemoRegressor(), datamodule=DemoDataModule())
+
+    ckpts = tmp_path / "ckpts"
+    good, bad, also_good = (read_manifest(ckpts / f"epoch=0-step={s}") for s in (3, 6, 9))
+    assert good.restore_tested and also_good.restore_tested
+    assert good.restore_drill["checks"]["loss"]["passed"] and good.restore_drill["checks"]["batch"]["passed"]
+    # The sabotage passes every hash, and even the replayed loss: only the update after it differs.
+    assert not bad.restore_tested
+    checks = bad.restore_drill["checks"]
+    assert checks["loss"]["passed"] and checks["batch"]["passed"] and not checks["weights_after_step"]["passed"]
+    # Loud: an error in the live run's log, an event, and a metric in its logger.
+    assert any("RESTORE DRILL FAILED" in r.getMessage() and "step=6" in r.getMessage() for r in caplog.records)
+    drills = [e for e in read_events(tmp_path) if e["event"] == "restore_drill"]
+    assert sorted((e["step"], e["payload"]["passed"]) for e in drills) == [(3, True), (6, False), (9, True)]
+    with open(tmp_path / "logs" / "version_0" / "metrics.csv") as f:
+        rows = [r for r in csv.DictReader(f) if r.get("field/restore_drill_failures")]
+    assert max(float(r["field/restore_drill_failures"]) for r in rows) == 1.0
+    assert drill.failures == 1 and len(drill.results) == 3
+    # Listings and the resolver show it: the failed one is never chosen to resume from.
+    assert field_main(["ckpt", "list", str(ckpts)]) == 0
+    listing = capsys.readouterr().out
+    assert "tested" in listing and "FAILED" in listing
+    (ckpts / "epoch=0-step=9").rename(tmp_path / "moved-away")
+    assert latest_recoverable(ckpts) == ckpts / "epoch=0-step=3"
+
+
+def test_drills_are_off_by_default(tmp_path: Path) -> None:
+    pl.seed_everything(0)
+    checkpoint = ManifestCheckpoint(dirpath=tmp_path / "ckpts", every_n_train_steps=2, save_top_k=-1)
+    drill = RestoreDrill()
+    trainer = pl.Trainer(
+        default_root_dir=tmp_path, max_steps=4, accelerator="cpu", logger=False, enable_progress_bar=False,
+        limit_val_batches=0, callbacks=[drill, checkpoint],
+    )  # fmt: skip
+    trainer.fit(DemoRegressor(), datamodule=DemoDataModule())
+    assert drill.results == [] and not (tmp_path / "field" / "drills").exists()
+    assert read_manifest(tmp_path / "ckpts" / "epoch=0-step=2").restore_drill is None
+
+
+class ScriptLocalModel(DemoRegressor):
+    pass
+
+
+ScriptLocalModel.__module__ = "__main__"  # as if defined in the user's training script
+
+
+@pytest.mark.parametrize(
+    ("model", "callbacks", "message"),
+    [
+        (ScriptLocalModel, "both", "defined in the main script"),
+        (DemoRegressor, "drill-only", "needs a lightning_field.ManifestCheckpoint"),
+    ],
+)
+def test_a_drill_that_cannot_run_fails_before_training_with_what_to_pass(
+    tmp_path: Path, model: type, callbacks: str, message: str
+) -> None:
+    drill = RestoreDrill(every_n_checkpoints=1)
+    chosen: list[Callback] = [drill]
+    if callbacks == "both":
+        chosen.append(ManifestCheckpoint(dirpath=tmp_path / "ckpts", every_n_train_steps=2))
+    trainer = pl.Trainer(
+        default_root_dir=tmp_path, max_steps=2, accelerator="cpu", logger=False, enable_progress_bar=False,
+        callbacks=chosen,
+    )  # fmt: skip
+    with pytest.raises(RestoreDrillError, match=message):
+        trainer.fit(model(), datamodule=DemoDataModule())
