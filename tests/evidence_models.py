@@ -45,3 +45,14 @@ class RngForgettingCheckpoint(ManifestCheckpoint):
 
     def _before_train_fetch(self) -> None:
         self._pending_rng = None
+
+
+class ScatterRegressor(DemoRegressor):
+    """Sums features into buckets with ``index_add_``: on CUDA the atomic adds land in a different
+    order each run, so two identical runs differ in the last bits (ordinary GPU nondeterminism)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        buckets = torch.zeros(4, x.shape[0], device=x.device, dtype=x.dtype)
+        index = torch.arange(x.shape[1], device=x.device) % 4
+        pooled = buckets.index_add_(0, index, x.t()).t().sum(dim=1, keepdim=True)
+        return self.net(x) + 1e-3 * pooled

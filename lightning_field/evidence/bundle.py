@@ -106,6 +106,16 @@ def _resumed_checkpoint(result: RunResult) -> dict[str, Any] | None:
     return next((c for c in result.checkpoints if c["name"] == name), {"name": name, "missing": True})
 
 
+def _last_error(log: Path) -> str:
+    """The last line of a log that names an error, for a condition's one-line detail."""
+    try:
+        lines = log.read_text(errors="replace").splitlines()
+    except OSError:
+        return f"see {log}"
+    errors = [line.strip() for line in lines if "Error" in line or "Exception" in line]
+    return (errors[-1][:300] if errors else "no error line") + f" (see {log})"
+
+
 def _recovery_cost(result: RunResult) -> dict[str, Any]:
     """Kill-to-first-new-step, by phase, and the work redone since the last commit."""
     kill = result.kill
@@ -202,7 +212,14 @@ def build_evidence(
     restore_problems = []
     for r in interrupted:
         used = _resumed_checkpoint(r)
-        if used is None:
+        restart = r.attempts[1] if len(r.attempts) > 1 else None
+        if restart is None:
+            restore_problems.append(f"{r.name}: never restarted (the first attempt was not killed)")
+        elif used is None and restart.returncode != 0:
+            restore_problems.append(
+                f"{r.name}: the restart failed (exit {restart.returncode}): {_last_error(restart.log)}"
+            )
+        elif used is None:
             restore_problems.append(f"{r.name}: the restart found no checkpoint and trained from scratch")
         elif used.get("missing") or not used.get("recoverable") or not used.get("intact"):
             restore_problems.append(
