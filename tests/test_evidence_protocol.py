@@ -171,3 +171,16 @@ def test_evidence_check_accepts_a_matching_checkpoint_and_rejects_stale_or_missi
     assert "evidence incomplete" in capsys.readouterr().out
     assert field_main(["evidence", "check", str(user_dir / "nowhere")]) == 1
     assert "evidence missing" in capsys.readouterr().out
+
+
+def test_two_rank_ddp_run_resumes_exactly_on_every_rank(user_dir: Path) -> None:
+    rc, out, ev = run_field_evidence(user_dir, "evidence.steps=16", "evidence.kill_steps=[12]", "trainer=ddp_cpu")
+    assert rc == 0, out[-3000:]
+    assert ev["verdict"] == "exact" and ev["population"]["world_size"] == 2
+    for run in ev["artifacts"]["runs"].values():
+        assert sorted(Path(p).name for p in run["traces"] if p.endswith(".jsonl")) == [
+            "rank-00000.jsonl",
+            "rank-00001.jsonl",
+        ]
+    assert not any("Single process" in item for item in ev["limitations"])
+    assert ev["recovery"][0]["resumed_step"] == 10
