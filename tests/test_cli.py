@@ -38,16 +38,24 @@ def test_verify_exits_one_for_a_directory_that_is_not_a_checkpoint(
 def test_list_shows_step_status_size_age_and_marks_last(ckpts: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert field_main(["ckpt", "list", str(ckpts), "--verify"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split() == ["name", "step", "status", "size", "age"]
+    assert lines[0].split() == ["name", "step", "status", "drill", "size", "age"]
     newest = lines[1].split()
-    assert newest[:3] == ["epoch=0-step=4", "4", "recoverable"] and "LAST" in lines[1] and "resume" in lines[1]
+    assert newest[:4] == ["epoch=0-step=4", "4", "recoverable", "-"] and "LAST" in lines[1] and "resume" in lines[1]
     assert lines[2].split()[:3] == ["epoch=0-step=2", "2", "recoverable"]
 
 
 def test_inspect_prints_components_files_and_provenance(ckpts: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert field_main(["ckpt", "inspect", str(ckpts / "epoch=0-step=2")]) == 0
     out = capsys.readouterr().out
-    for expected in ("recoverable: yes", "rng", "data_position", "state.pt", "rank-00000.pt", "architecture_hash"):
+    for expected in (
+        "recoverable: yes",
+        "rng",
+        "data_position",
+        "state.pt",
+        "rank-00000.pt",
+        "architecture_hash",
+        "not drilled",
+    ):
         assert expected in out
 
 
