@@ -16,8 +16,9 @@ from lightning_field.evidence.compare import (
 
 
 def record(step: int, attempt: int = 1, **changes: object) -> dict:
-    base = {"epoch": 0, "batch_idx": step - 1, "step": step, "attempt": attempt, "rng": f"r{step}",
-            "batch": f"b{step}", "weights": f"w{step}", "optimizer": f"o{step}", "loss": 1.0 / step}  # fmt: skip
+    base = {"epoch": 0, "batch_idx": step - 1, "step": step, "step_before": step - 1, "attempt": attempt,
+            "rng": f"r{step}", "batch": f"b{step}", "weights": f"w{step}", "optimizer": f"o{step}",
+            "loss": 1.0 / step}  # fmt: skip
     return {**base, **changes}
 
 
@@ -83,3 +84,25 @@ def test_with_noisy_controls_the_verdict_depends_on_the_size_of_the_difference()
     assert verdict.verdict == WITHIN_NOISE and not verdict.reproducible
     assert "not reproducible even without interruption" in controls.findings[0]
     assert decide(controls, [close, far], 3.0).verdict == FAIL and far.verdict == FAIL and close.verdict == WITHIN_NOISE
+
+
+def test_a_continuation_that_skips_a_batch_is_a_data_position_divergence_not_a_gap() -> None:
+    reference = run([record(s) for s in range(1, 9)])
+    killed = [record(s) for s in range(1, 7)]  # killed after step 6; resumed from the checkpoint of step 4
+    # ...but the resumed loader started one batch too far: batch index 5 is trained as step 5.
+    resumed = [record(s, attempt=2, batch_idx=s, batch=f"b{s + 1}") for s in range(5, 9)]
+    other = run(killed + resumed)
+    assert (0, 4) not in other[0]  # the killed attempt's record of that batch no longer stands in for it
+    divergence = first_divergence(reference, other)
+    assert divergence is not None and divergence.step == 5 and divergence.primary == "position"
+
+
+def test_with_gradient_accumulation_the_batch_before_the_checkpoint_is_kept() -> None:
+    def accumulated(batch_idx: int, attempt: int = 1) -> dict:
+        return record(1, attempt=attempt, batch_idx=batch_idx, step=(batch_idx + 1) // 2, step_before=batch_idx // 2)
+
+    killed = [accumulated(i) for i in range(7)]  # checkpoint after batch 3 (step 2), killed after batch 6
+    resumed = [accumulated(i, attempt=2) for i in range(4, 10)]
+    effective = effective_records(killed + resumed)
+    assert [key[1] for key in effective] == list(range(10))
+    assert [effective[(0, i)]["attempt"] for i in range(10)] == [1] * 4 + [2] * 6

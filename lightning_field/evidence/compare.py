@@ -21,9 +21,10 @@ from typing import Any
 
 import torch
 
-# Causal order within one batch: the RNG and the data go in, the weights and optimizer state are the
-# starting point, the loss comes out.
+# Causal order within one batch: where the loader is (the same batch index must be the same step),
+# the RNG and the data go in, the weights and optimizer state are the starting point, the loss comes out.
 COMPONENTS: tuple[tuple[str, str, str], ...] = (
+    ("position", "step", "data position"),
     ("rng", "rng", "RNG"),
     ("data", "batch", "data order"),
     ("weights", "weights", "weights"),
@@ -43,11 +44,23 @@ Key = tuple[int, int]  # (epoch, batch index): stable across attempts, unlike a 
 
 
 def effective_records(records: Iterable[Mapping[str, Any]]) -> dict[Key, dict[str, Any]]:
-    """One record per batch; where attempts overlap (steps redone after a kill), the later attempt
-    wins: the continuation from the checkpoint is what must match the control."""
+    """One record per batch, as the run's final history has it.
+
+    A restarted attempt invalidates what earlier attempts recorded from its own starting point on
+    (that work was lost with the kill): every later batch position, and every later optimizer step.
+    A batch the continuation skipped therefore shows up as missing, or at the wrong step, instead of
+    being papered over by the killed attempt's record of it.
+    """
     by_key: dict[Key, dict[str, Any]] = {}
-    for record in sorted(records, key=lambda r: r.get("attempt", 1)):
-        by_key[(int(record["epoch"]), int(record["batch_idx"]))] = dict(record)
+    attempts: dict[int, list[Mapping[str, Any]]] = {}
+    for record in records:
+        attempts.setdefault(int(record.get("attempt", 1)), []).append(record)
+    for attempt in sorted(attempts):
+        batch = {(int(r["epoch"]), int(r["batch_idx"])): dict(r) for r in attempts[attempt]}
+        first_key = min(batch)
+        resumed_at = int(batch[first_key]["step_before"])
+        by_key = {key: r for key, r in by_key.items() if key < first_key and int(r["step"]) <= resumed_at}
+        by_key.update(batch)
     return dict(sorted(by_key.items()))
 
 
@@ -94,9 +107,9 @@ def first_divergence(
     for rank, ref_records in reference.items():
         other_records = other.get(rank, {})
         for key, ref in ref_records.items():
-            if key not in other_records:
-                continue
-            components = _differing_components(ref, other_records[key])
+            # A batch the other run never trained is a data-position divergence, not a gap to skip.
+            missing = key not in other_records
+            components = ["position"] if missing else _differing_components(ref, other_records[key])
             if components:
                 step = int(ref.get("step", 0))
                 found.append((key, Divergence(step, key[0], key[1], rank, components)))

@@ -113,6 +113,7 @@ class StepTracer(Callback):
             "rank": trainer.global_rank,
             "epoch": trainer.current_epoch,
             "batch_idx": batch_idx,
+            "step_before": trainer.global_step,
             "t_start": now,
             "batch": batch_digest(batch),
             "rng": rng_state_digest(self._generators),
