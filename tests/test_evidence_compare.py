@@ -99,7 +99,11 @@ def test_a_continuation_that_skips_a_batch_is_a_data_position_divergence_not_a_g
 
 def test_with_gradient_accumulation_the_batch_before_the_checkpoint_is_kept() -> None:
     def accumulated(batch_idx: int, attempt: int = 1) -> dict:
-        return record(1, attempt=attempt, batch_idx=batch_idx, step=(batch_idx + 1) // 2, step_before=batch_idx // 2)
+        return {
+            **record(1, attempt=attempt, batch_idx=batch_idx),
+            "step": (batch_idx + 1) // 2,
+            "step_before": batch_idx // 2,
+        }
 
     killed = [accumulated(i) for i in range(7)]  # checkpoint after batch 3 (step 2), killed after batch 6
     resumed = [accumulated(i, attempt=2) for i in range(4, 10)]
