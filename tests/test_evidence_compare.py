@@ -110,3 +110,20 @@ def test_with_gradient_accumulation_the_batch_before_the_checkpoint_is_kept() ->
     effective = effective_records(killed + resumed)
     assert [key[1] for key in effective] == list(range(10))
     assert [effective[(0, i)]["attempt"] for i in range(10)] == [1] * 4 + [2] * 6
+
+
+def test_in_a_noisy_run_an_rng_difference_the_controls_do_not_show_still_fails() -> None:
+    reference = run([record(s) for s in range(1, 11)])
+    noisy = run([record(s, loss=record(s)["loss"] + 0.01) for s in range(1, 11)])
+    broken = run([record(s, loss=record(s)["loss"] + 0.01, rng="other" if s > 5 else f"r{s}") for s in range(1, 11)])
+    controls = compare_run("control-2", reference, noisy, FINAL, FINAL)
+    run_cmp = compare_run("interrupted-1", reference, broken, FINAL, FINAL, resume_step=5)
+    assert decide(controls, [run_cmp], 3.0).verdict == FAIL
+    assert "a resume bug, not numerical noise" in run_cmp.findings[0] and run_cmp.structural.step == 6
+
+
+def test_runs_without_a_loss_are_judged_on_their_final_state_alone() -> None:
+    reference = run([record(s, loss=None) for s in range(1, 6)])
+    controls = compare_run("control-2", reference, reference, FINAL, {**FINAL, "weights": {"w": torch.ones(3) + 0.1}})
+    far = compare_run("interrupted-1", reference, reference, FINAL, {**FINAL, "weights": {"w": torch.ones(3) + 1}}, 2)
+    assert far.deviation_loss is None and decide(controls, [far], 3.0).verdict == FAIL

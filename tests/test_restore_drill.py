@@ -127,3 +127,21 @@ def test_a_drill_that_cannot_run_fails_before_training_with_what_to_pass(
     )  # fmt: skip
     with pytest.raises(RestoreDrillError, match=message):
         trainer.fit(model(), datamodule=DemoDataModule())
+
+
+def test_a_drill_of_a_checkpoint_whose_name_was_reused_never_marks_its_successor(tmp_path: Path) -> None:
+    pl.seed_everything(0)
+    checkpoint = ManifestCheckpoint(
+        dirpath=tmp_path / "ckpts", filename="latest", every_n_train_steps=2, save_top_k=1, enable_version_counter=False
+    )
+    drill = RestoreDrill(every_n_checkpoints=1)
+    trainer = pl.Trainer(
+        default_root_dir=tmp_path, max_steps=8, accelerator="cpu", deterministic=True, logger=False,
+        enable_progress_bar=False, limit_val_batches=0, callbacks=[drill, checkpoint],
+    )  # fmt: skip
+    trainer.fit(DemoRegressor(), datamodule=DemoDataModule())
+    assert len(drill.results) == 3 and drill.failures == 0
+    assert {r["outcome"] for r in drill.results} <= {"passed", "skipped"}
+    final = read_manifest(tmp_path / "ckpts" / "latest")
+    assert final.step == 8 and (final.restore_drill is None or final.restore_drill["step"] == 8)
+    assert latest_recoverable(tmp_path / "ckpts") == tmp_path / "ckpts" / "latest"

@@ -62,7 +62,7 @@ def latest_recoverable(dirpath: str | os.PathLike[str]) -> Path | None:
             continue
         if not entry.manifest.recoverable:
             continue
-        if entry.manifest.restore_drill is not None and not entry.manifest.restore_tested:
+        if (entry.manifest.restore_drill or {}).get("outcome") == "mismatch":
             # A drill replayed the next step from it and got a different result: it is not a faithful
             # recovery point, like a corrupt one. An explicit ckpt_path can still load it.
             log.warning(

@@ -78,9 +78,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
 def _drill_mark(m: Manifest) -> str:
     if m.restore_tested:
         return "tested"
-    if m.restore_drill is not None:
-        return "FAILED"
-    return "-"
+    outcome = (m.restore_drill or {}).get("outcome")
+    return {"mismatch": "FAILED", "error": "error"}.get(outcome, "-")
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -142,7 +141,11 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     if m.restore_drill is not None:
         checks = m.restore_drill.get("checks", {})
         failed = [name for name, check in checks.items() if not check.get("passed")]
-        outcome = "passed" if m.restore_tested else f"FAILED ({', '.join(failed) or m.restore_drill.get('error')})"
+        outcome = (
+            "passed"
+            if m.restore_tested
+            else f"{m.restore_drill.get('outcome')} ({', '.join(failed) or m.restore_drill.get('error')})"
+        )
         print(f"restore      drill {outcome}; log {m.restore_drill.get('log')}")
     else:
         print("restore      not drilled (no restore drill has replayed a step from it)")

@@ -69,6 +69,9 @@ def run(cfg: DictConfig) -> int:
         stamp = time.strftime("%Y%m%d-%H%M%S") + "-" + os.urandom(2).hex()
         bundle_dir = Path(HydraConfig.get().runtime.output_dir) / "field" / "evidence" / stamp
     bundle_dir = bundle_dir.resolve()
+    if bundle_dir.exists() and any(bundle_dir.iterdir()):
+        print(f"field-evidence: the bundle directory {bundle_dir} is not empty: pass a fresh one", file=sys.stderr)
+        return EXIT_BAD_CONFIG
     print(f"[field-evidence] bundle: {bundle_dir}")
     results = run_protocol(config, settings, bundle_dir, cwd=Path.cwd())
     evidence, plot_inputs = build_evidence(results, settings, config, bundle_dir)

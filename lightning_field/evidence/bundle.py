@@ -147,6 +147,26 @@ def _recovery_cost(result: RunResult) -> dict[str, Any]:
     return cost
 
 
+def _trace_problems(results: Sequence[RunResult], steps: int) -> list[str]:
+    """Missing evidence must not look like agreement: every run needs a record of every step, per rank."""
+    if not results:
+        return ["no runs"]
+    ranks = sorted(results[0].raw_records)
+    problems = []
+    for r in results:
+        if sorted(r.raw_records) != ranks or not ranks:
+            problems.append(f"{r.name}: traced ranks {sorted(r.raw_records)}, control-1 traced {ranks}")
+            continue
+        for rank, records in _effective(r).items():
+            covered = {compare.step_of(rec) for rec in records.values()}
+            absent = sorted(set(range(1, steps + 1)) - covered)
+            if absent:
+                problems.append(
+                    f"{r.name} rank {rank}: no record of steps {absent[:5]}{'...' if len(absent) > 5 else ''}"
+                )
+    return problems
+
+
 def _limitations(
     config: Mapping[str, Any], settings: EvidenceSettings, world_size: int, kills: Sequence[Any]
 ) -> list[str]:
@@ -250,6 +270,15 @@ def build_evidence(
             "interrupted_runs_completed",
             len(finished) == len(interrupted),
             f"{len(finished)}/{len(interrupted)} resumed runs reached step {settings.steps}",
+        )
+    )
+
+    trace_problems = _trace_problems(results, settings.steps)
+    conditions.append(
+        Condition(
+            "traces_complete",
+            not trace_problems,
+            "; ".join(trace_problems) or f"every run traced steps 1..{settings.steps} on the same ranks",
         )
     )
 
@@ -397,7 +426,13 @@ def claim_problems(identity: Mapping[str, Any], checkpoint: Path) -> list[str]:
         problems.append("the checkpoint is damaged: " + "; ".join(report.problems))
     elif not manifest.recoverable:
         problems.append("the checkpoint is not recoverable, it lacks: " + "; ".join(manifest.missing))
-    problems += [f"stale, {d}" for d in identity_differences(identity, identity_of(manifest.provenance))]
+    actual = identity_of(manifest.provenance)
+    problems += [f"stale, {d}" for d in identity_differences(identity, actual)]
+    if identity.get("code.git_commit") is None or actual.get("code.git_commit") is None:
+        problems.append(
+            "code identity unknown: the evidence or the checkpoint was made from code outside git, so nothing shows"
+            " the two ran the same code"
+        )
     return problems
 
 

@@ -32,15 +32,27 @@ COMPONENTS: tuple[tuple[str, str, str], ...] = (
     ("loss", "loss", "loss"),
 )
 LABELS = {name: label for name, _, label in COMPONENTS}
+# What goes *into* a step. Floating-point nondeterminism cannot change these, so when the controls
+# agree on them a difference here is a resume bug even in a run whose numbers are noisy.
+STRUCTURAL = ("position", "rng", "data")
 
 EXACT, WITHIN_NOISE, FAIL = "exact", "within_noise", "fail"
 STATISTIC = (
-    "mean |Δloss| (rank 0) over the steps trained after the resume, and max |Δ| over every final parameter;"
-    " an interrupted run is within noise when both are <= tolerance x the same statistic between the two controls"
-    " over the same steps"
+    "mean |Δloss| (rank 0) over the steps trained after the resume, max |Δ| over every final parameter, and max |Δ|"
+    " over the final optimizer and scheduler state; an interrupted run is within noise when each is <= tolerance x"
+    " the same statistic between the two controls (over the same steps), and when it differs from control 1 in data"
+    " position, RNG or batches only where the controls differ too"
 )
 
 Key = tuple[int, int]  # (epoch, batch index): stable across attempts, unlike a process's own counters
+
+
+def step_of(record: Mapping[str, Any]) -> int:
+    """The optimizer step a batch works towards (1-based); with gradient accumulation several
+    batches share one, and the first batch after a resume from step r belongs to step r + 1."""
+    if "step_before" in record:
+        return int(record["step_before"]) + 1
+    return int(record["step"])
 
 
 def effective_records(records: Iterable[Mapping[str, Any]]) -> dict[Key, dict[str, Any]]:
@@ -91,28 +103,31 @@ class Divergence:
         }
 
 
-def _differing_components(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
+def _differing_components(a: Mapping[str, Any], b: Mapping[str, Any], only: Sequence[str] | None) -> list[str]:
     differing = []
     for name, key, _ in COMPONENTS:
+        if only is not None and name not in only:
+            continue
         if key in a and key in b and a[key] != b[key]:
             differing.append(name)
     return differing
 
 
 def first_divergence(
-    reference: Mapping[int, Mapping[Key, Mapping[str, Any]]], other: Mapping[int, Mapping[Key, Mapping[str, Any]]]
+    reference: Mapping[int, Mapping[Key, Mapping[str, Any]]],
+    other: Mapping[int, Mapping[Key, Mapping[str, Any]]],
+    only: Sequence[str] | None = None,
 ) -> Divergence | None:
-    """The earliest batch (over all ranks) where ``other`` differs from ``reference``."""
+    """The earliest batch (over all ranks) where ``other`` differs from ``reference`` (in ``only``
+    those components, when given). A rank or batch the other run lacks is a data-position divergence."""
     found: list[tuple[Key, Divergence]] = []
     for rank, ref_records in reference.items():
         other_records = other.get(rank, {})
         for key, ref in ref_records.items():
-            # A batch the other run never trained is a data-position divergence, not a gap to skip.
             missing = key not in other_records
-            components = ["position"] if missing else _differing_components(ref, other_records[key])
+            components = ["position"] if missing else _differing_components(ref, other_records[key], only)
             if components:
-                step = int(ref.get("step", 0))
-                found.append((key, Divergence(step, key[0], key[1], rank, components)))
+                found.append((key, Divergence(step_of(ref), key[0], key[1], rank, components)))
                 break
     if not found:
         return None
@@ -198,13 +213,18 @@ def loss_deltas(
         rec = other.get(key)
         if rec is None or ref.get("loss") is None or rec.get("loss") is None:
             continue
-        deltas.append((int(ref["step"]), abs(float(rec["loss"]) - float(ref["loss"]))))
+        deltas.append((step_of(ref), abs(float(rec["loss"]) - float(ref["loss"]))))
     return deltas
 
 
-def mean_over(deltas: Sequence[tuple[int, float]], after_step: int) -> float:
+def mean_over(deltas: Sequence[tuple[int, float]], after_step: int) -> float | None:
+    """Mean over the steps after ``after_step``; None when there is nothing to average (no losses)."""
     window = [d for step, d in deltas if step > after_step]
-    return sum(window) / len(window) if window else 0.0
+    return sum(window) / len(window) if window else None
+
+
+def _fmt(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3g}"
 
 
 @dataclass
@@ -215,11 +235,12 @@ class RunComparison:
     divergence: Divergence | None
     final: FinalComparison
     deltas: list[tuple[int, float]]
+    structural: Divergence | None = None  # first difference in position, RNG or data alone
     resume_step: int = 0  # the checkpoint step the continuation started from (0 for controls)
-    deviation_loss: float = 0.0
-    deviation_weights: float = 0.0
-    noise_loss: float = 0.0
+    deviation_loss: float | None = None
+    noise_loss: float | None = None
     noise_weights: float = 0.0
+    noise_optimizer: float = 0.0
     verdict: str = EXACT
     findings: list[str] = field(default_factory=list)
 
@@ -249,9 +270,14 @@ class RunComparison:
             "resume_step": self.resume_step,
             "deviation": {
                 "mean_abs_loss_diff": self.deviation_loss,
-                "final_weights_max_abs_diff": self.deviation_weights,
+                "final_weights_max_abs_diff": self.final.weights_max_abs_diff,
+                "final_optimizer_max_abs_diff": self.final.optimizer_max_abs_diff,
             },
-            "noise": {"mean_abs_loss_diff": self.noise_loss, "final_weights_max_abs_diff": self.noise_weights},
+            "noise": {
+                "mean_abs_loss_diff": self.noise_loss,
+                "final_weights_max_abs_diff": self.noise_weights,
+                "final_optimizer_max_abs_diff": self.noise_optimizer,
+            },
             "findings": self.findings,
         }
 
@@ -271,10 +297,16 @@ def compare_run(
         divergence=first_divergence(reference, other),
         final=final,
         deltas=deltas,
+        structural=first_divergence(reference, other, STRUCTURAL),
         resume_step=resume_step,
         deviation_loss=mean_over(deltas, resume_step),
-        deviation_weights=final.weights_max_abs_diff,
     )
+
+
+def _within(deviation: float | None, noise: float | None, tolerance: float) -> bool:
+    if deviation is None or noise is None:
+        return True  # not measured (no loss recorded): judged on the other statistics
+    return deviation <= tolerance * noise
 
 
 @dataclass
@@ -293,12 +325,13 @@ def decide(controls: RunComparison, interrupted: Sequence[RunComparison], tolera
         controls.verdict = WITHIN_NOISE
         controls.findings.append(
             "The run is not reproducible even without interruption: the two controls first differ at"
-            f" {controls.where()}; control-vs-control mean |Δloss| = {mean_over(controls.deltas, 0):.3g},"
+            f" {controls.where()}; control-vs-control mean |Δloss| = {_fmt(mean_over(controls.deltas, 0))},"
             f" final weights max |Δ| = {controls.final.weights_max_abs_diff:.3g}."
         )
     for run in interrupted:
         run.noise_loss = mean_over(controls.deltas, run.resume_step)
         run.noise_weights = controls.final.weights_max_abs_diff
+        run.noise_optimizer = controls.final.optimizer_max_abs_diff
         if run.identical:
             run.verdict = EXACT if reproducible else WITHIN_NOISE
             continue
@@ -310,13 +343,29 @@ def decide(controls: RunComparison, interrupted: Sequence[RunComparison], tolera
             if run.divergence is not None and run.divergence.step <= run.resume_step:
                 run.findings.append("The divergence precedes the resume: the first attempt already differed.")
             continue
+        if run.structural is not None and controls.structural is None:
+            run.verdict = FAIL
+            run.findings.append(
+                "The controls agree on data position, RNG and batches at every step, but this run differs in"
+                f" them at {run.structural.describe()}: a resume bug, not numerical noise."
+            )
+            continue
+        if run.structural is not None:
+            run.findings.append(
+                f"The controls themselves differ in {controls.structural.describe() if controls.structural else ''}:"
+                " RNG/data differences cannot be told apart from the run's own nondeterminism."
+            )
+        final = run.final
         within = (
-            run.deviation_loss <= tolerance * run.noise_loss and run.deviation_weights <= tolerance * run.noise_weights
+            _within(run.deviation_loss, run.noise_loss, tolerance)
+            and _within(final.weights_max_abs_diff, run.noise_weights, tolerance)
+            and _within(final.optimizer_max_abs_diff, run.noise_optimizer, tolerance)
         )
         run.verdict = WITHIN_NOISE if within else FAIL
         run.findings.append(
-            f"mean |Δloss| after the resume {run.deviation_loss:.3g} vs control noise {run.noise_loss:.3g};"
-            f" final weights max |Δ| {run.deviation_weights:.3g} vs control noise {run.noise_weights:.3g}"
+            f"mean |Δloss| after the resume {_fmt(run.deviation_loss)} vs control noise {_fmt(run.noise_loss)};"
+            f" final weights max |Δ| {final.weights_max_abs_diff:.3g} vs {run.noise_weights:.3g};"
+            f" final optimizer state max |Δ| {final.optimizer_max_abs_diff:.3g} vs {run.noise_optimizer:.3g}"
             f" (tolerance {tolerance:g}x): {'within' if within else 'BEYOND'} noise."
         )
     verdicts = {run.verdict for run in interrupted}

@@ -42,6 +42,7 @@ from lightning_field.evidence.trace import StepTracer, loss_value, read_trace
 log = logging.getLogger(__name__)
 
 DRILLS_RELPATH = Path("field") / "drills"
+PASSED, MISMATCH, ERROR = "passed", "mismatch", "error"
 
 
 class RestoreDrillError(ValueError):
@@ -70,6 +71,7 @@ class _Running:
     process: subprocess.Popen[bytes]
     checkpoint: str
     step: int
+    created_unix: float | None
     result_path: Path
     log_path: Path
     started: float
@@ -113,12 +115,13 @@ class RestoreDrill(Callback):
         self.timeout_s = timeout_s
         self.wait_at_end = wait_at_end
         self.results: list[dict[str, Any]] = []
-        self.failures = 0
+        self.failures = 0  # replays that differed from the live run
+        self.errors = 0  # drills that could not replay at all
         self._checkpoint: ManifestCheckpoint | None = None
         self._recipe: dict[str, Any] = {}
         self._drill_dir: Path | None = None
         self._commits_seen = 0
-        self._last_seen: str | None = None
+        self._last_seen: tuple[str, int] | None = None
         self._armed: dict[str, Any] | None = None
         self._running: list[_Running] = []
 
@@ -144,12 +147,15 @@ class RestoreDrill(Callback):
         if self.data is None and datamodule is None:
             raise RestoreDrillError("RestoreDrill needs a LightningDataModule (or data=...) to replay a step")
         data = self.data or _target_config(datamodule, datamodule.hparams, "datamodule", "data")
-        device = trainer.strategy.root_device.type
+        root = trainer.strategy.root_device
+        device = root.type
         self._recipe = {
             "model": model,
             "data": data,
             "trainer": {
                 "accelerator": self.accelerator or ("gpu" if device == "cuda" else device),
+                # The drill shares the live run's device rather than defaulting to the first GPU.
+                "devices": [root.index] if device == "cuda" and self.accelerator is None else 1,
                 "precision": str(trainer.precision),
                 "accumulate_grad_batches": trainer.accumulate_grad_batches,
                 "gradient_clip_val": trainer.gradient_clip_val,
@@ -172,15 +178,20 @@ class RestoreDrill(Callback):
         if self._checkpoint is None or self._checkpoint.last_committed is None:
             return
         path, step = self._checkpoint.last_committed
-        if path == self._last_seen or step != trainer.global_step:
+        if (path, step) == self._last_seen or step != trainer.global_step:
             return
-        self._last_seen = path
+        self._last_seen = (path, step)
         self._commits_seen += 1
         if self._commits_seen % self.every_n_checkpoints == 0 and self._armed is None:
             # The checkpoint holds the state right before this batch: this batch is the one to replay.
+            try:
+                created = read_manifest(path).created_unix
+            except ManifestError:
+                return
             self._armed = {
                 "checkpoint": path,
                 "step": step,
+                "created_unix": created,
                 "position": [trainer.current_epoch, batch_idx],
                 "batch": batch_digest(batch),
             }
@@ -202,19 +213,36 @@ class RestoreDrill(Callback):
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._armed = None  # the final checkpoint has no next step in this run to compare with
-        if self.wait_at_end:
+        preempted = self._checkpoint is not None and self._checkpoint.preempted_checkpoint is not None
+        if self.wait_at_end and not preempted:  # a preempted job has seconds to leave, not minutes
             for running in list(self._running):
                 remaining = self.timeout_s - (time.monotonic() - running.started)
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     running.process.wait(timeout=max(remaining, 0.0))
-        self._poll(trainer, final=True)
+            self._poll(trainer, final=True)
+        for running in self._running:
+            # Not waited for: an unfinished drill says nothing about its checkpoint either way.
+            self._stop(running)
+            events = self._checkpoint.events if self._checkpoint else None
+            if events is not None and trainer.is_global_zero:
+                events.emit(
+                    "restore_drill",
+                    step=running.step,
+                    payload={"checkpoint": running.checkpoint, "outcome": "abandoned"},
+                )
+        self._running = []
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         for running in self._running:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(running.process.pid, signal.SIGKILL)
+            self._stop(running)
         self._running = []
+
+    @staticmethod
+    def _stop(running: _Running) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(running.process.pid, signal.SIGKILL)
+        running.process.wait()
 
     def _launch(self, armed: dict[str, Any]) -> None:
         assert self._drill_dir is not None
@@ -236,7 +264,15 @@ class RestoreDrill(Callback):
                 start_new_session=True,
             )
         self._running.append(
-            _Running(process, armed["checkpoint"], armed["step"], work / "result.json", log_path, time.monotonic())
+            _Running(
+                process,
+                armed["checkpoint"],
+                armed["step"],
+                armed["created_unix"],
+                work / "result.json",
+                log_path,
+                time.monotonic(),
+            )
         )
 
     def _poll(self, trainer: pl.Trainer, final: bool = False) -> None:
@@ -245,62 +281,84 @@ class RestoreDrill(Callback):
             if running.process.poll() is None and not (overdue or final):
                 continue
             if running.process.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(running.process.pid, signal.SIGKILL)
-                running.process.wait()
-                result = {"passed": False, "error": f"drill did not finish within {self.timeout_s:.0f} s"}
+                self._stop(running)
+                result = {"outcome": ERROR, "error": f"drill did not finish within {self.timeout_s:.0f} s"}
             elif running.result_path.is_file():
                 result = json.loads(running.result_path.read_text())
             else:
                 code = running.process.returncode
-                result = {"passed": False, "error": f"drill process exited {code} without a result"}
+                result = {"outcome": ERROR, "error": f"drill process exited {code} without a result"}
             self._running.remove(running)
             self._record(trainer, running, result)
 
     def _record(self, trainer: pl.Trainer, running: _Running, result: dict[str, Any]) -> None:
+        outcome = result.get("outcome", ERROR)
         record = {
             "checkpoint": running.checkpoint,
             "step": running.step,
-            "passed": bool(result.get("passed")),
+            "outcome": outcome,
+            "passed": outcome == PASSED,
             "checks": result.get("checks", {}),
             "error": result.get("error"),
             "seconds": time.monotonic() - running.started,
             "log": str(running.log_path),
             "finished_unix": time.time(),
         }
+        current = self._same_checkpoint(running)
+        if outcome == ERROR and not current:
+            # Retention removed (or a same-name save replaced) the checkpoint before the drill loaded it.
+            log.info("Restore drill for %s skipped: the checkpoint was replaced or removed", running.checkpoint)
+            record["outcome"] = "skipped"
         self.results.append(record)
-        if record["passed"]:
+        if record["outcome"] == PASSED:
             log.info("Restore drill passed for %s (step %d)", running.checkpoint, running.step)
-        else:
+        elif record["outcome"] == MISMATCH:
             self.failures += 1
+            failed = [name for name, check in record["checks"].items() if not check.get("passed")]
             log.error(
-                "RESTORE DRILL FAILED for checkpoint %s (step %d): %s. Resuming from it may not continue the run"
-                " exactly; see %s",
+                "RESTORE DRILL FAILED for checkpoint %s (step %d): replaying the next step from it differs from the"
+                " live run in %s. Resuming from it would not continue this run; see %s",
                 running.checkpoint,
                 running.step,
-                record["error"] or json.dumps(record["checks"]),
+                ", ".join(failed),
+                running.log_path,
+            )
+        elif record["outcome"] == ERROR:
+            self.errors += 1
+            log.error(
+                "Restore drill for checkpoint %s (step %d) could not run: %s; see %s",
+                running.checkpoint,
+                running.step,
+                record["error"],
                 running.log_path,
             )
         if trainer.is_global_zero:
-            self._mark_manifest(running.checkpoint, record)
+            if current:
+                self._mark_manifest(running.checkpoint, record)
             events = self._checkpoint.events if self._checkpoint else None
             if events is not None:
                 events.emit("restore_drill", step=running.step, payload=record)
             metrics = {
                 "field/restore_drill_passed": float(record["passed"]),
                 "field/restore_drill_failures": float(self.failures),
+                "field/restore_drill_errors": float(self.errors),
             }
             for logger in trainer.loggers:
                 logger.log_metrics(metrics, step=trainer.global_step)
 
     @staticmethod
-    def _mark_manifest(checkpoint: str, record: dict[str, Any]) -> None:
+    def _same_checkpoint(running: _Running) -> bool:
+        """The directory still holds the very checkpoint the drill was for (names can be reused)."""
         try:
-            manifest = read_manifest(checkpoint)
+            manifest = read_manifest(running.checkpoint)
         except ManifestError:
-            log.info("Checkpoint %s was removed before its drill finished; the outcome is in the event log", checkpoint)
-            return
-        manifest.restore_tested = record["passed"]
+            return False
+        return manifest.step == running.step and manifest.created_unix == running.created_unix
+
+    @staticmethod
+    def _mark_manifest(checkpoint: str, record: dict[str, Any]) -> None:
+        manifest = read_manifest(checkpoint)
+        manifest.restore_tested = record["outcome"] == PASSED
         manifest.restore_drill = record
         manifest.write(Path(checkpoint))
 
@@ -342,7 +400,6 @@ def run_drill(spec: Mapping[str, Any]) -> dict[str, Any]:
     tracer = StepTracer(work / "trace")
     trainer = pl.Trainer(
         **spec["trainer"],
-        devices=1,
         max_steps=int(expected["step"]) + 1,
         callbacks=[tracer, loader],
         default_root_dir=str(work),
@@ -356,7 +413,7 @@ def run_drill(spec: Mapping[str, Any]) -> dict[str, Any]:
     records = read_trace(work / "trace")
     rtol = float(spec["rtol"])
     if not records:
-        return {"passed": False, "error": "the drill trained no step from the checkpoint"}
+        return {"outcome": ERROR, "error": "the drill trained no step from the checkpoint"}
     first = records[0]
     checks: dict[str, dict[str, Any]] = {
         "position": {"expected": expected["position"], "actual": [first["epoch"], first["batch_idx"]]},
@@ -377,7 +434,7 @@ def run_drill(spec: Mapping[str, Any]) -> dict[str, Any]:
         )
         checks["weights_after_step"] = {"max_relative_norm_diff": worst, "passed": worst <= rtol}
     return {
-        "passed": all(c["passed"] for c in checks.values()),
+        "outcome": PASSED if all(c["passed"] for c in checks.values()) else MISMATCH,
         "checks": checks,
         "seconds": time.monotonic() - started,
     }
@@ -395,11 +452,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result = run_drill(spec)
     except Exception as err:  # the live run must learn *why* a drill could not run, not just that it died
-        result = {"passed": False, "error": f"{type(err).__name__}: {err}"}
+        result = {"outcome": ERROR, "error": f"{type(err).__name__}: {err}"}
     out = Path(spec["work_dir"]) / "result.json"
     out.write_text(json.dumps(result, indent=2, default=str))
     print(json.dumps(result, indent=2, default=str))
-    return 0 if result["passed"] else 1
+    return 0 if result["outcome"] == PASSED else 1
 
 
 if __name__ == "__main__":

@@ -225,6 +225,8 @@ def run_protocol(
     kills = plan_kills(settings, save_every)
     extra_path = [str(cwd)]
     runs_dir = bundle_dir / "runs"
+    if bundle_dir.exists() and any(bundle_dir.iterdir()):
+        raise EvidenceConfigError(f"the bundle directory {bundle_dir} is not empty: each bundle needs a fresh one")
     plan: list[tuple[str, Kill | None]] = [("control-1", None), ("control-2", None)]
     plan += [(f"interrupted-{i + 1}", kill) for i, kill in enumerate(kills)]
     results = []

@@ -89,7 +89,10 @@ class StepTracer(Callback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self.trace_dir.mkdir(parents=True, exist_ok=True)
         self._is_zero = trainer.is_global_zero
-        self._file = open(trace_file(self.trace_dir, trainer.global_rank), "a", buffering=1)  # noqa: SIM115
+        path = trace_file(self.trace_dir, trainer.global_rank)
+        self._file = open(path, "a", buffering=1)  # noqa: SIM115
+        if path.stat().st_size and not path.read_bytes().endswith(b"\n"):
+            self._file.write("\n")  # a SIGKILL mid-line must not swallow this attempt's first record
         for callback in trainer.callbacks:
             if isinstance(callback, ManifestCheckpoint):
                 self._generators = dict(callback.generators)
