@@ -1,9 +1,10 @@
-"""Every place exact resume reaches into Lightning's private loop and data internals.
+"""Every place lightning_field reaches into Lightning's private loop and data internals.
 
-Exact resume needs a hook immediately before each training fetch, the train loaders before their
-first iteration, and corrections for two Lightning 2.6 restore quirks. Keeping all of them in this
-one module makes the dependency on private names visible and reviewable; the end-to-end tests in
-``tests/test_exact_resume.py`` pin the behaviour they rely on.
+Exact resume needs a hook immediately before each training fetch (time accounting one after it
+too), the train loaders before their first iteration, and corrections for two Lightning 2.6
+restore quirks. Keeping all of them in this one module makes the dependency on private names
+visible and reviewable; the end-to-end tests in ``tests/test_exact_resume.py`` pin the behaviour
+they rely on.
 """
 
 from __future__ import annotations
@@ -35,26 +36,43 @@ def is_last_batch_of_epoch(trainer: pl.Trainer) -> bool:
     return bool(trainer.fit_loop.epoch_loop.batch_progress.is_last_batch)
 
 
-def install_before_fetch(trainer: pl.Trainer, hook: Callable[[], None]) -> bool:
-    """Call ``hook`` immediately before every training batch is fetched; False if impossible.
+def install_fetch_hook(trainer: pl.Trainer, when: str, hook: Callable[[], None]) -> bool:
+    """Call ``hook`` right before (``when="before"``) or after (``"after"``) every training batch
+    fetch; False if this Lightning version offers no such point.
 
-    Lightning calls the epoch loop's ``_on_before_fetch`` right before ``next()`` on the train data
-    and re-wires it every epoch from the instance, so wrapping it on the instance persists.
+    Lightning calls the epoch loop's ``_on_before_fetch``/``_on_after_fetch`` around ``next()`` on
+    the train data and re-wires them every epoch from the instance, so wrapping them on the instance
+    persists. One wrapper per point holds every registered hook, so several callbacks can share it.
     """
+    name = {"before": "_on_before_fetch", "after": "_on_after_fetch"}[when]
     epoch_loop = trainer.fit_loop.epoch_loop
-    original = getattr(epoch_loop, "_on_before_fetch", None)
-    if original is None:
+    current = getattr(epoch_loop, name, None)
+    if current is None:
         return False
-    if getattr(original, _MARK, False):
-        return True
+    hooks: list[Callable[[], None]] | None = getattr(current, _MARK, None)
+    if hooks is None:
+        original = current
+        hooks = []
 
-    def before_fetch() -> None:
-        hook()
-        original()
+        def run_hooks() -> None:
+            if when == "before":
+                for registered in hooks:
+                    registered()
+            original()
+            if when == "after":
+                for registered in hooks:
+                    registered()
 
-    setattr(before_fetch, _MARK, True)
-    epoch_loop._on_before_fetch = before_fetch
+        setattr(run_hooks, _MARK, hooks)
+        setattr(epoch_loop, name, run_hooks)
+    if hook not in hooks:
+        hooks.append(hook)
     return True
+
+
+def install_before_fetch(trainer: pl.Trainer, hook: Callable[[], None]) -> bool:
+    """Call ``hook`` immediately before every training batch is fetched; False if impossible."""
+    return install_fetch_hook(trainer, "before", hook)
 
 
 def patch_train_loaders(trainer: pl.Trainer) -> Callable[[], None] | None:

@@ -15,6 +15,18 @@ from typing import Any
 EVENTS_RELPATH = Path("field") / "events.jsonl"
 
 
+def process_start_unix() -> float | None:
+    """When this process started (Linux ``/proc``, to about 10 ms), so restart overhead includes
+    interpreter start-up and imports, which happen before any of our code runs; None elsewhere."""
+    try:
+        stat = Path("/proc/self/stat").read_text()
+        ticks = int(stat.rsplit(")", 1)[1].split()[19])  # field 22, counted after the command name
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def read_events(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """All complete events; a torn last line (a crash mid-append) is ignored."""
     path = Path(run_dir) / EVENTS_RELPATH
@@ -49,7 +61,7 @@ class EventLog:
             self.attempt = int(mine[-1]["attempt"])
         else:
             self.attempt = len(starts) + 1
-            self.emit("attempt_start", payload={"pid": os.getpid()})
+            self.emit("attempt_start", payload={"pid": os.getpid(), "process_start_unix": process_start_unix()})
 
     def emit(self, event: str, step: int | None = None, payload: dict[str, Any] | None = None) -> None:
         record = {
