@@ -14,8 +14,10 @@ from lightning_field.checkpoint import (
 from lightning_field.core.events import EventLog, read_events
 from lightning_field.core.manifest import Manifest, read_manifest
 from lightning_field.evidence import EvidenceSettings, RestoreDrill, StepTracer, check_bundle
+from lightning_field.quality import CheckpointCadence, TimeToQuality, goodput_ledger
 
 __all__ = [
+    "CheckpointCadence",
     "CheckpointCorruptError",
     "CheckpointSaveError",
     "EventLog",
@@ -25,8 +27,10 @@ __all__ = [
     "RestoreDrill",
     "ResumeMismatchError",
     "StepTracer",
+    "TimeToQuality",
     "__version__",
     "check_bundle",
+    "goodput_ledger",
     "latest_recoverable",
     "load_weights",
     "read_events",

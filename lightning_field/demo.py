@@ -20,10 +20,11 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 class NoisyRegressionDataset(Dataset):
     """``y = x·w + noise`` with random per-sample jitter from ``random`` and ``numpy``."""
 
-    def __init__(self, size: int = 256, features: int = 16, seed: int = 0) -> None:
+    def __init__(self, size: int = 256, features: int = 16, seed: int = 0, w: torch.Tensor | None = None) -> None:
         gen = torch.Generator().manual_seed(seed)
         self.x = torch.randn(size, features, generator=gen)
-        self.w = torch.randn(features, 1, generator=gen)
+        drawn = torch.randn(features, 1, generator=gen)
+        self.w = drawn if w is None else w  # a validation split shares the training set's function
         self.y = self.x @ self.w + 0.1 * torch.randn(size, 1, generator=gen)
 
     def __len__(self) -> int:
@@ -49,7 +50,7 @@ class DemoDataModule(pl.LightningDataModule):
 
     def setup(self, stage: str) -> None:
         self.train_set = NoisyRegressionDataset(self.hparams.size, self.hparams.features, self.hparams.seed)
-        self.val_set = NoisyRegressionDataset(64, self.hparams.features, self.hparams.seed + 1)
+        self.val_set = NoisyRegressionDataset(64, self.hparams.features, self.hparams.seed + 1, w=self.train_set.w)
 
     def train_dataloader(self) -> DataLoader:
         loader_cls = StatefulDataLoader if self.hparams.stateful else DataLoader

@@ -12,10 +12,16 @@ from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint
 from omegaconf import OmegaConf
 
-from lightning_field import EvidenceSettings, ManifestCheckpoint, RestoreDrill
+from lightning_field import CheckpointCadence, EvidenceSettings, ManifestCheckpoint, RestoreDrill, TimeToQuality
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
-CALLBACKS = {"checkpoint": ManifestCheckpoint, "restore_drill": RestoreDrill}
+CALLBACKS = {
+    "checkpoint": ManifestCheckpoint,
+    "restore_drill": RestoreDrill,
+    "time_to_quality": TimeToQuality,
+    "checkpoint_cadence": CheckpointCadence,
+}
+REQUIRED = {"time_to_quality": ["time_to_quality.target=1.6"]}
 
 
 def options(group: str) -> list[str]:
@@ -29,8 +35,26 @@ def test_every_callback_config_has_a_known_callback() -> None:
 @pytest.mark.parametrize("name", options("callbacks"))
 def test_callback_config_composes_and_instantiates(name: str) -> None:
     with initialize_config_dir(config_dir=str(CONF / "callbacks"), version_base="1.3"):
-        cfg = compose(config_name=name)
+        cfg = compose(config_name=name, overrides=REQUIRED.get(name, []))
     assert isinstance(instantiate(cfg[name]), CALLBACKS[name])
+
+
+@pytest.mark.parametrize("name", options("callbacks"))
+def test_every_callback_config_mirrors_every_constructor_argument(name: str) -> None:
+    cfg = OmegaConf.load(CONF / "callbacks" / f"{name}.yaml")[name]
+    expected = _constructor_args(CALLBACKS[name]) - {"generators", "config"}
+    if name == "checkpoint":
+        expected |= _constructor_args(ModelCheckpoint)
+    assert expected - set(cfg) == set(), f"conf/callbacks/{name}.yaml is missing arguments"
+
+
+def test_a_required_target_left_unset_is_a_clear_error() -> None:
+    from omegaconf.errors import MissingMandatoryValue
+
+    with initialize_config_dir(config_dir=str(CONF / "callbacks"), version_base="1.3"):
+        cfg = compose(config_name="time_to_quality")
+    with pytest.raises(MissingMandatoryValue, match="target"):
+        instantiate(cfg.time_to_quality)
 
 
 def test_checkpoint_config_overrides_reach_the_callback() -> None:
@@ -44,15 +68,8 @@ def _constructor_args(cls: type) -> set[str]:
     return set(inspect.signature(cls.__init__).parameters) - {"self", "args", "kwargs"}
 
 
-def test_checkpoint_config_mirrors_every_constructor_argument() -> None:
-    cfg = OmegaConf.load(CONF / "callbacks" / "checkpoint.yaml").checkpoint
-    expected = (_constructor_args(ManifestCheckpoint) - {"generators", "config"}) | _constructor_args(ModelCheckpoint)
-    assert expected - set(cfg) == set(), "conf/callbacks/checkpoint.yaml is missing arguments"
-
-
-def test_restore_drill_config_mirrors_every_constructor_argument_and_is_off_by_default() -> None:
+def test_restore_drill_config_is_off_by_default() -> None:
     cfg = OmegaConf.load(CONF / "callbacks" / "restore_drill.yaml").restore_drill
-    assert _constructor_args(RestoreDrill) == set(cfg) - {"_target_"}
     assert cfg.every_n_checkpoints == 0 and not instantiate(cfg).enabled
 
 

@@ -82,6 +82,7 @@ class ManifestCheckpoint(ModelCheckpoint):
         super().__init__(*args, **kwargs)
         if preemption_check_every_n_steps is not None and preemption_check_every_n_steps < 1:
             raise ValueError(f"preemption_check_every_n_steps must be >= 1, got {preemption_check_every_n_steps}")
+        self._configured_every_n_train_steps = self._every_n_train_steps
         self.generators = dict(generators or {})
         self.config = config
         self.allow_resume_mismatch = tuple(allow_resume_mismatch)
@@ -99,6 +100,7 @@ class ManifestCheckpoint(ModelCheckpoint):
         self._prefetch_hook_installed = False
         self.preempted_checkpoint: str | None = None
         self.last_committed: tuple[str, int] | None = None  # (path, step) of the newest commit by this run
+        self.last_blocking_seconds: float | None = None  # how long that save held training up
         self._last_copy: str | None = None
         self._undo_loader_patch: Callable[[], None] | None = None
         self._rng_before_validation: dict[str, Any] | None = None
@@ -139,6 +141,30 @@ class ManifestCheckpoint(ModelCheckpoint):
         if datamodule is not None and getattr(datamodule, "hparams", None):
             config["datamodule"] = dict(datamodule.hparams)
         return config
+
+    @property
+    @override
+    def state_key(self) -> str:
+        # Keyed by the *configured* interval: a cadence controller that retunes it mid-run must not
+        # orphan this callback's state in the checkpoints it already wrote.
+        return self._generate_state_key(
+            monitor=self.monitor,
+            mode=self.mode,
+            every_n_train_steps=self._configured_every_n_train_steps,
+            every_n_epochs=self._every_n_epochs,
+            train_time_interval=self._train_time_interval,
+        )
+
+    @property
+    def every_n_train_steps(self) -> int:
+        return self._every_n_train_steps
+
+    def set_every_n_train_steps(self, steps: int) -> None:
+        """Change the step interval of saves from now on (used by ``CheckpointCadence``). Every rank
+        must set the same value at the same step, or ranks would disagree about when to save."""
+        if steps < 1:
+            raise ValueError(f"every_n_train_steps must be >= 1, got {steps}")
+        self._every_n_train_steps = int(steps)
 
     @property
     def events(self) -> EventLog | None:
@@ -336,6 +362,7 @@ class ManifestCheckpoint(ModelCheckpoint):
         self._last_checkpoint_saved = str(final)
         self.last_committed = (str(final), trainer.global_step)
         seconds = time.perf_counter() - start
+        self.last_blocking_seconds = seconds
         if self._events is not None:
             self._events.emit(
                 "ckpt_committed", step=trainer.global_step, payload={"path": str(final), "blocking_s": seconds}

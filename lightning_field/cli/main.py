@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from lightning_field.cli import ckpt, evidence
+from lightning_field.cli import ckpt, evidence, plan
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -13,6 +13,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     ckpt.add_parser(sub)
     evidence.add_parser(sub)
+    plan.add_parser(sub)
     return parser
 
 

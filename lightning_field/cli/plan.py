@@ -1,0 +1,127 @@
+"""``field plan``: planning estimates from the command line (``--json`` for machines)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+from lightning_field.core.events import read_events
+from lightning_field.planning.plan import PlanInputError, PlanInputs, make_plan, parse_count, parse_duration
+from lightning_field.quality.ledger import goodput_ledger
+
+
+def measured_from_run(run_dir: Path) -> tuple[dict[str, float], dict[str, str]]:
+    """Save cost, restart cost and MTBF as a run recorded them in its event log."""
+    events = read_events(run_dir)
+    if not events:
+        raise PlanInputError(f"--from-run {run_dir}: no event log at {run_dir / 'field' / 'events.jsonl'}")
+    values: dict[str, float] = {}
+    sources: dict[str, str] = {}
+    saves = [float(e["payload"]["blocking_s"]) for e in events if e["event"] == "ckpt_committed"]
+    if saves:
+        values["save_seconds"] = statistics.median(saves)
+        sources["save_seconds"] = f"median of {len(saves)} blocking saves in {run_dir}"
+    ledger = goodput_ledger(events)
+    if ledger.interruptions and ledger.mean_time_between_interruptions_s:
+        values["mtbf_hours"] = ledger.mean_time_between_interruptions_s / 3600
+        sources["mtbf_hours"] = f"{ledger.interruptions} interruption(s) in {ledger.elapsed_s:.0f} s of {run_dir}"
+        values["restart_seconds"] = ledger.buckets["restart_overhead"] / ledger.interruptions
+        sources["restart_seconds"] = f"mean restart overhead over {ledger.interruptions} restart(s) in {run_dir}"
+    sources["device_tflops"] = "not recorded by the run (throughput records come from the profiling callbacks)"
+    return values, sources
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    try:
+        sources: dict[str, str] = {}
+        measured: dict[str, float] = {}
+        if args.from_run:
+            measured, sources = measured_from_run(Path(args.from_run))
+        for name in ("params", "tokens", "devices", "device_tflops"):
+            if getattr(args, name) is None:
+                raise PlanInputError(f"--{name.replace('_', '-')} is required")
+        save = parse_duration(args.save_seconds, "--save-seconds", "s") if args.save_seconds else None
+        mtbf = parse_duration(args.mtbf_hours, "--mtbf-hours", "h") / 3600 if args.mtbf_hours else None
+        for name, given in (("save_seconds", save), ("mtbf_hours", mtbf)):
+            if given is not None:
+                sources[name] = "command line"
+        inputs = PlanInputs(
+            params=parse_count(args.params, "--params"),
+            tokens=parse_count(args.tokens, "--tokens"),
+            devices=args.devices,
+            device_tflops=args.device_tflops,
+            bytes_per_param=args.bytes_per_param,
+            optimizer=args.optimizer,
+            precision=args.precision,
+            device_memory_gb=args.device_memory_gb,
+            save_seconds=save if save is not None else measured.get("save_seconds"),
+            mtbf_hours=mtbf if mtbf is not None else measured.get("mtbf_hours"),
+            restart_seconds=args.restart_seconds if args.restart_seconds is not None
+            else measured.get("restart_seconds", 0.0),
+            price_per_device_hour=args.price_per_device_hour,
+            interconnect=args.interconnect,
+            devices_per_node=args.devices_per_node,
+            state_fraction=args.state_fraction,
+            sources=sources,
+        )  # fmt: skip
+        plan = make_plan(inputs)
+    except PlanInputError as err:
+        print(f"field plan: {err}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(plan, indent=2, default=str))
+    else:
+        print(render_plan(plan))
+    return 0
+
+
+def _value(figure: dict[str, Any]) -> str:
+    value, unit = figure["value"], figure["unit"]
+    if isinstance(value, dict):
+        return ", ".join(f"{k} {v:.1f}" for k, v in value.items()) + f" {unit}"
+    if unit == "s":
+        return f"{value:,.0f} s ({value / 60:.1f} min)"
+    if unit == "fraction":
+        return f"{100 * value:.2f} %"
+    return f"{value:.4g} {unit}"
+
+
+def render_plan(plan: dict[str, Any]) -> str:
+    lines = ["Plan (estimates; each figure names the inputs it came from)"]
+    for name, figure in plan["figures"].items():
+        lines.append(f"  {name:<28} {_value(figure):<48} from {', '.join(figure['from'])}")
+    layout = plan["layout"]
+    lines.append(f"  layout: {layout.get('recommendation')}: {layout['reason']}")
+    if layout.get("tensor_or_pipeline_parallel"):
+        lines.append(f"          tensor/pipeline parallel: {layout['tensor_or_pipeline_parallel']}")
+    for name, source in plan["inputs"].get("sources", {}).items():
+        lines.append(f"  input {name}: {source}")
+    return "\n".join(lines)
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("plan", help="6ND compute, memory and layout, checkpoint interval, time and cost estimates")
+    p.add_argument("--params", help="parameter count, e.g. 8e9 or 8B")
+    p.add_argument("--tokens", help="training tokens, e.g. 10B")
+    p.add_argument("--devices", type=int)
+    p.add_argument("--device-tflops", type=float, help="useful (sustained) TFLOP/s per device, not the peak")
+    p.add_argument(
+        "--bytes-per-param", type=float, help="persistent bytes per parameter (else from optimizer+precision)"
+    )
+    p.add_argument("--optimizer", default="adamw", choices=["adamw", "sgd"])
+    p.add_argument("--precision", default="bf16-mixed", choices=["bf16-mixed", "16-mixed", "32-true", "bf16-true"])
+    p.add_argument("--device-memory-gb", type=float)
+    p.add_argument("--save-seconds", help="blocking checkpoint save cost, e.g. 60 or 60s or 2min")
+    p.add_argument("--mtbf-hours", help="mean time between failures, e.g. 6 or 6h or 90min")
+    p.add_argument("--restart-seconds", type=float, help="time from a failure to training again")
+    p.add_argument("--price-per-device-hour", type=float)
+    p.add_argument("--interconnect", help="intra-node links, e.g. nvlink, pcie")
+    p.add_argument("--devices-per-node", type=int, default=8)
+    p.add_argument("--state-fraction", type=float, default=0.6, help="share of device memory for persistent state")
+    p.add_argument("--from-run", help="a run directory: take save cost, restart cost and MTBF from its event log")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_plan)

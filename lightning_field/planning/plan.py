@@ -1,0 +1,213 @@
+"""Planning estimates: compute (6ND), persistent memory and its sharding, a parallel layout,
+checkpoint intervals, and time and cost to a token budget including the expected waste.
+
+Every figure carries the inputs it came from and its formula, and every estimate says it is one.
+The numbers are deliberately simple (dense transformer training, persistent state only); the
+point is to catch an infeasible plan or a wrong checkpoint cadence before any money is spent.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from lightning_field.planning.intervals import daly_interval, expected_waste_fraction, young_interval
+
+# Persistent bytes per parameter: (weights, gradients, optimizer state incl. any fp32 master copy).
+BYTES_PER_PARAM: dict[tuple[str, str], tuple[float, float, float]] = {
+    ("adamw", "bf16-mixed"): (2, 2, 12),  # bf16 weights+grads; fp32 master, m, v
+    ("adamw", "16-mixed"): (2, 2, 12),
+    ("adamw", "32-true"): (4, 4, 8),  # fp32 weights, grads, m, v
+    ("adamw", "bf16-true"): (2, 2, 8),  # bf16 weights and grads, fp32 m and v
+    ("sgd", "32-true"): (4, 4, 4),  # momentum
+    ("sgd", "bf16-mixed"): (2, 2, 8),  # fp32 master + momentum
+}
+FAST_INTERCONNECTS = ("nvlink", "nvswitch", "xgmi", "infinity-fabric")
+_SCALE = {"": 1.0, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
+_SECONDS = {"": 1.0, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+class PlanInputError(ValueError):
+    """An input to the planner is missing, malformed or out of range; the message names it."""
+
+
+def parse_count(text: str | float, name: str) -> float:
+    """'8e9', '8B', '500M', '1.5T' -> a count. Unknown suffixes are refused."""
+    if isinstance(text, (int, float)):
+        value = float(text)
+    else:
+        match = re.fullmatch(r"\s*([0-9.]+(?:e[+-]?[0-9]+)?)\s*([A-Za-z]*)\s*", text)
+        if not match:
+            raise PlanInputError(f"{name}: cannot read {text!r} as a number (e.g. 8e9, 8B, 500M)")
+        suffix = match.group(2).lower()
+        if suffix not in _SCALE:
+            raise PlanInputError(f"{name}: unknown unit {match.group(2)!r} in {text!r}; use K, M, B (or G) or T")
+        value = float(match.group(1)) * _SCALE[suffix]
+    if not (value > 0 and math.isfinite(value)):
+        raise PlanInputError(f"{name} must be > 0, got {text!r}")
+    return value
+
+
+def parse_duration(text: str | float, name: str, default_unit: str) -> float:
+    """'60', '60s', '30min', '6h', '1d' -> seconds; a bare number is in ``default_unit``."""
+    if isinstance(text, (int, float)):
+        value, unit = float(text), default_unit
+    else:
+        match = re.fullmatch(r"\s*([0-9.]+(?:e[+-]?[0-9]+)?)\s*([A-Za-z]*)\s*", text)
+        if not match:
+            raise PlanInputError(f"{name}: cannot read {text!r} as a duration (e.g. 60s, 30min, 6h)")
+        value, unit = float(match.group(1)), (match.group(2).lower() or default_unit)
+    if unit not in _SECONDS:
+        raise PlanInputError(f"{name}: unknown unit {unit!r} in {text!r}; use s, min (or m), h or d")
+    seconds = value * _SECONDS[unit]
+    if not (seconds > 0 and math.isfinite(seconds)):
+        raise PlanInputError(f"{name} must be > 0, got {text!r}")
+    return seconds
+
+
+@dataclass
+class PlanInputs:
+    params: float
+    tokens: float
+    devices: int
+    device_tflops: float  # useful (sustained) TFLOP/s per device, not the datasheet peak
+    bytes_per_param: float | None = None
+    optimizer: str = "adamw"
+    precision: str = "bf16-mixed"
+    device_memory_gb: float | None = None
+    save_seconds: float | None = None
+    mtbf_hours: float | None = None
+    restart_seconds: float = 0.0
+    price_per_device_hour: float | None = None
+    interconnect: str | None = None
+    devices_per_node: int = 8
+    state_fraction: float = 0.6  # of device memory the persistent state may take; the rest is for activations
+    sources: dict[str, str] = field(default_factory=dict)
+
+    def validate(self) -> None:
+        if self.devices < 1:
+            raise PlanInputError(f"--devices must be >= 1, got {self.devices}")
+        if not self.device_tflops > 0:
+            raise PlanInputError(f"--device-tflops must be > 0, got {self.device_tflops}")
+        if self.price_per_device_hour is not None and self.price_per_device_hour < 0:
+            raise PlanInputError(f"--price-per-device-hour must be >= 0, got {self.price_per_device_hour}")
+        if self.mtbf_hours is not None and not self.mtbf_hours > 0:
+            raise PlanInputError(f"--mtbf-hours must be > 0, got {self.mtbf_hours}")
+        if self.save_seconds is not None and not self.save_seconds > 0:
+            raise PlanInputError(f"--save-seconds must be > 0, got {self.save_seconds}")
+        if self.bytes_per_param is None and (self.optimizer, self.precision) not in BYTES_PER_PARAM:
+            known = ", ".join(f"{o}/{p}" for o, p in BYTES_PER_PARAM)
+            raise PlanInputError(
+                f"no bytes-per-param rule for optimizer {self.optimizer!r} with precision {self.precision!r}"
+                f" (known: {known}); pass --bytes-per-param"
+            )
+        if not 0 < self.state_fraction <= 1:
+            raise PlanInputError(f"--state-fraction must be in (0, 1], got {self.state_fraction}")
+
+
+def _figure(value: Any, unit: str, inputs: list[str], formula: str, estimate: bool = True) -> dict[str, Any]:
+    return {"value": value, "unit": unit, "from": inputs, "formula": formula, "estimate": estimate}
+
+
+def make_plan(inp: PlanInputs) -> dict[str, Any]:
+    inp.validate()
+    figures: dict[str, dict[str, Any]] = {}
+    flops = 6.0 * inp.params * inp.tokens
+    figures["total_flops"] = _figure(flops, "FLOP", ["params", "tokens"], "6 x N x D")
+    ideal_s = flops / (inp.devices * inp.device_tflops * 1e12)
+    figures["ideal_time"] = _figure(
+        ideal_s, "s", ["params", "tokens", "devices", "device_tflops"], "6ND / (devices x useful FLOP/s)"
+    )
+    figures["ideal_time_hours"] = _figure(ideal_s / 3600, "h", figures["ideal_time"]["from"], "ideal_time / 3600")
+
+    if inp.bytes_per_param is not None:
+        weights, grads, optim = inp.bytes_per_param, 0.0, 0.0
+        split_known = False
+        bpp_from = ["bytes_per_param"]
+    else:
+        weights, grads, optim = BYTES_PER_PARAM[(inp.optimizer, inp.precision)]
+        split_known = True
+        bpp_from = ["optimizer", "precision"]
+    per_param = weights + grads + optim
+    state = per_param * inp.params
+    figures["bytes_per_param"] = _figure(per_param, "B", bpp_from, "weights + gradients + optimizer state")
+    figures["persistent_state"] = _figure(state / 1e9, "GB", ["params", *bpp_from], "bytes_per_param x N")
+    n = inp.devices
+    shares = {"ddp": state}
+    if split_known:
+        shares["zero1"] = (weights + grads) * inp.params + optim * inp.params / n
+        shares["zero2"] = weights * inp.params + (grads + optim) * inp.params / n
+    shares["fsdp_zero3"] = state / n
+    tp = min(inp.devices_per_node, n)
+    shares[f"tensor_parallel_{tp}"] = state / tp
+    figures["state_per_device"] = _figure(
+        {k: v / 1e9 for k, v in shares.items()},
+        "GB",
+        ["params", *bpp_from, "devices", "devices_per_node"],
+        "DDP: all; ZeRO-1: optimizer/n; ZeRO-2: (grads+optimizer)/n; FSDP/ZeRO-3: all/n; TP(t): all/t",
+    )
+    plan: dict[str, Any] = {"inputs": {k: v for k, v in asdict(inp).items() if k != "sources"}, "figures": figures}
+    plan["inputs"]["sources"] = inp.sources
+    plan["layout"] = _layout(inp, shares)
+
+    if inp.save_seconds is not None and inp.mtbf_hours is not None:
+        mtbf = inp.mtbf_hours * 3600.0
+        young = young_interval(inp.save_seconds, mtbf)
+        daly = daly_interval(inp.save_seconds, mtbf)
+        figures["checkpoint_interval_young"] = _figure(young, "s", ["save_seconds", "mtbf_hours"], "sqrt(2 δ M)")
+        figures["checkpoint_interval_daly"] = _figure(
+            daly, "s", ["save_seconds", "mtbf_hours"], "sqrt(2δM)[1 + sqrt(δ/2M)/3 + (δ/2M)/9] - δ (δ < 2M)"
+        )
+        waste = expected_waste_fraction(daly, inp.save_seconds, mtbf, inp.restart_seconds)
+        figures["expected_waste"] = _figure(
+            waste, "fraction", ["save_seconds", "mtbf_hours", "restart_seconds"], "δ/τ + (τ/2 + R)/M at Daly's τ"
+        )
+        if waste < 1:
+            total = ideal_s / (1.0 - waste)
+            figures["time_to_budget"] = _figure(
+                total, "s", [*figures["ideal_time"]["from"], "save_seconds", "mtbf_hours"], "ideal_time / (1 - waste)"
+            )
+            figures["time_to_budget_hours"] = _figure(total / 3600, "h", figures["time_to_budget"]["from"], "/ 3600")
+    total_s = figures.get("time_to_budget", figures["ideal_time"])["value"]
+    if inp.price_per_device_hour is not None:
+        hours = total_s / 3600 * inp.devices
+        basis = "time_to_budget" if "time_to_budget" in figures else "ideal_time"
+        figures["device_hours"] = _figure(hours, "device-h", [basis, "devices"], f"{basis} x devices")
+        figures["cost"] = _figure(
+            hours * inp.price_per_device_hour, "currency", ["device_hours", "price_per_device_hour"], "device-h x price"
+        )
+    return plan
+
+
+def _layout(inp: PlanInputs, shares: dict[str, float]) -> dict[str, Any]:
+    """The simplest layout whose persistent state fits, with room left for activations."""
+    if inp.device_memory_gb is None:
+        return {"recommendation": None, "reason": "pass --device-memory-gb to check what fits"}
+    budget = inp.device_memory_gb * 1e9 * inp.state_fraction
+    order = [("ddp", "data parallel (DDP): the full state fits on every device")]
+    order += [("zero1", "DDP with sharded optimizer state (ZeRO-1)"), ("zero2", "ZeRO-2: shard gradients too")]
+    order += [("fsdp_zero3", "fully sharded (FSDP / ZeRO-3): parameters, gradients and optimizer state")]
+    fast = (inp.interconnect or "").lower() in FAST_INTERCONNECTS
+    for key, text in order:
+        if key in shares and shares[key] <= budget:
+            return {
+                "recommendation": key,
+                "reason": f"{text}; {shares[key] / 1e9:.1f} GB per device within {budget / 1e9:.1f} GB"
+                f" ({inp.state_fraction:.0%} of {inp.device_memory_gb:g} GB, the rest for activations)",
+                "tensor_or_pipeline_parallel": "not needed for the persistent state",
+                "from": ["params", "devices", "device_memory_gb", "state_fraction"],
+            }
+    needed = math.ceil(shares["ddp"] / budget)
+    tp = min(inp.devices_per_node, inp.devices)
+    return {
+        "recommendation": "does_not_fit",
+        "reason": f"even fully sharded, {shares['fsdp_zero3'] / 1e9:.1f} GB per device exceeds {budget / 1e9:.1f} GB;"
+        f" at least {needed} devices are needed for the persistent state alone",
+        "tensor_or_pipeline_parallel": (
+            f"tensor parallel within a node (degree <= {tp}) over {inp.interconnect or 'the node links'}"
+            + ("" if fast else "; the interconnect is not a fast intra-node link, prefer pipeline stages across nodes")
+        ),
+        "from": ["params", "devices", "device_memory_gb", "state_fraction", "interconnect"],
+    }

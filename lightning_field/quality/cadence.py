@@ -1,0 +1,211 @@
+"""``CheckpointCadence``: choose how often to checkpoint from what saving and failing actually cost.
+
+It measures the blocking save cost δ online (running median over this run's saves), takes an MTBF
+prior M from configuration and updates it with the interruptions the event log has seen
+(exposure-weighted: M = (M₀ + T) / (1 + n), one pseudo-failure at the prior), and sets the interval
+by Daly's formula (or Young's). The interval in seconds becomes a step count through the measured
+step time, clamped, with hysteresis so it does not flap, and drives ``ManifestCheckpoint``.
+
+All ranks apply the same step count at the same step: the decision is taken by rank 0 right after
+a commit (which every rank sees at the same step) and broadcast, a collective every rank calls.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from collections import deque
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import Callback
+from typing_extensions import override
+
+from lightning_field.checkpoint.manifest_checkpoint import ManifestCheckpoint
+from lightning_field.core.distributed import broadcast_object
+from lightning_field.core.events import read_events
+from lightning_field.planning.intervals import FORMULAS, expected_waste_fraction, interval
+from lightning_field.quality.ledger import goodput_ledger
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class CadenceDecision:
+    save_s: float
+    mtbf_s: float
+    step_s: float
+    interval_s: float
+    steps: int
+    applied: bool
+    formula: str
+    predicted_waste: float
+    restart_s: float
+
+
+def updated_mtbf(prior_s: float, exposure_s: float, interruptions: int) -> float:
+    """Posterior mean of the MTBF with the prior counted as one failure in ``prior_s`` of exposure."""
+    return (prior_s + exposure_s) / (1 + interruptions)
+
+
+def choose_steps(
+    interval_s: float, step_s: float, current: int, min_steps: int, max_steps: int | None, hysteresis: float
+) -> tuple[int, bool]:
+    """(steps, changed): the interval in steps, clamped; kept at ``current`` if within the hysteresis."""
+    steps = max(min_steps, round(interval_s / step_s)) if step_s > 0 else current
+    if max_steps is not None:
+        steps = min(steps, max_steps)
+    if current >= 1 and abs(steps - current) <= hysteresis * current:
+        return current, False
+    return steps, steps != current
+
+
+class CheckpointCadence(Callback):
+    """Retune ``ManifestCheckpoint``'s step interval after every save.
+
+    Args:
+        mtbf_hours: prior mean time between failures (interruptions) of this job's infrastructure.
+        formula: "daly" (default) or "young".
+        min_steps, max_steps: clamps on the interval in steps.
+        hysteresis: relative change below which the interval is left alone.
+        save_cost_prior_s: save cost to assume before the first save is measured.
+    """
+
+    def __init__(
+        self,
+        mtbf_hours: float,
+        formula: str = "daly",
+        min_steps: int = 1,
+        max_steps: int | None = None,
+        hysteresis: float = 0.2,
+        save_cost_prior_s: float | None = None,
+    ) -> None:
+        if not mtbf_hours > 0:
+            raise ValueError(f"CheckpointCadence mtbf_hours must be > 0, got {mtbf_hours}")
+        if formula not in FORMULAS:
+            raise ValueError(f"CheckpointCadence formula must be one of {', '.join(FORMULAS)}, got {formula!r}")
+        if min_steps < 1 or (max_steps is not None and max_steps < min_steps):
+            raise ValueError(f"CheckpointCadence needs 1 <= min_steps <= max_steps, got {min_steps}, {max_steps}")
+        if hysteresis < 0:
+            raise ValueError(f"CheckpointCadence hysteresis must be >= 0, got {hysteresis}")
+        self.mtbf_prior_s = mtbf_hours * 3600.0
+        self.formula = formula
+        self.min_steps = min_steps
+        self.max_steps = max_steps
+        self.hysteresis = hysteresis
+        self.save_cost_prior_s = save_cost_prior_s
+        self.decision: CadenceDecision | None = None
+        self.decisions: list[CadenceDecision] = []
+        self._checkpoint: ManifestCheckpoint | None = None
+        self._save_costs: deque[float] = deque(maxlen=20)
+        self._step_times: deque[float] = deque(maxlen=50)
+        self._last_batch_end: float | None = None
+        self._seen_commit: tuple[str, int] | None = None
+        self._mtbf_s = self.mtbf_prior_s
+        self._restart_s = 0.0
+
+    @override
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage != "fit":
+            return
+        self._checkpoint = next((c for c in trainer.callbacks if isinstance(c, ManifestCheckpoint)), None)
+        if self._checkpoint is None:
+            raise ValueError("CheckpointCadence drives a lightning_field.ManifestCheckpoint; add one to the callbacks")
+        self._mtbf_s, self._restart_s = self.mtbf_prior_s, 0.0
+        if trainer.is_global_zero:
+            events = read_events(trainer.default_root_dir)
+            if events:
+                ledger = goodput_ledger(events)
+                self._mtbf_s = updated_mtbf(self.mtbf_prior_s, ledger.elapsed_s, ledger.interruptions)
+                if ledger.interruptions:
+                    self._restart_s = ledger.buckets["restart_overhead"] / ledger.interruptions
+
+    @override
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        now = time.perf_counter()
+        if self._last_batch_end is not None:
+            self._step_times.append(now - self._last_batch_end)
+        self._last_batch_end = now
+
+    @override
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        checkpoint = self._checkpoint
+        if checkpoint is None or checkpoint.last_committed is None or checkpoint.last_committed == self._seen_commit:
+            return
+        if checkpoint.last_committed[1] != trainer.global_step:
+            return
+        self._seen_commit = checkpoint.last_committed
+        if checkpoint.last_blocking_seconds is not None:
+            self._save_costs.append(checkpoint.last_blocking_seconds)
+            # The gap that contained the save is not a step time.
+            if self._step_times:
+                self._step_times.pop()
+        decision = self._decide(checkpoint.every_n_train_steps) if trainer.is_global_zero else None
+        decision = broadcast_object(decision)  # every rank, same step: they all saw this commit
+        if decision is None:
+            return
+        if decision.applied:
+            checkpoint.set_every_n_train_steps(decision.steps)
+        self.decision = decision
+        self.decisions.append(decision)
+        if trainer.is_global_zero:
+            events = checkpoint.events
+            if events is not None:
+                events.emit("cadence", step=trainer.global_step, payload=asdict(decision))
+            metrics = {
+                "cadence/interval_s": decision.interval_s,
+                "cadence/interval_steps": float(checkpoint.every_n_train_steps),
+                "cadence/save_s": decision.save_s,
+                "cadence/mtbf_h": decision.mtbf_s / 3600.0,
+                "cadence/predicted_waste": decision.predicted_waste,
+            }
+            for logger in trainer.loggers:
+                logger.log_metrics(metrics, step=trainer.global_step)
+
+    def _decide(self, current: int) -> CadenceDecision | None:
+        save_s = statistics.median(self._save_costs) if self._save_costs else self.save_cost_prior_s
+        if not save_s or not self._step_times:
+            return None
+        step_s = statistics.median(self._step_times)
+        tau = interval(save_s, self._mtbf_s, self.formula)
+        steps, changed = choose_steps(tau, step_s, current, self.min_steps, self.max_steps, self.hysteresis)
+        return CadenceDecision(
+            save_s=save_s,
+            mtbf_s=self._mtbf_s,
+            step_s=step_s,
+            interval_s=tau,
+            steps=steps,
+            applied=changed,
+            formula=self.formula,
+            predicted_waste=expected_waste_fraction(steps * step_s, save_s, self._mtbf_s, self._restart_s),
+            restart_s=self._restart_s,
+        )
+
+    @override
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not trainer.is_global_zero or self.decision is None:
+            return
+        ledger = goodput_ledger(read_events(trainer.default_root_dir), now=time.time())
+        b = ledger.buckets
+        realised = (b["checkpoint_save"] + b["lost_progress"] + b["restart_overhead"] + b["checkpoint_load"]) / max(
+            ledger.elapsed_s, 1e-9
+        )
+        log.info(
+            "Checkpoint cadence: every %d steps (%.1f s by %s; save %.2f s, MTBF %.2f h); predicted waste %.2f%%,"
+            " realised %.2f%%",
+            self.decision.steps,
+            self.decision.interval_s,
+            self.formula,
+            self.decision.save_s,
+            self.decision.mtbf_s / 3600,
+            100 * self.decision.predicted_waste,
+            100 * realised,
+        )
+        for logger in trainer.loggers:
+            logger.log_metrics({"cadence/realised_waste": realised}, step=trainer.global_step)

@@ -1,0 +1,421 @@
+"""``TimeToQuality``: wall time, device-hours and cost until a quality target, across every restart.
+
+The clock starts at the run's first ``run_start`` event and never pauses: an interruption, the
+downtime before the restart and the restart itself all count, because they all delay the moment
+the model is good enough. Everything the clock needs is in the run's fsynced event log (and a
+per-step heartbeat that survives SIGKILL), so a killed and restarted job continues the same clock.
+
+At each evaluation it records the monitored metric, notices the first crossing of the target,
+forecasts the crossing from the curve so far, and rewrites ``<run>/field/time_to_quality.json``
+with the goodput ledger. At the end of ``fit`` it prints a summary.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
+from typing_extensions import override
+
+from lightning_field.checkpoint import lightning_internals as internals
+from lightning_field.checkpoint.manifest_checkpoint import ManifestCheckpoint
+from lightning_field.core.events import EventLog, read_events
+from lightning_field.core.fsio import atomic_write_bytes
+from lightning_field.core.heartbeat import Heartbeat, heartbeat_path, read_heartbeat
+from lightning_field.quality.forecast import forecast
+from lightning_field.quality.ledger import goodput_ledger
+
+SUMMARY_RELPATH = Path("field") / "time_to_quality.json"
+MODES = ("min", "max")
+
+
+def crossed(value: float, target: float, mode: str) -> bool:
+    return value <= target if mode == "min" else value >= target
+
+
+def device_hours(events: Iterable[Mapping[str, Any]], until: float, run_start: float) -> float:
+    """Σ over attempts of (time the attempt held its devices) x (its device count), up to ``until``."""
+    spans: dict[int, list[float]] = {}
+    devices: dict[int, int] = {}
+    for e in events:
+        attempt = int(e.get("attempt", 1))
+        if e["wall_time"] > until:
+            continue
+        start = e["payload"].get("process_start_unix") if e["event"] == "attempt_start" else None
+        times = spans.setdefault(attempt, [])
+        times.append(max(start or e["wall_time"], run_start))
+        last_beat = e["payload"].get("last_beat_unix") if e["event"] in ("progress", "attempt_crashed") else None
+        if last_beat:
+            times.append(min(last_beat, until))
+        if e["event"] == "progress" and e["payload"].get("devices"):
+            devices[attempt] = int(e["payload"]["devices"])
+    return sum((max(t) - min(t)) * devices.get(a, 1) for a, t in spans.items() if t) / 3600.0
+
+
+def quality_summary(
+    events: list[Mapping[str, Any]],
+    monitor: str,
+    target: float,
+    mode: str,
+    price_per_device_hour: float | None,
+    deadline_s: float | None,
+    now: float,
+) -> dict[str, Any]:
+    """Time to quality from the event log alone: reached or not, when, at what device-hours and cost."""
+    run_starts = [e["wall_time"] for e in events if e["event"] == "run_start"]
+    run_start = run_starts[0] if run_starts else now
+    evals = [e for e in events if e["event"] == "eval" and monitor in e["payload"].get("metrics", {})]
+    reached = next((e for e in evals if crossed(float(e["payload"]["metrics"][monitor]), target, mode)), None)
+
+    def costed(until: float) -> dict[str, Any]:
+        hours = device_hours(events, until, run_start)
+        return {
+            "wall_s": until - run_start,
+            "device_hours": hours,
+            "cost": hours * price_per_device_hour if price_per_device_hour is not None else None,
+        }
+
+    summary: dict[str, Any] = {
+        "monitor": monitor,
+        "target": target,
+        "mode": mode,
+        "run_start_unix": run_start,
+        "deadline_s": deadline_s,
+        "price_per_device_hour": price_per_device_hour,
+        "evaluations": len(evals),
+        "reached": None,
+        "so_far": costed(now),
+    }
+    if reached is not None:
+        summary["reached"] = {
+            "step": reached["step"],
+            "value": reached["payload"]["metrics"][monitor],
+            "attempt": reached.get("attempt"),
+            **costed(reached["wall_time"]),
+        }
+        if deadline_s is not None:
+            summary["deadline_met"] = summary["reached"]["wall_s"] <= deadline_s
+    elif evals:
+        last = evals[-1]
+        summary["latest"] = {"step": last["step"], "value": last["payload"]["metrics"][monitor]}
+    return summary
+
+
+class TimeToQuality(Callback):
+    """Measure time and cost to ``target`` on the logged metric ``monitor``, across restarts.
+
+    Args:
+        monitor: a metric logged during validation (e.g. a torchmetrics value via ``self.log``).
+        target: the quality to reach; ``mode="min"`` for losses, ``"max"`` for accuracies.
+        deadline_hours: wall time from the run's start by which the target must be reached.
+        price_per_device_hour: for cost = device-hours x price (device-hours count every attempt).
+        progress_every_s: how often, at most, to append a progress event to the log (the per-step
+            heartbeat needs no I/O; these events keep a record for runs whose heartbeat is lost).
+    """
+
+    def __init__(
+        self,
+        monitor: str,
+        target: float,
+        mode: str = "min",
+        deadline_hours: float | None = None,
+        price_per_device_hour: float | None = None,
+        progress_every_s: float = 30.0,
+    ) -> None:
+        if mode not in MODES:
+            raise ValueError(f"TimeToQuality mode must be 'min' or 'max', got {mode!r}")
+        if not isinstance(target, (int, float)) or not math.isfinite(target):
+            raise ValueError(f"TimeToQuality target must be a finite number, got {target!r}")
+        if deadline_hours is not None and deadline_hours <= 0:
+            raise ValueError(f"TimeToQuality deadline_hours must be > 0, got {deadline_hours}")
+        if price_per_device_hour is not None and price_per_device_hour < 0:
+            raise ValueError(f"TimeToQuality price_per_device_hour must be >= 0, got {price_per_device_hour}")
+        if progress_every_s <= 0:
+            raise ValueError(f"TimeToQuality progress_every_s must be > 0, got {progress_every_s}")
+        self.monitor = monitor
+        self.target = float(target)
+        self.mode = mode
+        self.deadline_s = deadline_hours * 3600.0 if deadline_hours is not None else None
+        self.price_per_device_hour = price_per_device_hour
+        self.progress_every_s = progress_every_s
+        self.summary: dict[str, Any] = {}
+        self.history: list[tuple[int, float]] = []
+        self._run_dir: Path | None = None
+        self._events: EventLog | None = None
+        self._heartbeat: Heartbeat | None = None
+        self._checkpoint: ManifestCheckpoint | None = None
+        self._first_step_unix: float | None = None
+        self._data_wait_s = 0.0
+        self._wait_before_fetch = 0.0
+        self._fetch_started: float | None = None
+        self._eval_s = 0.0
+        self._eval_started: float | None = None
+        self._batches = 0
+        self._last_progress = 0.0
+        self._seen_commit: tuple[str, int] | None = None
+        self._world_size = 1
+
+    # ------------------------------------------------------------------ setup: the clock and the dead attempts
+    @override
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage != "fit":
+            return
+        self._run_dir = Path(trainer.default_root_dir)
+        self._world_size = trainer.world_size
+        self._checkpoint = next((c for c in trainer.callbacks if isinstance(c, ManifestCheckpoint)), None)
+        internals.install_fetch_hook(trainer, "before", self._before_fetch)
+        internals.install_fetch_hook(trainer, "after", self._after_fetch)
+        if not trainer.is_global_zero:
+            return
+        self._events = EventLog(self._run_dir)
+        previous = read_events(self._run_dir)
+        self._record_dead_attempts(previous)
+        if not any(e["event"] == "run_start" for e in previous):
+            self._events.emit(
+                "run_start",
+                payload={
+                    "monitor": self.monitor,
+                    "target": self.target,
+                    "mode": self.mode,
+                    "deadline_s": self.deadline_s,
+                    "price_per_device_hour": self.price_per_device_hour,
+                },
+            )
+        self._heartbeat = Heartbeat(self._run_dir, self._events.attempt)
+
+    def _record_dead_attempts(self, previous: list[dict[str, Any]]) -> None:
+        """Turn the heartbeat of every earlier attempt that died without a word into an event."""
+        assert self._events is not None and self._run_dir is not None
+        ended = {e["attempt"] for e in previous if e["event"] == "attempt_end"}
+        recorded = {e["payload"].get("attempt") for e in previous if e["event"] == "attempt_crashed"}
+        for attempt in sorted({e["attempt"] for e in previous} - ended - recorded - {self._events.attempt}):
+            beat = read_heartbeat(heartbeat_path(self._run_dir, attempt)) or {"attempt": attempt}
+            self._events.emit("attempt_crashed", step=beat.get("step"), payload={**beat, "attempt": attempt})
+
+    # ------------------------------------------------------------------ the hot path: counters only
+    def _before_fetch(self) -> None:
+        self._fetch_started = time.perf_counter()
+        self._wait_before_fetch = self._data_wait_s
+
+    def _after_fetch(self) -> None:
+        if self._fetch_started is not None and self._first_step_unix is not None:
+            # The first fetch of an attempt is its data fast-forward: restart overhead, not data wait.
+            self._data_wait_s += time.perf_counter() - self._fetch_started
+        self._fetch_started = None
+
+    @override
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        if self._first_step_unix is None:
+            self._first_step_unix = time.time()
+        committed = self._checkpoint.last_committed if self._checkpoint is not None else None
+        if committed is not None and committed != self._seen_commit and committed[1] == trainer.global_step:
+            # The counters as they stood at that commit: what a later kill cannot take away.
+            self._seen_commit = committed
+            self._emit_progress(trainer, commit_step=committed[1], data_wait_s=self._wait_before_fetch)
+
+    @override
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        self._batches += 1
+        if self._heartbeat is not None and self._first_step_unix is not None:
+            now = time.time()
+            self._heartbeat.beat(
+                trainer.global_step, self._first_step_unix, now, self._data_wait_s, self._eval_s, self._batches
+            )
+            if now - self._last_progress >= self.progress_every_s:
+                self._emit_progress(trainer)
+
+    def _emit_progress(self, trainer: pl.Trainer, **extra: Any) -> None:
+        if self._events is None:
+            return
+        self._last_progress = time.time()
+        payload = {
+            "step": trainer.global_step,
+            "first_step_unix": self._first_step_unix,
+            "last_beat_unix": self._last_progress,
+            "data_wait_s": self._data_wait_s,
+            "eval_s": self._eval_s,
+            "batches": self._batches,
+            "devices": self._world_size,
+            **extra,
+        }
+        self._events.emit("progress", step=trainer.global_step, payload=payload)
+
+    # ------------------------------------------------------------------ evaluation: the quality trajectory
+    def _fitting(self, trainer: pl.Trainer) -> bool:
+        return trainer.state.fn == TrainerFn.FITTING and not trainer.sanity_checking
+
+    @override
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._fitting(trainer):
+            self._eval_started = time.perf_counter()
+
+    @override
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not self._fitting(trainer) or self._eval_started is None:
+            return
+        seconds = time.perf_counter() - self._eval_started
+        self._eval_started = None
+        self._eval_s += seconds
+        value = trainer.callback_metrics.get(self.monitor)
+        if value is None:
+            available = ", ".join(sorted(trainer.callback_metrics)) or "none"
+            raise ValueError(
+                f"TimeToQuality(monitor={self.monitor!r}): that metric was never logged by validation. Logged"
+                f" metrics: {available}. Log it with self.log({self.monitor!r}, ...) in validation_step."
+            )
+        value = float(value.item() if isinstance(value, torch.Tensor) else value)
+        step = trainer.global_step
+        self.history.append((step, value))
+        if self._events is None:
+            return
+        self._events.emit("eval", step=step, payload={"seconds": seconds, "metrics": {self.monitor: value}})
+        if crossed(value, self.target, self.mode) and not (self.summary.get("reached")):
+            self._events.emit("target_reached", step=step, payload={"monitor": self.monitor, "value": value})
+        self._write(trainer)
+
+    # ------------------------------------------------------------------ the summary
+    def _write(self, trainer: pl.Trainer, final: bool = False) -> dict[str, Any]:
+        assert self._run_dir is not None
+        now = time.time()
+        events = read_events(self._run_dir)
+        summary = quality_summary(
+            events, self.monitor, self.target, self.mode, self.price_per_device_hour, self.deadline_s, now
+        )
+        history = [
+            (int(e["step"]), float(e["payload"]["metrics"][self.monitor]))
+            for e in events
+            if e["event"] == "eval" and self.monitor in e["payload"].get("metrics", {})
+        ]
+        if summary["reached"] is None:
+            summary["forecast"] = forecast(
+                history,
+                self.target,
+                self.mode,
+                trainer.global_step,
+                summary["so_far"]["wall_s"],
+                self.deadline_s,
+            ).to_dict()
+        ledger = goodput_ledger(events, now=now)
+        summary["goodput"] = {
+            "goodput": ledger.goodput,
+            "elapsed_s": ledger.elapsed_s,
+            "buckets_s": ledger.buckets,
+            "idle_breakdown_s": ledger.idle_breakdown,
+            "interruptions": ledger.interruptions,
+            "mean_time_between_interruptions_s": ledger.mean_time_between_interruptions_s,
+            "lost_steps": ledger.lost_steps,
+            "attempts": [
+                {
+                    "attempt": a.attempt,
+                    "status": a.status,
+                    "resumed_from_step": a.resumed_from_step,
+                    "last_step": a.last_step,
+                    "lost_steps": a.lost_steps,
+                    "seconds": a.seconds,
+                }
+                for a in ledger.attempts
+            ],
+        }
+        summary["final"] = final
+        atomic_write_bytes(self._run_dir / SUMMARY_RELPATH, json.dumps(summary, indent=2, default=str).encode())
+        self.summary = summary
+        self._log_metrics(trainer, summary)
+        return summary
+
+    def _log_metrics(self, trainer: pl.Trainer, summary: Mapping[str, Any]) -> None:
+        metrics = {
+            "ttq/elapsed_h": summary["so_far"]["wall_s"] / 3600.0,
+            "ttq/device_hours": summary["so_far"]["device_hours"],
+            "goodput/fraction": summary["goodput"]["goodput"],
+            "goodput/interruptions": float(summary["goodput"]["interruptions"]),
+        }
+        for bucket, seconds in summary["goodput"]["buckets_s"].items():
+            metrics[f"goodput/{bucket}_s"] = seconds
+        if summary["so_far"]["cost"] is not None:
+            metrics["ttq/cost"] = summary["so_far"]["cost"]
+        if summary["reached"] is not None:
+            metrics["ttq/time_to_target_h"] = summary["reached"]["wall_s"] / 3600.0
+        for logger in trainer.loggers:
+            logger.log_metrics(metrics, step=trainer.global_step)
+
+    @override
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._events is None:
+            return
+        self._emit_progress(trainer)
+        summary = self._write(trainer, final=True)
+        rank_zero_info(render_summary(summary))
+
+    @override
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if self._heartbeat is not None:
+            self._heartbeat.close()
+            self._heartbeat = None
+        self._events = None
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        return {"history": list(self.history), "reached": self.summary.get("reached")}
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.history = [tuple(p) for p in state_dict.get("history", [])]  # type: ignore[misc]
+        if state_dict.get("reached"):
+            self.summary["reached"] = state_dict["reached"]
+
+
+def _h(seconds: float | None) -> str:
+    if seconds is None:
+        return "n/a"
+    return f"{seconds / 3600:.2f} h" if seconds >= 3600 else f"{seconds:.1f} s"
+
+
+def render_summary(summary: Mapping[str, Any]) -> str:
+    """The end-of-fit console summary."""
+    lines = [
+        f"Time to quality ({summary['monitor']} {'<=' if summary['mode'] == 'min' else '>='} {summary['target']}):"
+    ]
+    reached = summary.get("reached")
+    cost = lambda c: "" if c is None else f", cost {c:.2f}"  # noqa: E731
+    if reached:
+        lines.append(
+            f"  reached at step {reached['step']} ({reached['value']:.4g}) after {_h(reached['wall_s'])},"
+            f" {reached['device_hours']:.3g} device-hours{cost(reached['cost'])}"
+        )
+    else:
+        so_far = summary["so_far"]
+        lines.append(
+            f"  NOT reached after {_h(so_far['wall_s'])} ({so_far['device_hours']:.3g} device-hours"
+            f"{cost(so_far['cost'])}); latest {summary.get('latest', {}).get('value', 'n/a')}"
+        )
+        fc = summary.get("forecast", {})
+        if fc.get("available"):
+            band = fc["seconds_band"]
+            lines.append(
+                f"  forecast: step {fc['steps_to_target']:.0f}, {_h(fc['seconds_to_target'])} from the start"
+                f" (80% band {_h(band[0])}-{_h(band[1])})"
+            )
+        else:
+            lines.append(f"  {fc.get('reason', 'no forecast')}")
+        if fc.get("deadline_miss_probability") is not None:
+            lines.append(f"  risk of missing the deadline: {100 * fc['deadline_miss_probability']:.0f}%")
+    gp = summary["goodput"]
+    lines.append(
+        f"Goodput {100 * gp['goodput']:.1f}% of {_h(gp['elapsed_s'])}; {gp['interruptions']} interruption(s),"
+        f" {gp['lost_steps']} step(s) lost"
+    )
+    lines.append("  " + ", ".join(f"{k} {_h(v)}" for k, v in gp["buckets_s"].items()))
+    return "\n".join(lines)

@@ -1,0 +1,68 @@
+"""A training job for the time-to-quality and goodput tests: demo model, validation, checkpoints,
+TimeToQuality, optionally SIGKILLed right after a chosen step (before that step's save)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import time
+
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import Callback
+
+from lightning_field import ManifestCheckpoint, TimeToQuality
+from lightning_field.demo import DemoDataModule, DemoRegressor
+
+
+class KillAfterStep(Callback):
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.global_step == self.step:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+class SlowSteps(Callback):
+    """Makes each step take a measurable time, so wall-clock buckets are well above timer noise."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        time.sleep(self.seconds)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--root", required=True)
+    p.add_argument("--max-steps", type=int, default=60)
+    p.add_argument("--every", type=int, default=10)
+    p.add_argument("--val-every", type=int, default=10)
+    p.add_argument("--target", type=float, default=1.0)
+    p.add_argument("--monitor", default="val_loss")
+    p.add_argument("--price", type=float, default=2.5)
+    p.add_argument("--kill-after-step", type=int, default=None)
+    p.add_argument("--step-seconds", type=float, default=0.02)
+    args = p.parse_args()
+
+    pl.seed_everything(0)
+    callbacks: list[Callback] = [
+        TimeToQuality(monitor=args.monitor, target=args.target, mode="min", price_per_device_hour=args.price),
+        SlowSteps(args.step_seconds),
+        ManifestCheckpoint(dirpath=os.path.join(args.root, "checkpoints"), every_n_train_steps=args.every,
+                           save_top_k=-1),
+    ]  # fmt: skip
+    if args.kill_after_step is not None:
+        callbacks.append(KillAfterStep(args.kill_after_step))
+    trainer = pl.Trainer(
+        default_root_dir=args.root, max_steps=args.max_steps, accelerator="cpu", logger=False,
+        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+        val_check_interval=args.val_every, check_val_every_n_epoch=None, limit_val_batches=2, callbacks=callbacks,
+    )  # fmt: skip
+    trainer.fit(DemoRegressor(), datamodule=DemoDataModule(size=512), ckpt_path="last")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,105 @@
+"""The goodput ledger and the time-to-quality summary as pure functions of synthetic event logs."""
+
+from __future__ import annotations
+
+import pytest
+
+from lightning_field.quality.ledger import BUCKETS, goodput_ledger
+from lightning_field.quality.time_to_quality import quality_summary
+
+
+class Log:
+    """Builds an event log the way the callbacks write it, with chosen wall times."""
+
+    def __init__(self) -> None:
+        self.events: list[dict] = []
+        self.attempt = 0
+
+    def add(self, event: str, t: float, at_step: int | None = None, **payload: object) -> Log:
+        self.events.append(
+            {"attempt": self.attempt, "event": event, "wall_time": t, "step": at_step, "payload": payload}
+        )
+        return self
+
+    def start(self, process_start: float, t: float) -> Log:
+        self.attempt += 1
+        return self.add("attempt_start", t, process_start_unix=process_start)
+
+    def progress(self, t: float, step: int, first: float, data_wait: float, batches: int, **extra: object) -> Log:
+        return self.add("progress", t, step, step=step, first_step_unix=first, last_beat_unix=t,
+                        data_wait_s=data_wait, eval_s=0.0, batches=batches, devices=2, **extra)  # fmt: skip
+
+    def crashed(self, t: float, attempt: int, step: int, first: float, last_beat: float, data_wait: float) -> Log:
+        return self.add("attempt_crashed", t, step, attempt=attempt, step=step, first_step_unix=first,
+                        last_beat_unix=last_beat, data_wait_s=data_wait, eval_s=0.0, batches=step)  # fmt: skip
+
+
+def assert_partition(ledger) -> None:
+    assert set(ledger.buckets) == set(BUCKETS)
+    assert sum(ledger.buckets.values()) == pytest.approx(ledger.elapsed_s, abs=1e-9)
+    assert all(v >= -1e-9 for v in ledger.buckets.values()), ledger.buckets
+    assert ledger.idle_breakdown["unattributed"] == pytest.approx(0.0, abs=1e-9)
+
+
+def test_a_clean_run_splits_into_startup_training_saves_evals_data_wait_and_tail() -> None:
+    log = Log().start(process_start=-5.0, t=0.0).add("run_start", 0.5)
+    log.add("ckpt_committed", 5.0, 10, blocking_s=0.5).add("eval", 8.0, 15, seconds=1.0, metrics={"val": 2.0})
+    log.add("ckpt_committed", 10.0, 20, blocking_s=0.5).progress(11.0, 22, first=1.0, data_wait=0.7, batches=22)
+    log.add("attempt_end", 11.5, 22, status="finished")
+    ledger = goodput_ledger(log.events)
+    assert ledger.elapsed_s == 11.0 and ledger.interruptions == 0 and ledger.lost_steps == 0
+    assert ledger.buckets["checkpoint_save"] == 1.0 and ledger.buckets["evaluation"] == 1.0
+    assert ledger.buckets["data_wait"] == pytest.approx(0.7)
+    assert ledger.buckets["productive"] == pytest.approx(10.0 - 1.0 - 1.0 - 0.7)
+    assert (
+        ledger.idle_breakdown["startup"] == pytest.approx(0.5) and ledger.idle_breakdown["tail_after_last_step"] == 0.5
+    )
+    assert_partition(ledger)
+
+
+def test_two_interruptions_one_inside_a_save_are_measured_from_the_commits_resumed_from() -> None:
+    log = Log().start(process_start=0.0, t=1.0).add("run_start", 1.0)
+    log.add("ckpt_committed", 10.0, 10, blocking_s=1.0)
+    log.progress(10.5, 10, first=2.0, data_wait=0.4, batches=10, commit_step=10)  # counters at the commit
+    # killed at step 14 (t=15), heartbeat read by attempt 2
+    log.start(process_start=20.0, t=23.0).crashed(23.1, attempt=1, step=14, first=2.0, last_beat=15.0, data_wait=0.6)
+    log.add("ckpt_load", 23.5, 10, seconds=0.5).add("ckpt_save_start", 30.0, 20)
+    # killed inside the save of step 20 (t=31): that save never committed
+    log.start(process_start=40.0, t=42.0).crashed(42.1, attempt=2, step=20, first=25.0, last_beat=31.0, data_wait=0.2)
+    log.add("ckpt_load", 42.5, 10, seconds=0.5).add("ckpt_committed", 60.0, 20, blocking_s=1.0)
+    log.progress(61.0, 22, first=45.0, data_wait=0.3, batches=12).add("attempt_end", 62.0, 22, status="finished")
+    ledger = goodput_ledger(log.events)
+    assert ledger.interruptions == 2 and ledger.mean_time_between_interruptions_s == pytest.approx(61.0 / 2)
+    first, second, third = ledger.attempts
+    assert (first.status, second.status, third.status) == ("crashed", "crashed", "finished")
+    assert first.lost_steps == 4 and second.lost_steps == 10 and ledger.lost_steps == 14
+    # attempt 1 loses everything after its step-10 commit; attempt 2 committed nothing, so loses all its training
+    assert first.seconds["lost_progress"] == pytest.approx(15.0 - 10.0)
+    assert second.seconds["lost_progress"] == pytest.approx(31.0 - 25.0)
+    assert ledger.buckets["lost_progress"] == pytest.approx(11.0)
+    # restart overhead: process start to first step, minus the checkpoint load
+    assert ledger.buckets["restart_overhead"] == pytest.approx((25.0 - 20.0 - 0.5) + (45.0 - 40.0 - 0.5))
+    assert ledger.buckets["checkpoint_load"] == pytest.approx(1.0)
+    assert ledger.idle_breakdown["downtime_between_attempts"] == pytest.approx((20.0 - 15.0) + (40.0 - 31.0))
+    assert ledger.buckets["data_wait"] == pytest.approx(0.4 + 0.3)
+    assert_partition(ledger)
+
+
+def test_a_run_that_never_reaches_its_target_reports_the_latest_value_and_costs_so_far() -> None:
+    log = Log().start(process_start=0.0, t=0.0).add("run_start", 0.0)
+    for i, value in enumerate([3.0, 2.5, 2.2, 2.1], start=1):
+        log.add("eval", 100.0 * i, 10 * i, seconds=1.0, metrics={"val_loss": value})
+    log.progress(400.0, 40, first=1.0, data_wait=0.0, batches=40)
+    summary = quality_summary(log.events, "val_loss", 1.0, "min", 3.0, deadline_s=1000.0, now=400.0)
+    assert summary["reached"] is None and summary["latest"] == {"step": 40, "value": 2.1}
+    assert summary["so_far"]["wall_s"] == 400.0
+    assert summary["so_far"]["device_hours"] == pytest.approx(400.0 * 2 / 3600)  # 2 devices held for 400 s
+    assert summary["so_far"]["cost"] == pytest.approx(summary["so_far"]["device_hours"] * 3.0)
+    reached = quality_summary(log.events, "val_loss", 2.2, "min", 3.0, deadline_s=250.0, now=400.0)
+    assert reached["reached"]["step"] == 30 and reached["reached"]["wall_s"] == 300.0
+    assert reached["deadline_met"] is False
+
+
+def test_an_empty_log_is_refused() -> None:
+    with pytest.raises(ValueError, match="empty"):
+        goodput_ledger([])
