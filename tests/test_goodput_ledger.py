@@ -103,3 +103,21 @@ def test_a_run_that_never_reaches_its_target_reports_the_latest_value_and_costs_
 def test_an_empty_log_is_refused() -> None:
     with pytest.raises(ValueError, match="empty"):
         goodput_ledger([])
+
+
+def test_the_forecast_extrapolates_an_improving_curve_and_declines_when_it_cannot() -> None:
+    from lightning_field.quality.forecast import forecast
+
+    curve = [(s, 0.2 + 4.0 * s**-0.5) for s in (10, 20, 40, 80, 160)]
+    fc = forecast(curve, target=0.4, mode="min", current_step=160, elapsed_s=160.0, deadline_s=10_000.0)
+    assert fc.available and fc.steps_to_target == pytest.approx(400.0, rel=0.05)  # (4 / 0.2)^2
+    assert fc.seconds_to_target == pytest.approx(400.0, rel=0.05)  # 1 s per step so far
+    assert fc.deadline_miss_probability == 0.0
+    assert forecast(curve, 0.4, "min", 160, 160.0, deadline_s=300.0).deadline_miss_probability == 1.0
+    assert not forecast(curve[:3], 0.4, "min", 40, 40.0).available  # too few evaluations
+    plateau = forecast(curve, target=0.1, mode="min", current_step=160, elapsed_s=160.0)
+    assert not plateau.available and "levels off" in plateau.reason
+    worsening = forecast([(s, float(s)) for s in (10, 20, 40, 80)], 0.5, "min", 80, 80.0)
+    assert not worsening.available and "not improving" in worsening.reason
+    accuracy = [(s, 0.9 - 2.0 * s**-0.7) for s in (10, 20, 40, 80)]
+    assert forecast(accuracy, 0.85, "max", 80, 80.0).steps_to_target == pytest.approx(40 ** (1 / 0.7), rel=0.05)
