@@ -23,7 +23,7 @@ class Log:
 
     def start(self, process_start: float, t: float) -> Log:
         self.attempt += 1
-        return self.add("attempt_start", t, process_start_unix=process_start)
+        return self.add("attempt_start", t, process_start_unix=process_start, world_size=2)
 
     def progress(self, t: float, step: int, first: float, data_wait: float, batches: int, **extra: object) -> Log:
         return self.add("progress", t, step, step=step, first_step_unix=first, last_beat_unix=t,
@@ -39,6 +39,7 @@ def assert_partition(ledger) -> None:
     assert sum(ledger.buckets.values()) == pytest.approx(ledger.elapsed_s, abs=1e-9)
     assert all(v >= -1e-9 for v in ledger.buckets.values()), ledger.buckets
     assert ledger.idle_breakdown["unattributed"] == pytest.approx(0.0, abs=1e-9)
+    assert all(v >= -1e-9 for v in ledger.idle_breakdown.values()), ledger.idle_breakdown
 
 
 def test_a_clean_run_splits_into_startup_training_saves_evals_data_wait_and_tail() -> None:
@@ -69,7 +70,11 @@ def test_two_interruptions_one_inside_a_save_are_measured_from_the_commits_resum
     log.add("ckpt_load", 42.5, 10, seconds=0.5).add("ckpt_committed", 60.0, 20, blocking_s=1.0)
     log.progress(61.0, 22, first=45.0, data_wait=0.3, batches=12).add("attempt_end", 62.0, 22, status="finished")
     ledger = goodput_ledger(log.events)
-    assert ledger.interruptions == 2 and ledger.mean_time_between_interruptions_s == pytest.approx(61.0 / 2)
+    assert ledger.interruptions == 2
+    # training exposure (61 s elapsed minus 14 s of downtime) per interruption; restarts include the load
+    assert ledger.mean_time_between_interruptions_s == pytest.approx((61.0 - 14.0) / 2)
+    assert ledger.mean_restart_s == pytest.approx(5.0)
+    assert ledger.device_hours() == pytest.approx((61.0 - 14.0) * 2 / 3600)
     first, second, third = ledger.attempts
     assert (first.status, second.status, third.status) == ("crashed", "crashed", "finished")
     assert first.lost_steps == 4 and second.lost_steps == 10 and ledger.lost_steps == 14
@@ -121,3 +126,43 @@ def test_the_forecast_extrapolates_an_improving_curve_and_declines_when_it_canno
     assert not worsening.available and "not improving" in worsening.reason
     accuracy = [(s, 0.9 - 2.0 * s**-0.7) for s in (10, 20, 40, 80)]
     assert forecast(accuracy, 0.85, "max", 80, 80.0).steps_to_target == pytest.approx(40 ** (1 / 0.7), rel=0.05)
+
+
+def test_a_finished_attempt_extended_from_an_earlier_checkpoint_counts_its_later_steps_once() -> None:
+    log = Log().start(process_start=0.0, t=0.0).add("run_start", 0.0)
+    log.add("ckpt_committed", 50.0, 50, blocking_s=0.0).progress(50.5, 50, first=1.0, data_wait=0.0, batches=50,
+                                                                   commit_step=50)  # fmt: skip
+    log.add("ckpt_committed", 100.0, 100, blocking_s=0.0).progress(100.0, 100, first=1.0, data_wait=0.0, batches=100)
+    log.add("attempt_end", 101.0, 100, status="finished")
+    log.start(process_start=110.0, t=111.0).add("ckpt_load", 112.0, 50, seconds=1.0)
+    log.progress(200.0, 150, first=115.0, data_wait=0.0, batches=100).add("attempt_end", 201.0, 150, status="finished")
+    ledger = goodput_ledger(log.events)
+    first = ledger.attempts[0]
+    assert ledger.interruptions == 0 and first.lost_steps == 50
+    assert first.seconds["lost_progress"] == pytest.approx(101.0 - 50.0)  # steps 51-100 were trained again
+    assert_partition(ledger)
+
+
+def test_an_attempt_dying_before_it_loads_does_not_erase_what_the_next_one_resumed_from() -> None:
+    log = Log().start(process_start=0.0, t=0.0).add("run_start", 0.0)
+    log.add("ckpt_committed", 50.0, 50, blocking_s=0.0).progress(50.5, 50, first=1.0, data_wait=0.0, batches=50,
+                                                                   commit_step=50)  # fmt: skip
+    log.start(process_start=70.0, t=72.0).crashed(72.1, attempt=1, step=60, first=1.0, last_beat=60.0, data_wait=0)
+    log.start(process_start=80.0, t=82.0).add("ckpt_load", 83.0, 50, seconds=1.0)  # attempt 2 died in start-up
+    log.progress(100.0, 60, first=85.0, data_wait=0.0, batches=10).add("attempt_end", 101.0, 60, status="finished")
+    ledger = goodput_ledger(log.events)
+    first, second, _ = ledger.attempts
+    assert first.lost_steps == 10 and first.seconds["lost_progress"] == pytest.approx(60.0 - 50.0)
+    assert second.status == "crashed" and second.first_step_unix is None
+    assert ledger.interruptions == 2
+    assert_partition(ledger)
+
+
+def test_attempts_before_the_clock_started_are_outside_the_account() -> None:
+    log = Log().start(process_start=0.0, t=0.0).progress(90.0, 90, first=1.0, data_wait=0.0, batches=90)
+    log.add("attempt_end", 100.0, 90, status="finished")
+    log.start(process_start=200.0, t=201.0).add("run_start", 202.0)  # TimeToQuality added in attempt 2
+    log.progress(300.0, 190, first=205.0, data_wait=0.0, batches=100).add("attempt_end", 301.0, 190, status="finished")
+    ledger = goodput_ledger(log.events)
+    assert [a.attempt for a in ledger.attempts] == [2] and ledger.elapsed_s == pytest.approx(99.0)
+    assert_partition(ledger)

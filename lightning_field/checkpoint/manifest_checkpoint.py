@@ -128,7 +128,7 @@ class ManifestCheckpoint(ModelCheckpoint):
         if trainer.is_global_zero:
             for leftover in commit.clean_leftovers(Path(self.dirpath)):
                 log.info("Removed leftover from an interrupted save: %s", leftover)
-            self._events = EventLog(trainer.default_root_dir)
+            self._events = EventLog(trainer.default_root_dir, world_size=trainer.world_size)
         if stage == "fit":
             self._prefetch_hook_installed = internals.install_before_fetch(trainer, self._before_train_fetch)
             self._undo_loader_patch = internals.patch_train_loaders(trainer)

@@ -29,8 +29,10 @@ def measured_from_run(run_dir: Path) -> tuple[dict[str, float], dict[str, str]]:
     if ledger.interruptions and ledger.mean_time_between_interruptions_s:
         values["mtbf_hours"] = ledger.mean_time_between_interruptions_s / 3600
         sources["mtbf_hours"] = f"{ledger.interruptions} interruption(s) in {ledger.elapsed_s:.0f} s of {run_dir}"
-        values["restart_seconds"] = ledger.buckets["restart_overhead"] / ledger.interruptions
-        sources["restart_seconds"] = f"mean restart overhead over {ledger.interruptions} restart(s) in {run_dir}"
+        sources["mtbf_hours"] += " (training time, downtime between attempts excluded)"
+    if ledger.mean_restart_s is not None:
+        values["restart_seconds"] = ledger.mean_restart_s
+        sources["restart_seconds"] = f"mean process start to first step after the interruptions in {run_dir}"
     sources["device_tflops"] = "not recorded by the run (throughput records come from the profiling callbacks)"
     return values, sources
 
@@ -94,6 +96,8 @@ def render_plan(plan: dict[str, Any]) -> str:
     lines = ["Plan (estimates; each figure names the inputs it came from)"]
     for name, figure in plan["figures"].items():
         lines.append(f"  {name:<28} {_value(figure):<48} from {', '.join(figure['from'])}")
+    if plan.get("infeasible"):
+        lines.append(f"  INFEASIBLE: {plan['infeasible']}")
     layout = plan["layout"]
     lines.append(f"  layout: {layout.get('recommendation')}: {layout['reason']}")
     if layout.get("tensor_or_pipeline_parallel"):

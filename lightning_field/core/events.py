@@ -27,6 +27,16 @@ def process_start_unix() -> float | None:
         return None
 
 
+_PROCESS_START = process_start_unix()
+
+
+def _same_process(payload: dict[str, Any]) -> bool:
+    if payload.get("pid") != os.getpid():
+        return False
+    started = payload.get("process_start_unix")
+    return started is None or _PROCESS_START is None or abs(started - _PROCESS_START) < 1.0
+
+
 def read_events(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """All complete events; a torn last line (a crash mid-append) is ignored."""
     path = Path(run_dir) / EVENTS_RELPATH
@@ -49,19 +59,25 @@ class EventLog:
     share one attempt and a second ``fit`` in the same process starts a new one.
     """
 
-    def __init__(self, run_dir: str | os.PathLike[str], run_id: str | None = None) -> None:
+    def __init__(
+        self, run_dir: str | os.PathLike[str], run_id: str | None = None, world_size: int | None = None
+    ) -> None:
         self.path = Path(run_dir) / EVENTS_RELPATH
         self.path.parent.mkdir(parents=True, exist_ok=True)
         previous = read_events(run_dir)
         self.run_id = run_id or next((e["run_id"] for e in previous if "run_id" in e), None) or os.urandom(6).hex()
         starts = [e for e in previous if e.get("event") == "attempt_start"]
-        mine = [e for e in starts if e.get("payload", {}).get("pid") == os.getpid()]
+        # A restarted job can get the dead one's PID (containers): the process start tells them apart.
+        mine = [e for e in starts if _same_process(e.get("payload", {}))]
         ended = {e["attempt"] for e in previous if e.get("event") == "attempt_end"}
         if mine and mine[-1]["attempt"] not in ended:
             self.attempt = int(mine[-1]["attempt"])
         else:
             self.attempt = len(starts) + 1
-            self.emit("attempt_start", payload={"pid": os.getpid(), "process_start_unix": process_start_unix()})
+            self.emit(
+                "attempt_start",
+                payload={"pid": os.getpid(), "process_start_unix": _PROCESS_START, "world_size": world_size},
+            )
 
     def emit(self, event: str, step: int | None = None, payload: dict[str, Any] | None = None) -> None:
         record = {

@@ -25,6 +25,7 @@ BYTES_PER_PARAM: dict[tuple[str, str], tuple[float, float, float]] = {
     ("sgd", "bf16-mixed"): (2, 2, 8),  # fp32 master + momentum
 }
 FAST_INTERCONNECTS = ("nvlink", "nvswitch", "xgmi", "infinity-fabric")
+_NUMBER_WITH_UNIT = r"\s*((?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*"
 _SCALE = {"": 1.0, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
 _SECONDS = {"": 1.0, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
 
@@ -38,7 +39,7 @@ def parse_count(text: str | float, name: str) -> float:
     if isinstance(text, (int, float)):
         value = float(text)
     else:
-        match = re.fullmatch(r"\s*([0-9.]+(?:e[+-]?[0-9]+)?)\s*([A-Za-z]*)\s*", text)
+        match = re.fullmatch(_NUMBER_WITH_UNIT, text)
         if not match:
             raise PlanInputError(f"{name}: cannot read {text!r} as a number (e.g. 8e9, 8B, 500M)")
         suffix = match.group(2).lower()
@@ -55,7 +56,7 @@ def parse_duration(text: str | float, name: str, default_unit: str) -> float:
     if isinstance(text, (int, float)):
         value, unit = float(text), default_unit
     else:
-        match = re.fullmatch(r"\s*([0-9.]+(?:e[+-]?[0-9]+)?)\s*([A-Za-z]*)\s*", text)
+        match = re.fullmatch(_NUMBER_WITH_UNIT, text)
         if not match:
             raise PlanInputError(f"{name}: cannot read {text!r} as a duration (e.g. 60s, 30min, 6h)")
         value, unit = float(match.group(1)), (match.group(2).lower() or default_unit)
@@ -89,6 +90,14 @@ class PlanInputs:
     def validate(self) -> None:
         if self.devices < 1:
             raise PlanInputError(f"--devices must be >= 1, got {self.devices}")
+        if self.devices_per_node < 1:
+            raise PlanInputError(f"--devices-per-node must be >= 1, got {self.devices_per_node}")
+        if self.device_memory_gb is not None and not self.device_memory_gb > 0:
+            raise PlanInputError(f"--device-memory-gb must be > 0, got {self.device_memory_gb}")
+        if self.restart_seconds < 0:
+            raise PlanInputError(f"--restart-seconds must be >= 0, got {self.restart_seconds}")
+        if self.bytes_per_param is not None and not self.bytes_per_param > 0:
+            raise PlanInputError(f"--bytes-per-param must be > 0, got {self.bytes_per_param}")
         if not self.device_tflops > 0:
             raise PlanInputError(f"--device-tflops must be > 0, got {self.device_tflops}")
         if self.price_per_device_hour is not None and self.price_per_device_hour < 0:
@@ -164,14 +173,19 @@ def make_plan(inp: PlanInputs) -> dict[str, Any]:
         figures["expected_waste"] = _figure(
             waste, "fraction", ["save_seconds", "mtbf_hours", "restart_seconds"], "δ/τ + (τ/2 + R)/M at Daly's τ"
         )
-        if waste < 1:
+        if waste >= 1:
+            plan["infeasible"] = (
+                f"expected waste {waste:.0%} >= 100%: with saves of {inp.save_seconds:g} s and failures every"
+                f" {inp.mtbf_hours:g} h the run never finishes; no time or cost to the budget is given"
+            )
+        else:
             total = ideal_s / (1.0 - waste)
             figures["time_to_budget"] = _figure(
                 total, "s", [*figures["ideal_time"]["from"], "save_seconds", "mtbf_hours"], "ideal_time / (1 - waste)"
             )
             figures["time_to_budget_hours"] = _figure(total / 3600, "h", figures["time_to_budget"]["from"], "/ 3600")
     total_s = figures.get("time_to_budget", figures["ideal_time"])["value"]
-    if inp.price_per_device_hour is not None:
+    if inp.price_per_device_hour is not None and "infeasible" not in plan:
         hours = total_s / 3600 * inp.devices
         basis = "time_to_budget" if "time_to_budget" in figures else "ideal_time"
         figures["device_hours"] = _figure(hours, "device-h", [basis, "devices"], f"{basis} x devices")

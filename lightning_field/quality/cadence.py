@@ -101,7 +101,9 @@ class CheckpointCadence(Callback):
         self._checkpoint: ManifestCheckpoint | None = None
         self._save_costs: deque[float] = deque(maxlen=20)
         self._step_times: deque[float] = deque(maxlen=50)
-        self._last_batch_end: float | None = None
+        self._last_step_end: float | None = None
+        self._last_step: int | None = None
+        self._skip_next_step = False
         self._seen_commit: tuple[str, int] | None = None
         self._mtbf_s = self.mtbf_prior_s
         self._restart_s = 0.0
@@ -113,23 +115,37 @@ class CheckpointCadence(Callback):
         self._checkpoint = next((c for c in trainer.callbacks if isinstance(c, ManifestCheckpoint)), None)
         if self._checkpoint is None:
             raise ValueError("CheckpointCadence drives a lightning_field.ManifestCheckpoint; add one to the callbacks")
+        # Each fit() measures afresh.
+        self._step_times.clear()
+        self._last_step_end = self._last_step = None
+        self._skip_next_step = False
+        self._seen_commit = None
+
+    @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # Here, not in setup: by now this attempt's start is in the log, so the attempts before it
+        # that died without a word are read as interruptions.
         self._mtbf_s, self._restart_s = self.mtbf_prior_s, 0.0
         if trainer.is_global_zero:
             events = read_events(trainer.default_root_dir)
             if events:
-                ledger = goodput_ledger(events)
-                self._mtbf_s = updated_mtbf(self.mtbf_prior_s, ledger.elapsed_s, ledger.interruptions)
-                if ledger.interruptions:
-                    self._restart_s = ledger.buckets["restart_overhead"] / ledger.interruptions
+                ledger = goodput_ledger(events, now=time.time())
+                # Exposure of the attempts before this one (this one has only just started).
+                exposure = sum(a.end_unix - a.start_unix for a in ledger.attempts[:-1])
+                self._mtbf_s = updated_mtbf(self.mtbf_prior_s, exposure, ledger.interruptions)
+                self._restart_s = ledger.mean_restart_s or 0.0
 
     @override
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
+        if trainer.global_step == self._last_step:
+            return  # an accumulating micro-batch: the optimizer step is not done yet
         now = time.perf_counter()
-        if self._last_batch_end is not None:
-            self._step_times.append(now - self._last_batch_end)
-        self._last_batch_end = now
+        if self._last_step_end is not None and not self._skip_next_step:
+            self._step_times.append((now - self._last_step_end) / max(trainer.global_step - (self._last_step or 0), 1))
+        self._skip_next_step = False
+        self._last_step_end, self._last_step = now, trainer.global_step
 
     @override
     def on_train_batch_start(
@@ -143,9 +159,9 @@ class CheckpointCadence(Callback):
         self._seen_commit = checkpoint.last_committed
         if checkpoint.last_blocking_seconds is not None:
             self._save_costs.append(checkpoint.last_blocking_seconds)
-            # The gap that contained the save is not a step time.
-            if self._step_times:
-                self._step_times.pop()
+        # The save ran after this callback timed the step it followed: the step being timed now
+        # contains it, so it is not a step time.
+        self._skip_next_step = True
         decision = self._decide(checkpoint.every_n_train_steps) if trainer.is_global_zero else None
         decision = broadcast_object(decision)  # every rank, same step: they all saw this commit
         if decision is None:

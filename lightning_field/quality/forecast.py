@@ -29,9 +29,9 @@ class Forecast:
     available: bool
     reason: str
     steps_to_target: float | None = None
-    steps_band: tuple[float, float] | None = None
+    steps_band: tuple[float, float | None] | None = None  # None: beyond any horizon (never, in >10%)
     seconds_to_target: float | None = None  # from the run's start, at the run's measured pace
-    seconds_band: tuple[float, float] | None = None
+    seconds_band: tuple[float | None, float | None] | None = None
     reach_probability: float | None = None
     deadline_miss_probability: float | None = None
     model: str = MODEL
@@ -40,24 +40,33 @@ class Forecast:
         return asdict(self)
 
 
-def _fit(steps: np.ndarray, values: np.ndarray) -> tuple[float, float, float, float]:
-    """(a, b, c, sse) of the best fit with b > 0 (an improving metric)."""
-    best = (0.0, 0.0, 1.0, float("inf"))
+def _fit_many(steps: np.ndarray, series: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Best (a, b, c) per column of ``series`` (n points x k series) with b > 0; NaN where none is.
+
+    The design matrix depends only on ``c``, so each exponent costs one pseudo-inverse for every
+    resample at once: the bootstrap stays a few milliseconds on the rank that writes the summary.
+    """
+    k = series.shape[1]
+    best_sse = np.full(k, np.inf)
+    best = np.full((3, k), np.nan)
     for c in EXPONENTS:
-        x = steps ** (-c)
-        design = np.stack([np.ones_like(x), x], axis=1)
-        (a, b), *_ = np.linalg.lstsq(design, values, rcond=None)
-        sse = float(np.sum((design @ np.array([a, b]) - values) ** 2))
-        if b > 0 and sse < best[3]:
-            best = (float(a), float(b), float(c), sse)
-    return best
+        design = np.stack([np.ones_like(steps), steps ** (-c)], axis=1)
+        coef = np.linalg.pinv(design) @ series  # 2 x k
+        sse = np.sum((design @ coef - series) ** 2, axis=0)
+        better = (coef[1] > 0) & (sse < best_sse)
+        best_sse = np.where(better, sse, best_sse)
+        best[0] = np.where(better, coef[0], best[0])
+        best[1] = np.where(better, coef[1], best[1])
+        best[2] = np.where(better, c, best[2])
+    return best[0], best[1], best[2]
 
 
-def _crossing(a: float, b: float, c: float, target: float) -> float:
-    """The step where ``a + b * s**-c`` falls to ``target``; inf if it never does."""
-    if target <= a or b <= 0:
-        return float("inf")
-    return float((b / (target - a)) ** (1.0 / c))
+def _crossings(a: np.ndarray, b: np.ndarray, c: np.ndarray, target: float) -> np.ndarray:
+    """The step where ``a + b * s**-c`` falls to ``target``; inf where it never does."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        steps = (b / (target - a)) ** (1.0 / c)
+    reachable = np.isfinite(a) & (target > a) & (b > 0)
+    return np.where(reachable, steps, np.inf)
 
 
 def forecast(
@@ -77,43 +86,39 @@ def forecast(
     steps = np.array([s for s, _ in points], dtype=float)
     values = sign * np.array([v for _, v in points], dtype=float)
     goal = sign * target
-    a, b, c, sse = _fit(steps, values)
-    if not np.isfinite(sse):
+    a, b, c = (x[0] for x in _fit_many(steps, values[:, None]))
+    if not np.isfinite(a):
         return Forecast(False, "no forecast: the metric is not improving with steps")
     fitted = a + b * steps ** (-c)
     residuals = values - fitted
     rng = np.random.default_rng(seed)
-    crossings = []
-    for _ in range(RESAMPLES):
-        resampled = fitted + rng.choice(residuals, size=len(residuals), replace=True)
-        ra, rb, rc, rsse = _fit(steps, resampled)
-        crossings.append(_crossing(ra, rb, rc, goal) if np.isfinite(rsse) else float("inf"))
-    crossings_arr = np.array(crossings)
-    reach = float(np.mean(np.isfinite(crossings_arr)))
-    if reach < 0.5:
+    resampled = fitted[:, None] + rng.choice(residuals, size=(len(residuals), RESAMPLES), replace=True)
+    # Not before now: a curve that "crossed" in the past has not been observed to.
+    crossings = np.maximum(_crossings(*_fit_many(steps, resampled), goal), float(current_step))
+    reach = float(np.mean(np.isfinite(crossings)))
+    pace = elapsed_s / max(current_step, 1)  # wall seconds per step so far, every overhead included
+    seconds = elapsed_s + (crossings - current_step) * pace
+    miss = float(np.mean(seconds > deadline_s)) if deadline_s is not None else None
+    central = max(float(_crossings(np.array([a]), np.array([b]), np.array([c]), goal)[0]), float(current_step))
+    if reach < 0.5 or not np.isfinite(central):
         return Forecast(
             False,
             f"no forecast: the fitted curve levels off before the target in {100 * (1 - reach):.0f}% of resamples",
             reach_probability=reach,
-            deadline_miss_probability=1.0 - reach if deadline_s is not None else None,
+            deadline_miss_probability=miss,
         )
-    pace = elapsed_s / max(current_step, 1)  # wall seconds per step so far, every overhead included
-    central = max(_crossing(a, b, c, goal), float(current_step))
-    low, high = (float(np.percentile(crossings_arr, q)) for q in (10, 90))
-    low, high = max(low, float(current_step)), max(high, float(current_step))
+    # Percentiles without interpolation: a never-crossing resample ranks last instead of making NaN.
+    low, high = (float(np.percentile(crossings, q, method="nearest")) for q in (10, 90))
 
-    def to_seconds(step: float) -> float:
-        return elapsed_s + (step - current_step) * pace
+    def to_seconds(step: float) -> float | None:
+        return elapsed_s + (step - current_step) * pace if np.isfinite(step) else None
 
-    miss = None
-    if deadline_s is not None:
-        miss = float(np.mean([not np.isfinite(s) or to_seconds(s) > deadline_s for s in crossings_arr]))
     return Forecast(
         True,
         "forecast from the fitted quality curve",
         steps_to_target=central,
-        steps_band=(low, high),
-        seconds_to_target=to_seconds(central) if np.isfinite(central) else None,
+        steps_band=(low, high if np.isfinite(high) else None),
+        seconds_to_target=to_seconds(central),
         seconds_band=(to_seconds(low), to_seconds(high)),
         reach_probability=reach,
         deadline_miss_probability=miss,

@@ -38,6 +38,7 @@ class AttemptAccount:
     first_step_unix: float | None
     last_step: int | None
     resumed_from_step: int | None
+    devices: int = 1
     lost_steps: int = 0
     seconds: dict[str, float] = field(default_factory=dict)
 
@@ -51,12 +52,23 @@ class Ledger:
     idle_breakdown: dict[str, float]
     goodput: float
     interruptions: int
-    mean_time_between_interruptions_s: float | None
+    mean_time_between_interruptions_s: float | None  # training exposure (downtime excluded) per interruption
+    mean_restart_s: float | None  # process start to first step (restore included) after an interruption
     lost_steps: int
     attempts: list[AttemptAccount]
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def device_hours(self, until: float | None = None) -> float:
+        """Σ over attempts of the time it held its devices (up to ``until``) x its device count;
+        downtime between attempts holds no devices."""
+        limit = self.end_unix if until is None else until
+        total = 0.0
+        for a in self.attempts:
+            held = min(a.end_unix, limit) - max(a.start_unix, self.run_start_unix)
+            total += max(held, 0.0) * a.devices
+        return total / 3600.0
 
 
 def _by_attempt(events: Iterable[Mapping[str, Any]]) -> dict[int, list[Mapping[str, Any]]]:
@@ -75,41 +87,39 @@ def _progress(attempt: int, own: list[Mapping[str, Any]], crashes: Mapping[int, 
     return max(candidates, key=lambda c: (c["last_beat_unix"], c.get("batches", 0)), default={})
 
 
-def _status(own: list[Mapping[str, Any]], crashed: bool, is_last: bool) -> str:
+def _status(own: list[Mapping[str, Any]], crashed: bool, is_last: bool, live: bool) -> str:
     ends = [e for e in own if e["event"] == "attempt_end"]
     if ends:
         status = str(ends[-1]["payload"].get("status", "finished"))
         return "failed" if status.startswith("failed") else status
-    return "crashed" if crashed or not is_last else "running"
+    # No end record: it died, unless it is the attempt still running as we speak.
+    return "running" if is_last and live and not crashed else "crashed"
 
 
-def goodput_ledger(events: Iterable[Mapping[str, Any]], now: float | None = None) -> Ledger:
-    """Account for the run's elapsed time. ``now`` closes an attempt that is still running."""
-    events = sorted(events, key=lambda e: (e.get("attempt", 1), e.get("wall_time", 0.0)))
-    if not events:
-        raise ValueError("the event log is empty: nothing to account for")
-    grouped = _by_attempt(events)
-    crashes = {
-        int(e["payload"]["attempt"]): e["payload"]
-        for e in events
-        if e["event"] == "attempt_crashed" and e["payload"].get("attempt") is not None
-    }
-    numbers = sorted(grouped)
-    commits = [e for e in events if e["event"] == "ckpt_committed"]
-    run_starts = [e["wall_time"] for e in events if e["event"] == "run_start"]
-
+def _accounts(
+    grouped: Mapping[int, list[Mapping[str, Any]]], crashes: Mapping[int, Mapping[str, Any]], now: float | None
+) -> list[AttemptAccount]:
     accounts: list[AttemptAccount] = []
+    numbers = sorted(grouped)
     for index, number in enumerate(numbers):
         own = grouped[number]
-        is_last = index == len(numbers) - 1
         starts = [e for e in own if e["event"] == "attempt_start"]
         start = (starts[0]["payload"].get("process_start_unix") if starts else None) or own[0]["wall_time"]
+        if accounts:
+            # A second fit() in the same process starts when the previous one ended, not at process start.
+            start = max(start, accounts[-1].end_unix)
         progress = _progress(number, own, crashes)
-        status = _status(own, number in crashes, is_last)
+        status = _status(own, number in crashes, index == len(numbers) - 1, now is not None)
         ends = [e["wall_time"] for e in own if e["event"] == "attempt_end"]
         latest_seen = max([e["wall_time"] for e in own] + [progress.get("last_beat_unix") or 0.0])
-        end = ends[-1] if ends else (now if status == "running" and now is not None else latest_seen)
+        end = ends[-1] if ends else (max(now, latest_seen) if status == "running" and now is not None else latest_seen)
         loads = [e for e in own if e["event"] == "ckpt_load"]
+        devices = [
+            int(count)
+            for e in own
+            if e["event"] in ("attempt_start", "progress")
+            and (count := e["payload"].get("world_size") or e["payload"].get("devices"))
+        ]
         accounts.append(
             AttemptAccount(
                 attempt=number,
@@ -119,45 +129,80 @@ def goodput_ledger(events: Iterable[Mapping[str, Any]], now: float | None = None
                 first_step_unix=progress.get("first_step_unix"),
                 last_step=progress.get("step"),
                 resumed_from_step=int(loads[-1]["step"]) if loads else None,
+                devices=devices[-1] if devices else 1,
                 seconds={"load": sum(float(e["payload"].get("seconds") or 0.0) for e in loads)},
             )
         )
+    return accounts
 
+
+def _kept_step(
+    account: AttemptAccount, later: list[AttemptAccount], own_commits: list[Mapping[str, Any]]
+) -> int | None:
+    """The step of this attempt's work that survives: what the next attempt to load a checkpoint
+    resumed from; 0 if a later attempt trained from scratch; None if nothing has cut it back."""
+    for other in later:
+        if other.resumed_from_step is not None:
+            return other.resumed_from_step
+        if other.first_step_unix is not None:
+            return 0  # trained without loading anything: everything before it was thrown away
+    if account.status in INTERRUPTED:
+        return max((int(e["step"]) for e in own_commits), default=0)  # pending a restart
+    return None
+
+
+def goodput_ledger(events: Iterable[Mapping[str, Any]], now: float | None = None) -> Ledger:
+    """Account for the run's elapsed time.
+
+    ``now`` says the last attempt is still running (it is closed at ``now``); without it, an attempt
+    with no end record is taken to have died.
+    """
+    events = sorted(events, key=lambda e: (e.get("attempt", 1), e.get("wall_time", 0.0)))
+    if not events:
+        raise ValueError("the event log is empty: nothing to account for")
+    grouped = _by_attempt(events)
+    crashes = {
+        int(e["payload"]["attempt"]): e["payload"]
+        for e in events
+        if e["event"] == "attempt_crashed" and e["payload"].get("attempt") is not None
+    }
+    accounts = _accounts(grouped, crashes, now)
+    run_starts = [e["wall_time"] for e in events if e["event"] == "run_start"]
     run_start = float(run_starts[0]) if run_starts else accounts[0].start_unix
+    # The clock starts at run_start: attempts entirely before it are not part of this run's account.
+    accounts = [a for a in accounts if a.end_unix > run_start]
+    for a in accounts:
+        a.start_unix = max(a.start_unix, run_start)
+        if a.first_step_unix is not None:
+            a.first_step_unix = max(a.first_step_unix, a.start_unix)
+
     totals = dict.fromkeys(BUCKETS, 0.0)
     idle = {"startup": 0.0, "downtime_between_attempts": 0.0, "tail_after_last_step": 0.0, "unattributed": 0.0}
-    lost_steps_total = 0
+    restarts: list[float] = []
     for index, account in enumerate(accounts):
         own = grouped[account.attempt]
-        successor = accounts[index + 1] if index + 1 < len(accounts) else None
-        start = max(account.start_unix, run_start)
+        later = accounts[index + 1 :]
         totals["checkpoint_load"] += account.seconds["load"]
-        if account.first_step_unix is None:
-            # Died (or is still) before its first step: all of it was spent getting going.
-            span = account.end_unix - start
-            if index == 0:
-                idle["startup"] += span - account.seconds["load"]
-            else:
-                totals["restart_overhead"] += span - account.seconds["load"]
+        getting_going_end = account.first_step_unix if account.first_step_unix is not None else account.end_unix
+        overhead = getting_going_end - account.start_unix - account.seconds["load"]
+        if index == 0:
+            idle["startup"] += overhead
         else:
-            overhead = account.first_step_unix - start - account.seconds["load"]
-            if index == 0:
-                idle["startup"] += overhead
-            else:
-                totals["restart_overhead"] += overhead
-            _split_training(account, own, commits, successor, totals, idle)
-            lost_steps_total += account.lost_steps
-        if successor is not None:
-            idle["downtime_between_attempts"] += max(successor.start_unix, run_start) - account.end_unix
+            totals["restart_overhead"] += overhead
+            if accounts[index - 1].status in INTERRUPTED and account.first_step_unix is not None:
+                restarts.append(account.first_step_unix - account.start_unix)
+        if account.first_step_unix is not None:
+            _split_training(account, own, later, totals, idle)
+        if later:
+            idle["downtime_between_attempts"] += later[0].start_unix - account.end_unix
 
     end = accounts[-1].end_unix
     elapsed = end - run_start
     attributed = sum(v for k, v in totals.items() if k != "idle_other") + sum(idle.values())
     idle["unattributed"] = elapsed - attributed
     totals["idle_other"] = sum(idle.values())
-    interrupted = [a for a in accounts[:-1] if a.status in INTERRUPTED] + (
-        [accounts[-1]] if accounts[-1].status in INTERRUPTED else []
-    )
+    interrupted = [a for a in accounts if a.status in INTERRUPTED]
+    exposure = elapsed - idle["downtime_between_attempts"]
     return Ledger(
         run_start_unix=run_start,
         end_unix=end,
@@ -166,8 +211,9 @@ def goodput_ledger(events: Iterable[Mapping[str, Any]], now: float | None = None
         idle_breakdown=idle,
         goodput=totals["productive"] / elapsed if elapsed > 0 else 0.0,
         interruptions=len(interrupted),
-        mean_time_between_interruptions_s=elapsed / len(interrupted) if interrupted else None,
-        lost_steps=lost_steps_total,
+        mean_time_between_interruptions_s=exposure / len(interrupted) if interrupted else None,
+        mean_restart_s=sum(restarts) / len(restarts) if restarts else None,
+        lost_steps=sum(a.lost_steps for a in accounts),
         attempts=accounts,
     )
 
@@ -175,8 +221,7 @@ def goodput_ledger(events: Iterable[Mapping[str, Any]], now: float | None = None
 def _split_training(
     account: AttemptAccount,
     own: list[Mapping[str, Any]],
-    commits: list[Mapping[str, Any]],
-    successor: AttemptAccount | None,
+    later: list[AttemptAccount],
     totals: dict[str, float],
     idle: dict[str, float],
 ) -> None:
@@ -184,29 +229,29 @@ def _split_training(
     assert account.first_step_unix is not None
     first = account.first_step_unix
     own_commits = [e for e in own if e["event"] == "ckpt_committed"]
-    interrupted = account.status in INTERRUPTED or (successor is not None and account.status != "finished")
-    tail = 0.0
-    if interrupted:
-        # Kept = the checkpoint the next attempt resumed from; without a next attempt, the last commit.
-        if successor is not None:
-            kept_step = successor.resumed_from_step or 0
-        else:
-            kept_step = max((int(e["step"]) for e in own_commits), default=0)
-        kept = [e for e in own_commits if int(e["step"]) == kept_step]
-        # Nothing this attempt did survives unless the kept checkpoint was committed by it.
-        useful_end = kept[-1]["wall_time"] if kept else first
-        waits = _data_wait(own, kept_step) if kept else 0.0
-        if account.last_step is not None:
-            account.lost_steps = max(account.last_step - kept_step, 0)
-        lost = account.end_unix - useful_end
-        totals["lost_progress"] += lost
-        account.seconds["lost_progress"] = lost
-    else:
-        last_activity = max([e["wall_time"] for e in own_commits] + [_last_beat(own) or first])
-        useful_end = min(last_activity, account.end_unix)
+    last_activity = max(
+        [e["wall_time"] for e in own if e["event"] not in ("attempt_end", "attempt_crashed")]
+        + [_last_beat(own) or first]
+    )
+    last_activity = min(max(last_activity, first), account.end_unix)
+    kept_step = _kept_step(account, later, own_commits)
+    last_step = account.last_step if account.last_step is not None else kept_step
+    if kept_step is None or (last_step is not None and last_step <= kept_step):
+        # Nothing it trained was thrown away.
+        useful_end = last_activity
         waits = _data_wait(own, None)
         tail = account.end_unix - useful_end
         idle["tail_after_last_step"] += tail
+    else:
+        kept = [e for e in own_commits if int(e["step"]) == kept_step]
+        # Nothing this attempt did survives unless the kept checkpoint was committed by it.
+        useful_end = min(kept[-1]["wall_time"], account.end_unix) if kept else first
+        waits = _data_wait(own, kept_step) if kept else 0.0
+        account.lost_steps = max((last_step or 0) - kept_step, 0)
+        lost = account.end_unix - useful_end
+        totals["lost_progress"] += lost
+        account.seconds["lost_progress"] = lost
+        tail = 0.0
     saves = sum(
         float(e["payload"].get("blocking_s") or 0.0) for e in own_commits if first <= e["wall_time"] <= useful_end
     )

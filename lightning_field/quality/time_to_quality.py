@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -42,25 +42,6 @@ def crossed(value: float, target: float, mode: str) -> bool:
     return value <= target if mode == "min" else value >= target
 
 
-def device_hours(events: Iterable[Mapping[str, Any]], until: float, run_start: float) -> float:
-    """Σ over attempts of (time the attempt held its devices) x (its device count), up to ``until``."""
-    spans: dict[int, list[float]] = {}
-    devices: dict[int, int] = {}
-    for e in events:
-        attempt = int(e.get("attempt", 1))
-        if e["wall_time"] > until:
-            continue
-        start = e["payload"].get("process_start_unix") if e["event"] == "attempt_start" else None
-        times = spans.setdefault(attempt, [])
-        times.append(max(start or e["wall_time"], run_start))
-        last_beat = e["payload"].get("last_beat_unix") if e["event"] in ("progress", "attempt_crashed") else None
-        if last_beat:
-            times.append(min(last_beat, until))
-        if e["event"] == "progress" and e["payload"].get("devices"):
-            devices[attempt] = int(e["payload"]["devices"])
-    return sum((max(t) - min(t)) * devices.get(a, 1) for a, t in spans.items() if t) / 3600.0
-
-
 def quality_summary(
     events: list[Mapping[str, Any]],
     monitor: str,
@@ -71,13 +52,13 @@ def quality_summary(
     now: float,
 ) -> dict[str, Any]:
     """Time to quality from the event log alone: reached or not, when, at what device-hours and cost."""
-    run_starts = [e["wall_time"] for e in events if e["event"] == "run_start"]
-    run_start = run_starts[0] if run_starts else now
+    ledger = goodput_ledger(events, now=now)
+    run_start = ledger.run_start_unix
     evals = [e for e in events if e["event"] == "eval" and monitor in e["payload"].get("metrics", {})]
     reached = next((e for e in evals if crossed(float(e["payload"]["metrics"][monitor]), target, mode)), None)
 
     def costed(until: float) -> dict[str, Any]:
-        hours = device_hours(events, until, run_start)
+        hours = ledger.device_hours(until)
         return {
             "wall_s": until - run_start,
             "device_hours": hours,
@@ -171,12 +152,19 @@ class TimeToQuality(Callback):
             return
         self._run_dir = Path(trainer.default_root_dir)
         self._world_size = trainer.world_size
+        # Each fit() is its own attempt: its counters start from zero.
+        self._first_step_unix = None
+        self._data_wait_s = self._wait_before_fetch = self._eval_s = 0.0
+        self._fetch_started = self._eval_started = None
+        self._batches = 0
+        self._last_progress = 0.0
+        self._seen_commit = None
         self._checkpoint = next((c for c in trainer.callbacks if isinstance(c, ManifestCheckpoint)), None)
         internals.install_fetch_hook(trainer, "before", self._before_fetch)
         internals.install_fetch_hook(trainer, "after", self._after_fetch)
         if not trainer.is_global_zero:
             return
-        self._events = EventLog(self._run_dir)
+        self._events = EventLog(self._run_dir, world_size=trainer.world_size)
         previous = read_events(self._run_dir)
         self._record_dead_attempts(previous)
         if not any(e["event"] == "run_start" for e in previous):
@@ -266,9 +254,8 @@ class TimeToQuality(Callback):
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not self._fitting(trainer) or self._eval_started is None:
             return
-        seconds = time.perf_counter() - self._eval_started
-        self._eval_started = None
-        self._eval_s += seconds
+        started, self._eval_started = self._eval_started, None
+        seconds = time.perf_counter() - started
         value = trainer.callback_metrics.get(self.monitor)
         if value is None:
             available = ", ".join(sorted(trainer.callback_metrics)) or "none"
@@ -279,18 +266,24 @@ class TimeToQuality(Callback):
         value = float(value.item() if isinstance(value, torch.Tensor) else value)
         step = trainer.global_step
         self.history.append((step, value))
-        if self._events is None:
-            return
-        self._events.emit("eval", step=step, payload={"seconds": seconds, "metrics": {self.monitor: value}})
-        if crossed(value, self.target, self.mode) and not (self.summary.get("reached")):
-            self._events.emit("target_reached", step=step, payload={"monitor": self.monitor, "value": value})
-        self._write(trainer)
+        if self._events is not None:
+            if crossed(value, self.target, self.mode) and not self.summary.get("reached"):
+                self._events.emit("target_reached", step=step, payload={"monitor": self.monitor, "value": value})
+            payload = {"seconds": time.perf_counter() - started, "metrics": {self.monitor: value}}
+            pending = {"attempt": self._events.attempt, "event": "eval", "wall_time": time.time(), "step": step}
+            self._write(trainer, pending=[{**pending, "payload": payload}])
+            # The summary and forecast are evaluation bookkeeping: booked with the evaluation they follow.
+            seconds = payload["seconds"] = time.perf_counter() - started
+            self._events.emit("eval", step=step, payload=payload)
+        self._eval_s += seconds
 
     # ------------------------------------------------------------------ the summary
-    def _write(self, trainer: pl.Trainer, final: bool = False) -> dict[str, Any]:
+    def _write(
+        self, trainer: pl.Trainer, final: bool = False, pending: list[dict[str, Any]] | None = None
+    ) -> dict[str, Any]:
         assert self._run_dir is not None
         now = time.time()
-        events = read_events(self._run_dir)
+        events = read_events(self._run_dir) + (pending or [])
         summary = quality_summary(
             events, self.monitor, self.target, self.mode, self.price_per_device_hour, self.deadline_s, now
         )
