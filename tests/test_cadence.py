@@ -73,3 +73,16 @@ def test_the_step_interval_is_clamped_and_does_not_flap() -> None:
 def test_bad_cadence_settings_are_refused(kwargs: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         CheckpointCadence(**kwargs)
+
+
+def test_every_ddp_rank_applies_the_same_interval_at_the_same_step(tmp_path: Path) -> None:
+    from conftest import TESTS_DIR, run_child
+
+    job = TESTS_DIR / "jobs" / "quality_job.py"
+    result = run_child([job, "--root", tmp_path, "--devices", "2", "--max-steps", "30", "--every", "5",
+                        "--step-seconds", "0.01", "--cadence-mtbf-hours", "0.002"], timeout=180)  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:]
+    lines = sorted(line for line in result.stdout.splitlines() if line.startswith("CADENCE"))
+    assert len(lines) == 2, result.stdout[-3000:]
+    per_rank = [line.split(" ", 2)[2] for line in lines]
+    assert per_rank[0] == per_rank[1] and "decisions=[]" not in per_rank[0]

@@ -11,7 +11,7 @@ import time
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 
-from lightning_field import ManifestCheckpoint, TimeToQuality
+from lightning_field import CheckpointCadence, ManifestCheckpoint, TimeToQuality
 from lightning_field.demo import DemoDataModule, DemoRegressor
 
 
@@ -45,6 +45,8 @@ def main() -> None:
     p.add_argument("--price", type=float, default=2.5)
     p.add_argument("--kill-after-step", type=int, default=None)
     p.add_argument("--step-seconds", type=float, default=0.02)
+    p.add_argument("--devices", type=int, default=1)
+    p.add_argument("--cadence-mtbf-hours", type=float, default=None)
     args = p.parse_args()
 
     pl.seed_everything(0)
@@ -56,12 +58,20 @@ def main() -> None:
     ]  # fmt: skip
     if args.kill_after_step is not None:
         callbacks.append(KillAfterStep(args.kill_after_step))
+    cadence = None
+    if args.cadence_mtbf_hours is not None:
+        cadence = CheckpointCadence(mtbf_hours=args.cadence_mtbf_hours, hysteresis=0.0)
+        callbacks.append(cadence)
     trainer = pl.Trainer(
         default_root_dir=args.root, max_steps=args.max_steps, accelerator="cpu", logger=False,
+        devices=args.devices, strategy="ddp" if args.devices > 1 else "auto",
         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
         val_check_interval=args.val_every, check_val_every_n_epoch=None, limit_val_batches=2, callbacks=callbacks,
     )  # fmt: skip
     trainer.fit(DemoRegressor(), datamodule=DemoDataModule(size=512), ckpt_path="last")
+    if cadence is not None:
+        intervals = [d.steps for d in cadence.decisions]
+        print(f"CADENCE rank={trainer.global_rank} decisions={intervals} every={callbacks[2].every_n_train_steps}")
 
 
 if __name__ == "__main__":
