@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from lightning_field.cli import ckpt, evidence, plan
+from lightning_field.cli import ckpt, evidence, plan, probe
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -14,6 +14,7 @@ def build_parser() -> argparse.ArgumentParser:
     ckpt.add_parser(sub)
     evidence.add_parser(sub)
     plan.add_parser(sub)
+    probe.add_parser(sub)
     return parser
 
 

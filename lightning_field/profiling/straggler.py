@@ -1,0 +1,486 @@
+"""``StragglerMonitor``: per-rank section timing, one all-gather per report, culprits named with a reason.
+
+Every step, each rank times its sections (data wait, forward, backward, optimizer step, checkpoint
+save) without synchronising the device, and, under DDP, when it *arrives* at the gradient
+all-reduce and how long the communication stayed exposed. Every report interval (a time, turned
+into a step count all ranks agree on) the ranks exchange one fixed-size summary with one
+``all_gather`` and every rank computes the same report:
+
+* per rank and section, a relative score: the median over ranks of the section's median, divided
+  by this rank's median (below 1: slower than its peers);
+* "compute" excludes time spent waiting on communication, so the ranks a straggler holds back (whose
+  wall time and backward grow) score normally, and the straggler, which arrives at the all-reduce
+  last and waits least, is the one that scores low;
+* a rank is flagged only when a section stays below the threshold, by a margin that matters
+  against the step time, in ``k`` of the last ``n`` reports.
+
+Because every rank computes the report from the same gathered numbers, a ``checkpoint_and_stop``
+policy is executed by all ranks at the same step, so no rank is left in a collective alone.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import statistics
+import time
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+import torch.distributed as dist
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.strategies import DDPStrategy
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+from torch.utils.flop_counter import FlopCounterMode
+from typing_extensions import override
+
+from lightning_field.checkpoint import lightning_internals as internals
+from lightning_field.checkpoint.manifest_checkpoint import ManifestCheckpoint
+from lightning_field.core.distributed import all_gather_objects
+from lightning_field.profiling.comm import CommTimer, ProfiledDDPStrategy
+from lightning_field.profiling.throughput import (
+    batch_counts,
+    host_name,
+    parameter_count,
+    peak_flops,
+    peak_memory_bytes,
+)
+from lightning_field.profiling.timers import SectionTimer
+
+log = logging.getLogger(__name__)
+
+POLICIES = ("warn", "checkpoint_and_stop")
+PROFILE_RELPATH = Path("field") / "profile"
+# The fixed-size summary each rank contributes to a report, in this order.
+SUMMARY_FIELDS = (
+    "steps",
+    "step_s",
+    "data_s",
+    "forward_s",
+    "backward_s",
+    "optimizer_s",
+    "compute_s",
+    "exposed_comm_s",
+    "first_wait_s",
+    "checkpoint_s",
+    "interval_s",
+    "samples",
+    "tokens",
+    "flops",
+    "peak_memory_bytes",
+)
+FLAGGED_SECTIONS = ("data", "compute")
+
+
+@dataclass
+class Flag:
+    rank: int
+    host: str
+    section: str
+    score: float
+    reports_below: int
+    own_s: float
+    reference_s: float
+
+
+@dataclass
+class StragglerReport:
+    step: int
+    interval_steps: int
+    ranks: list[dict[str, Any]]
+    scores: dict[str, list[float]]
+    arrival: dict[str, Any]
+    flagged: list[Flag] = field(default_factory=list)
+    input_pipeline: list[str] = field(default_factory=list)
+    throughput: dict[str, Any] = field(default_factory=dict)
+    collectives: dict[str, Any] | None = None  # this rank's latest step: bytes, time, algbw, busbw per bucket
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values) if values else 0.0
+
+
+class StragglerMonitor(Callback):
+    """Name the slow rank, its host and the section responsible.
+
+    Args:
+        report_interval_s: time between reports; converted to a step count all ranks agree on.
+        threshold: relative score below which a section counts as slow (own median >= 1/threshold
+            times the peers' median).
+        min_share: and the excess must be at least this share of the median step time.
+        k, n: flag a section when it is slow in ``k`` of the last ``n`` reports.
+        policy: "warn" (log and record) or "checkpoint_and_stop" (all ranks save and stop together).
+        process_group: the group to exchange summaries on (default: the whole world).
+        data_wait_warn_share: warn about the input pipeline above this share of step time.
+        warmup_steps: steps ignored at the start of each attempt (compilation, caches, first fetches).
+        flops_per_batch: FLOPs of one training batch (forward+backward+optimizer); default: the module's
+            ``flops_per_batch`` attribute, else measured once with FlopCounterMode.
+        peak_flops: dense peak FLOP/s per device for MFU; default from a sourced table (GPUs only).
+    """
+
+    def __init__(
+        self,
+        report_interval_s: float = 60.0,
+        threshold: float = 0.8,
+        min_share: float = 0.05,
+        k: int = 2,
+        n: int = 3,
+        policy: str = "warn",
+        process_group: Any = None,
+        data_wait_warn_share: float = 0.3,
+        warmup_steps: int = 3,
+        flops_per_batch: float | None = None,
+        peak_flops: float | None = None,
+    ) -> None:
+        if report_interval_s <= 0:
+            raise ValueError(f"report_interval_s must be > 0, got {report_interval_s}")
+        if not 0 < threshold < 1:
+            raise ValueError(f"threshold must be in (0, 1), got {threshold}")
+        if not 1 <= k <= n:
+            raise ValueError(f"need 1 <= k <= n, got k={k}, n={n}")
+        if policy not in POLICIES:
+            raise ValueError(f"policy must be one of {', '.join(POLICIES)}, got {policy!r}")
+        self.report_interval_s = report_interval_s
+        self.threshold = threshold
+        self.min_share = min_share
+        self.k, self.n = k, n
+        self.policy = policy
+        self.process_group = process_group
+        self.data_wait_warn_share = data_wait_warn_share
+        self.warmup_steps = warmup_steps
+        self.flops_per_batch = flops_per_batch
+        self.peak_flops_override = peak_flops
+        self.report: StragglerReport | None = None
+        self.reports: list[StragglerReport] = []
+        self.stopped_for: Flag | None = None
+        self._timer: SectionTimer | None = None
+        self._comm: CommTimer | None = None
+        self._hosts: list[str] = []
+        self._history: dict[tuple[int, str], deque[bool]] = {}
+        self._steps: list[Any] = []
+        self._comm_steps: list[dict[str, Any]] = []
+        self._fetch_started: float | None = None
+        self._fetch_s = 0.0
+        self._next_report = 0
+        self._interval_steps = 0
+        self._interval_started = 0.0
+        self._samples = 0
+        self._tokens: int | None = None
+        self._optimizer_steps = 0
+        self._flop_counter: FlopCounterMode | None = None
+        self._measured_flops: float | None = None
+        self._checkpoint: ManifestCheckpoint | None = None
+        self._seen_commit: tuple[str, int] | None = None
+        self._step_in_progress = -1
+        self._out: Path | None = None
+        self._peak: tuple[float | None, str] = (None, "")
+        self._params = 0
+
+    # ------------------------------------------------------------------ setup
+    @override
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage != "fit":
+            return
+        self._timer = SectionTimer(trainer.strategy.root_device)
+        internals.install_fetch_hook(trainer, "before", self._before_fetch)
+        internals.install_fetch_hook(trainer, "after", self._after_fetch)
+        self._checkpoint = next((c for c in trainer.callbacks if isinstance(c, ManifestCheckpoint)), None)
+        self._out = Path(trainer.default_root_dir) / PROFILE_RELPATH
+        self._peak = peak_flops(trainer.strategy.root_device, str(trainer.precision), self.peak_flops_override)
+        self._next_report = self.warmup_steps + max(self.warmup_steps, 5)
+        self._interval_steps = 0
+        self._history.clear()
+
+    @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._hosts = all_gather_objects(host_name())
+        self._params = parameter_count(pl_module)
+        strategy = trainer.strategy
+        if isinstance(strategy, ProfiledDDPStrategy):
+            self._comm = strategy.comm_timer
+        elif isinstance(strategy, DDPStrategy) and strategy._ddp_comm_hook is None:
+            # A plain DDPStrategy registers no hook on CPU and none of its own: time the default all-reduce.
+            self._comm = CommTimer(trainer.world_size)
+            strategy.model.register_comm_hook(None, self._comm.wrap(allreduce_hook))  # type: ignore[union-attr]
+        self._interval_started = time.perf_counter()
+
+    # ------------------------------------------------------------------ the hot path
+    def _before_fetch(self) -> None:
+        self._fetch_started = time.perf_counter()
+
+    def _after_fetch(self) -> None:
+        if self._fetch_started is not None:
+            self._fetch_s = time.perf_counter() - self._fetch_started
+            self._fetch_started = None
+
+    @override
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        timer = self._timer
+        if timer is None:
+            return
+        step = trainer.global_step
+        if step != self._step_in_progress:
+            self._step_in_progress = step
+            timer.begin_step(step)
+            if self._comm is not None:
+                self._comm.begin_step(step)
+            committed = self._checkpoint.last_committed if self._checkpoint else None
+            if committed is not None and committed != self._seen_commit:
+                self._seen_commit = committed
+                timer.add_host("checkpoint", self._checkpoint.last_blocking_seconds or 0.0)  # type: ignore[union-attr]
+        timer.add_host("data", self._fetch_s)
+        self._fetch_s = 0.0
+        samples, tokens = batch_counts(batch)
+        self._samples += samples
+        if tokens is not None:
+            self._tokens = (self._tokens or 0) + tokens
+        if self._measured_flops is None and self._flop_counter is None and self._flops_source(pl_module) is None:
+            self._flop_counter = FlopCounterMode(display=False)
+            self._flop_counter.__enter__()
+        timer.start("forward")
+
+    @override
+    def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: torch.Tensor) -> None:
+        if self._timer is not None:
+            self._timer.stop("forward")
+            self._timer.start("backward")
+
+    @override
+    def on_after_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._timer is not None:
+            self._timer.stop("backward")
+
+    @override
+    def on_before_optimizer_step(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: torch.optim.Optimizer
+    ) -> None:
+        if self._timer is not None:
+            self._timer.start("optimizer")
+
+    @override
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        timer = self._timer
+        if timer is None:
+            return
+        if self._flop_counter is not None:
+            self._flop_counter.__exit__(None, None, None)
+            self._measured_flops = float(self._flop_counter.get_total_flops())
+            self._flop_counter = None
+        if trainer.global_step == self._step_in_progress:
+            return  # accumulating: the optimizer step (and so the step's timing) is not done yet
+        timer.stop("optimizer")
+        timer.end_step()
+        self._optimizer_steps += 1
+        self._collect()
+        if trainer.global_step >= self._next_report:
+            self._report(trainer)
+
+    def _collect(self) -> None:
+        assert self._timer is not None
+        for timing in self._timer.completed():
+            if timing.step >= self.warmup_steps:
+                self._steps.append(timing)
+        if self._comm is not None:
+            self._comm_steps.extend(s for s in self._comm.completed() if s["step"] >= self.warmup_steps)
+
+    def _flops_source(self, pl_module: pl.LightningModule) -> float | None:
+        if self.flops_per_batch is not None:
+            return float(self.flops_per_batch)
+        value = getattr(pl_module, "flops_per_batch", None)
+        return float(value) if value is not None else None
+
+    # ------------------------------------------------------------------ the report: one all_gather
+    def _summary(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> list[float]:
+        steps, comm = self._steps, {s["step"]: s for s in self._comm_steps}
+        exposed = [comm[t.step]["exposed_s"] or 0.0 for t in steps if t.step in comm]
+        first_wait = [comm[t.step]["first_wait_s"] or 0.0 for t in steps if t.step in comm]
+        compute = []
+        for t in steps:
+            sec = t.seconds
+            waited = (comm[t.step]["exposed_s"] or 0.0) if t.step in comm else 0.0
+            compute.append(
+                sec.get("forward", 0.0) + max(sec.get("backward", 0.0) - waited, 0.0) + sec.get("optimizer", 0.0)
+            )
+        elapsed = time.perf_counter() - self._interval_started
+        flops_per_batch = self._flops_source(pl_module) or self._measured_flops
+        if flops_per_batch is None and self._tokens:
+            flops_per_batch = 6.0 * self._params * self._tokens / max(self._optimizer_steps, 1)
+        batches_per_step = trainer.accumulate_grad_batches
+        flops = (flops_per_batch or 0.0) * self._optimizer_steps * (batches_per_step if self._measured_flops else 1)
+        values = {
+            "steps": float(len(steps)),
+            "step_s": _median([t.wall_s for t in steps]),
+            "data_s": _median([t.seconds.get("data", 0.0) for t in steps]),
+            "forward_s": _median([t.seconds.get("forward", 0.0) for t in steps]),
+            "backward_s": _median([t.seconds.get("backward", 0.0) for t in steps]),
+            "optimizer_s": _median([t.seconds.get("optimizer", 0.0) for t in steps]),
+            "compute_s": _median(compute),
+            "exposed_comm_s": _median(exposed),
+            "first_wait_s": _median(first_wait),
+            "checkpoint_s": sum(t.seconds.get("checkpoint", 0.0) for t in steps),
+            "interval_s": elapsed,
+            "samples": float(self._samples),
+            "tokens": float(self._tokens if self._tokens is not None else -1),
+            "flops": float(flops) if flops_per_batch else -1.0,
+            "peak_memory_bytes": float(peak_memory_bytes(trainer.strategy.root_device)[0]),
+        }
+        return [values[name] for name in SUMMARY_FIELDS]
+
+    def _gather(self, trainer: pl.Trainer, summary: list[float]) -> list[list[float]]:
+        if not (dist.is_available() and dist.is_initialized()):
+            return [summary]
+        group = self.process_group
+        backend = dist.get_backend(group)
+        device = trainer.strategy.root_device if backend == "nccl" else torch.device("cpu")
+        mine = torch.tensor(summary, dtype=torch.float64, device=device)
+        gathered = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(gathered, mine, group=group)  # every rank, every report: the only collective
+        return [t.cpu().tolist() for t in gathered]
+
+    def _report(self, trainer: pl.Trainer) -> None:
+        pl_module = trainer.lightning_module
+        self._collect()
+        rows = [
+            dict(zip(SUMMARY_FIELDS, values, strict=True))
+            for values in self._gather(trainer, self._summary(trainer, pl_module))
+        ]
+        step = trainer.global_step
+        # The next report: a time converted to steps from the slowest rank's pace, identical on all ranks.
+        slowest = max((r["step_s"] for r in rows), default=0.0)
+        self._interval_steps = max(1, math.ceil(self.report_interval_s / slowest)) if slowest > 0 else 1
+        self._next_report = step + self._interval_steps
+        report = self._score(rows, step, trainer)
+        if self._comm_steps:
+            report.collectives = {"group_size": trainer.world_size, **self._comm_steps[-1]}
+        self.report = report
+        self.reports.append(report)
+        self._steps, self._comm_steps = [], []
+        self._samples, self._tokens, self._optimizer_steps = 0, None, 0
+        self._interval_started = time.perf_counter()
+        self._publish(trainer, report)
+        if report.flagged and self.policy == "checkpoint_and_stop":
+            self._checkpoint_and_stop(trainer, report.flagged[0])
+
+    def _score(self, rows: list[dict[str, Any]], step: int, trainer: pl.Trainer) -> StragglerReport:
+        hosts = self._hosts or [host_name()] * len(rows)
+        step_ref = _median([r["step_s"] for r in rows])
+        scores: dict[str, list[float]] = {}
+        flagged = []
+        for section in FLAGGED_SECTIONS:
+            own = [r[f"{section}_s"] for r in rows]
+            reference = _median(own)
+            scores[section] = [reference / o if o > 0 else 1.0 for o in own]
+            for rank, (o, score) in enumerate(zip(own, scores[section], strict=True)):
+                slow = score < self.threshold and (o - reference) > self.min_share * step_ref
+                history = self._history.setdefault((rank, section), deque(maxlen=self.n))
+                history.append(slow)
+                if sum(history) >= self.k:
+                    flagged.append(Flag(rank, hosts[rank], section, score, sum(history), o, reference))
+        waits = [r["first_wait_s"] for r in rows]
+        arrival: dict[str, Any] = {"measured": self._comm is not None}
+        if self._comm is not None and len(rows) > 1:
+            last = min(range(len(rows)), key=lambda i: waits[i])
+            arrival.update({"last_to_arrive": last, "skew_s": max(waits) - min(waits), "first_wait_s": waits})
+            for flag in flagged:
+                flag_note = "arrives last at the all-reduce" if flag.rank == last else "not the last to arrive"
+                arrival.setdefault("confirmation", {})[str(flag.rank)] = flag_note
+        warnings = []
+        loaders = self._loader_settings(trainer)
+        for rank, r in enumerate(rows):
+            share = r["data_s"] / r["step_s"] if r["step_s"] > 0 else 0.0
+            if share > self.data_wait_warn_share:
+                warnings.append(
+                    f"rank {rank} ({hosts[rank]}) waits on data {share:.0%} of each step; loader settings: {loaders}."
+                    " Raise num_workers, enable pin_memory, raise prefetch_factor, or make __getitem__ cheaper."
+                )
+        peak, peak_source = self._peak
+        per_rank = []
+        for rank, r in enumerate(rows):
+            seconds = r["interval_s"] or 1e-9
+            flops_s = r["flops"] / seconds if r["flops"] >= 0 else None
+            per_rank.append(
+                {
+                    "rank": rank,
+                    "samples_per_s": r["samples"] / seconds,
+                    "tokens_per_s": r["tokens"] / seconds if r["tokens"] >= 0 else None,
+                    "flops_per_s": flops_s,
+                    "mfu": flops_s / peak if flops_s is not None and peak else None,
+                    "peak_memory_bytes": r["peak_memory_bytes"],
+                }
+            )
+        throughput = {"per_rank": per_rank, "peak_flops": peak, "peak_source": peak_source}
+        ranks = [{"rank": i, "host": hosts[i], **r} for i, r in enumerate(rows)]
+        return StragglerReport(step, self._interval_steps, ranks, scores, arrival, flagged, warnings, throughput)
+
+    @staticmethod
+    def _loader_settings(trainer: pl.Trainer) -> str:
+        settings = []
+        for loader in internals.iter_loaders(trainer.train_dataloader):
+            settings.append(
+                f"num_workers={getattr(loader, 'num_workers', '?')}, pin_memory={getattr(loader, 'pin_memory', '?')},"
+                f" prefetch_factor={getattr(loader, 'prefetch_factor', None)}"
+            )
+        return "; ".join(settings) or "unknown"
+
+    def _publish(self, trainer: pl.Trainer, report: StragglerReport) -> None:
+        """Every rank keeps the report; each appends its JSON line; rank 0 logs scalars and the event."""
+        assert self._out is not None
+        self._out.mkdir(parents=True, exist_ok=True)
+        with open(self._out / f"rank-{trainer.global_rank:05d}.jsonl", "a") as f:
+            f.write(json.dumps(report.to_dict(), default=str) + "\n")
+        if not trainer.is_global_zero:
+            return  # one voice: every rank has the same report
+        for flag in report.flagged:
+            log.warning(
+                "STRAGGLER: rank %d on %s is slow in %s (score %.2f: %.4f s vs %.4f s for its peers, in %d of the"
+                " last %d reports)",
+                flag.rank, flag.host, flag.section, flag.score, flag.own_s, flag.reference_s,
+                flag.reports_below, self.n,
+            )  # fmt: skip
+        for warning in report.input_pipeline:
+            log.warning("INPUT PIPELINE: %s", warning)
+        metrics: dict[str, float] = {}
+        for name in ("step_s", "data_s", "compute_s", "exposed_comm_s"):
+            values = [r[name] for r in report.ranks]
+            order = sorted(range(len(values)), key=lambda i: values[i])
+            metrics[f"profile/{name}/min"] = values[order[0]]
+            metrics[f"profile/{name}/min_rank"] = float(order[0])
+            metrics[f"profile/{name}/median"] = _median(values)
+            metrics[f"profile/{name}/max"] = values[order[-1]]
+            metrics[f"profile/{name}/max_rank"] = float(order[-1])
+        metrics["profile/flagged"] = float(len(report.flagged))
+        mfus = [r["mfu"] for r in report.throughput["per_rank"] if r["mfu"] is not None]
+        if mfus:
+            metrics["profile/mfu/median"] = _median(mfus)
+        for logger in trainer.loggers:
+            logger.log_metrics(metrics, step=trainer.global_step)
+        events = self._checkpoint.events if self._checkpoint else None
+        if events is not None and report.flagged:
+            events.emit("straggler", step=report.step, payload={"flagged": [asdict(f) for f in report.flagged]})
+
+    def _checkpoint_and_stop(self, trainer: pl.Trainer, flag: Flag) -> None:
+        """Every rank is here at the same step (the report is identical everywhere): save together, stop."""
+        self.stopped_for = flag
+        if self._checkpoint is not None:
+            candidates = self._checkpoint._monitor_candidates(trainer)
+            path = self._checkpoint.format_checkpoint_name(candidates, "straggler-{step}")
+            self._checkpoint._save_checkpoint(trainer, path)
+        else:
+            trainer.save_checkpoint(str(Path(trainer.default_root_dir) / f"straggler-step{trainer.global_step}.ckpt"))
+        trainer.should_stop = True
+        log.warning(
+            "Stopping: rank %d on %s is a straggler in %s; all ranks saved a checkpoint at step %d",
+            flag.rank, flag.host, flag.section, trainer.global_step,
+        )  # fmt: skip

@@ -1,0 +1,96 @@
+"""Per-step section timers that never synchronise the device.
+
+On CPU a section is two ``perf_counter_ns`` readings. On CUDA it is a pair of CUDA events recorded
+on the current stream; the pair is kept in a queue and read only once ``query()`` says both have
+completed, a few steps later, so the host never waits for the GPU. Completed steps go into a bounded
+buffer: memory stays constant however long the run.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+SECTIONS = ("data", "forward", "backward", "optimizer", "checkpoint")
+
+
+@dataclass
+class StepTiming:
+    step: int
+    seconds: dict[str, float] = field(default_factory=dict)
+    wall_s: float = 0.0  # batch start to batch end on this rank's clock (host)
+
+
+class SectionTimer:
+    """Marks sections within each step; ``completed()`` yields the steps whose timings are known.
+
+    ``start(name)``/``stop(name)`` bracket a device section (forward, backward, optimizer).
+    ``add_host(name, seconds)`` records a section measured on the host (data wait, checkpoint).
+    """
+
+    def __init__(self, device: torch.device, capacity: int = 2048) -> None:
+        self.cuda = device.type == "cuda" and torch.cuda.is_available()
+        self._pending: deque[tuple[StepTiming, dict[str, tuple[Any, Any]]]] = deque()
+        self._done: deque[StepTiming] = deque(maxlen=capacity)
+        self._current: StepTiming | None = None
+        self._marks: dict[str, tuple[Any, Any]] = {}
+        self._open: dict[str, Any] = {}
+        self._step_started = 0.0
+
+    def begin_step(self, step: int) -> None:
+        self._current = StepTiming(step)
+        self._marks = {}
+        self._open = {}
+        self._step_started = time.perf_counter()
+
+    def _now(self) -> Any:
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter_ns()
+
+    def start(self, name: str) -> None:
+        if self._current is not None:
+            self._open[name] = self._now()
+
+    def stop(self, name: str) -> None:
+        if self._current is not None and name in self._open:
+            self._marks[name] = (self._open.pop(name), self._now())
+
+    def add_host(self, name: str, seconds: float) -> None:
+        if self._current is not None:
+            self._current.seconds[name] = self._current.seconds.get(name, 0.0) + seconds
+
+    def end_step(self) -> None:
+        if self._current is None:
+            return
+        self._current.wall_s = time.perf_counter() - self._step_started
+        self._pending.append((self._current, self._marks))
+        self._current = None
+        self._resolve()
+
+    def _resolve(self) -> None:
+        """Move every pending step whose marks are all complete into the done buffer (no waiting)."""
+        while self._pending:
+            timing, marks = self._pending[0]
+            if self.cuda and not all(end.query() for _, end in marks.values()):
+                return  # the GPU has not reached these events yet; look again next step
+            for name, (begin, end) in marks.items():
+                if self.cuda:
+                    timing.seconds[name] = begin.elapsed_time(end) / 1000.0
+                else:
+                    timing.seconds[name] = (end - begin) / 1e9
+            self._done.append(timing)
+            self._pending.popleft()
+
+    def completed(self) -> list[StepTiming]:
+        """Every step resolved so far (oldest first), and forget them."""
+        self._resolve()
+        out = list(self._done)
+        self._done.clear()
+        return out
