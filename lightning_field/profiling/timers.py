@@ -22,7 +22,7 @@ SECTIONS = ("data", "forward", "backward", "optimizer", "checkpoint")
 class StepTiming:
     step: int
     seconds: dict[str, float] = field(default_factory=dict)
-    wall_s: float = 0.0  # batch start to batch end on this rank's clock (host)
+    wall_s: float = 0.0  # end of the previous step to the end of this one (host clock): the real pace
 
 
 class SectionTimer:
@@ -40,6 +40,7 @@ class SectionTimer:
         self._marks: dict[str, tuple[Any, Any]] = {}
         self._open: dict[str, Any] = {}
         self._step_started = 0.0
+        self._last_end: float | None = None
 
     def begin_step(self, step: int) -> None:
         self._current = StepTiming(step)
@@ -69,7 +70,12 @@ class SectionTimer:
     def end_step(self) -> None:
         if self._current is None:
             return
-        self._current.wall_s = time.perf_counter() - self._step_started
+        now = time.perf_counter()
+        # End to end, so the data fetch before the batch and anything between steps are included; on a
+        # GPU the host runs ahead, but not by more than the queue allows, so this converges on the pace.
+        started = self._last_end if self._last_end is not None else self._step_started
+        self._current.wall_s = now - started
+        self._last_end = now
         self._pending.append((self._current, self._marks))
         self._current = None
         self._resolve()
