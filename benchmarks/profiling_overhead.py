@@ -62,7 +62,7 @@ def run(profiled: bool, args: argparse.Namespace) -> float:
     clock = StepClock()
     callbacks: list[Callback] = [clock]
     if profiled:
-        callbacks.insert(0, StragglerMonitor(report_interval_s=1.0))
+        callbacks.insert(0, StragglerMonitor(report_interval_s=1.0, flops_per_batch=args.flops_per_batch))
     with tempfile.TemporaryDirectory() as root:
         trainer = pl.Trainer(
             default_root_dir=root, max_steps=args.steps, accelerator=args.accelerator, devices=1,
@@ -82,6 +82,7 @@ def main() -> None:
     p.add_argument("--width", type=int, default=1024)
     p.add_argument("--depth", type=int, default=4)
     p.add_argument("--batch", type=int, default=512)
+    p.add_argument("--flops-per-batch", type=float, default=None, help="given: FlopCounterMode is not used")
     args = p.parse_args()
     bare, prof = [], []
     for i in range(args.rounds):

@@ -14,6 +14,7 @@ from lightning_field.checkpoint import (
 from lightning_field.core.events import EventLog, read_events
 from lightning_field.core.manifest import Manifest, read_manifest
 from lightning_field.evidence import EvidenceSettings, RestoreDrill, StepTracer, check_bundle
+from lightning_field.profiling import ProfiledDDPStrategy, StragglerMonitor
 from lightning_field.quality import CheckpointCadence, TimeToQuality, goodput_ledger
 
 __all__ = [
@@ -24,9 +25,11 @@ __all__ = [
     "EvidenceSettings",
     "Manifest",
     "ManifestCheckpoint",
+    "ProfiledDDPStrategy",
     "RestoreDrill",
     "ResumeMismatchError",
     "StepTracer",
+    "StragglerMonitor",
     "TimeToQuality",
     "__version__",
     "check_bundle",

@@ -12,7 +12,14 @@ from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint
 from omegaconf import OmegaConf
 
-from lightning_field import CheckpointCadence, EvidenceSettings, ManifestCheckpoint, RestoreDrill, TimeToQuality
+from lightning_field import (
+    CheckpointCadence,
+    EvidenceSettings,
+    ManifestCheckpoint,
+    RestoreDrill,
+    StragglerMonitor,
+    TimeToQuality,
+)
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
 CALLBACKS = {
@@ -20,6 +27,7 @@ CALLBACKS = {
     "restore_drill": RestoreDrill,
     "time_to_quality": TimeToQuality,
     "checkpoint_cadence": CheckpointCadence,
+    "straggler_monitor": StragglerMonitor,
 }
 REQUIRED = {"time_to_quality": ["time_to_quality.target=1.6"]}
 
