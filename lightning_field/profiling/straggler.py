@@ -170,6 +170,7 @@ class StragglerMonitor(Callback):
         self._fetch_started: float | None = None
         self._fetch_s = 0.0
         self._next_report = 0
+        self._first_counted = 0
         self._interval_steps = 0
         self._interval_started = 0.0
         self._samples = 0
@@ -195,12 +196,14 @@ class StragglerMonitor(Callback):
         self._checkpoint = next((c for c in trainer.callbacks if isinstance(c, ManifestCheckpoint)), None)
         self._out = Path(trainer.default_root_dir) / PROFILE_RELPATH
         self._peak = peak_flops(trainer.strategy.root_device, str(trainer.precision), self.peak_flops_override)
-        self._next_report = self.warmup_steps + max(self.warmup_steps, 5)
         self._interval_steps = 0
         self._history.clear()
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # Counted from where this attempt starts (a resumed run starts at its checkpoint's step).
+        self._first_counted = trainer.global_step + self.warmup_steps
+        self._next_report = self._first_counted + max(self.warmup_steps, 5)
         self._hosts = all_gather_objects(host_name())
         self._params = parameter_count(pl_module)
         strategy = trainer.strategy
@@ -290,10 +293,10 @@ class StragglerMonitor(Callback):
     def _collect(self) -> None:
         assert self._timer is not None
         for timing in self._timer.completed():
-            if timing.step >= self.warmup_steps:
+            if timing.step >= self._first_counted:
                 self._steps.append(timing)
         if self._comm is not None:
-            self._comm_steps.extend(s for s in self._comm.completed() if s["step"] >= self.warmup_steps)
+            self._comm_steps.extend(s for s in self._comm.completed() if s["step"] >= self._first_counted)
 
     def _flops_source(self, pl_module: pl.LightningModule) -> float | None:
         if self.flops_per_batch is not None:
