@@ -176,6 +176,7 @@ class StragglerMonitor(Callback):
         self._samples = 0
         self._tokens: int | None = None
         self._optimizer_steps = 0
+        self._batches = 0
         self._flop_counter: FlopCounterMode | None = None
         self._measured_flops: float | None = None
         self._checkpoint: ManifestCheckpoint | None = None
@@ -245,6 +246,7 @@ class StragglerMonitor(Callback):
         self._fetch_s = 0.0
         samples, tokens = batch_counts(batch)
         self._samples += samples
+        self._batches += 1
         if tokens is not None:
             self._tokens = (self._tokens or 0) + tokens
         if self._measured_flops is None and self._flop_counter is None and self._flops_source(pl_module) is None:
@@ -317,11 +319,14 @@ class StragglerMonitor(Callback):
                 sec.get("forward", 0.0) + max(sec.get("backward", 0.0) - waited, 0.0) + sec.get("optimizer", 0.0)
             )
         elapsed = time.perf_counter() - self._interval_started
+        # Counted per batch, so gradient accumulation is counted per optimizer step automatically.
         flops_per_batch = self._flops_source(pl_module) or self._measured_flops
-        if flops_per_batch is None and self._tokens:
-            flops_per_batch = 6.0 * self._params * self._tokens / max(self._optimizer_steps, 1)
-        batches_per_step = trainer.accumulate_grad_batches
-        flops = (flops_per_batch or 0.0) * self._optimizer_steps * (batches_per_step if self._measured_flops else 1)
+        if flops_per_batch is not None:
+            flops: float | None = flops_per_batch * self._batches
+        elif self._tokens:
+            flops = 6.0 * self._params * self._tokens
+        else:
+            flops = None
         values = {
             "steps": float(len(steps)),
             "step_s": _median([t.wall_s for t in steps]),
@@ -336,7 +341,7 @@ class StragglerMonitor(Callback):
             "interval_s": elapsed,
             "samples": float(self._samples),
             "tokens": float(self._tokens if self._tokens is not None else -1),
-            "flops": float(flops) if flops_per_batch else -1.0,
+            "flops": float(flops) if flops is not None else -1.0,
             "peak_memory_bytes": float(peak_memory_bytes(trainer.strategy.root_device)[0]),
         }
         return [values[name] for name in SUMMARY_FIELDS]
@@ -370,7 +375,7 @@ class StragglerMonitor(Callback):
         self.report = report
         self.reports.append(report)
         self._steps, self._comm_steps = [], []
-        self._samples, self._tokens, self._optimizer_steps = 0, None, 0
+        self._samples, self._tokens, self._optimizer_steps, self._batches = 0, None, 0, 0
         self._interval_started = time.perf_counter()
         self._publish(trainer, report)
         if report.flagged and self.policy == "checkpoint_and_stop":
