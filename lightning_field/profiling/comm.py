@@ -2,9 +2,11 @@
 
 Per bucket and step it records bytes, when the bucket became ready (the rank *arrived* at the
 collective), when its reduction completed, algorithm bandwidth and bus bandwidth (nccl-tests
-factors for the group size). Per step it records the *exposed* communication, the time from the
-last bucket becoming ready (backward compute done) to the last reduction completing: the part no
-compute overlaps.
+factors for the group size). A bucket's time runs from ready to reduced, so it includes waiting
+for the slowest peer and for earlier buckets: it is what the step experiences, not the link's
+isolated speed (``field probe collectives`` measures that). Per step it records the *exposed*
+communication, the time from the last bucket becoming ready (backward compute done) to the last
+reduction completing: the part no compute overlaps.
 
 Arrival is what names a straggler's culprit: wall times grow on every rank of a synchronised step,
 but a rank that arrives last waits least at the first collective, and the ranks it holds back wait
@@ -68,9 +70,15 @@ class StepComm:
                 seconds = (b.done or b.arrived) - b.arrived
             algbw, busbw = bus_bandwidth("all_reduce", b.bytes, seconds, group_size)
             rows.append({"bucket": b.index, "bytes": b.bytes, "seconds": seconds, "algbw": algbw, "busbw": busbw})
-        host_done = [b.done for b in self.buckets if b.done is not None]
-        last_ready = max((b.arrived for b in self.buckets), default=0.0)
-        exposed = max(max(host_done) - last_ready, 0.0) if host_done else None
+        if self.buckets and all(b.events is not None for b in self.buckets):
+            # On a GPU the host-side future completes when the reduction is *queued*; the device events
+            # say when it ran. Exposed: from the last bucket becoming ready to its reduction finishing.
+            last = self.buckets[-1]
+            exposed = last.events[0].elapsed_time(last.events[1]) / 1000.0  # type: ignore[index]
+        else:
+            host_done = [b.done for b in self.buckets if b.done is not None]
+            last_ready = max((b.arrived for b in self.buckets), default=0.0)
+            exposed = max(max(host_done) - last_ready, 0.0) if host_done else None
         first = self.buckets[0] if self.buckets else None
         first_wait = rows[0]["seconds"] if first is not None else None
         return {
@@ -151,5 +159,7 @@ class ProfiledDDPStrategy(DDPStrategy):
         self.comm_timer = CommTimer(self.world_size)
         state = self._ddp_comm_state
         inner = self._user_hook or allreduce_hook
+        if self._ddp_comm_wrapper is not None:  # e.g. fp16 compression around the user's hook
+            inner = self._ddp_comm_wrapper(inner)
         assert self.model is not None
         self.model.register_comm_hook(state, self.comm_timer.wrap(inner))  # type: ignore[operator]

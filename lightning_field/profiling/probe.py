@@ -51,7 +51,9 @@ def probe(sizes: list[int], iters: int, warmup: int, device: torch.device) -> li
         for size in sizes:
             elements = max(world, size // 4 // world * world)  # float32, divisible by the group size
             tensor = torch.ones(elements, dtype=torch.float32, device=device)
-            row: dict[str, Any] = {"op": op, "bytes": elements * 4, "ranks": world}
+            # nccl-tests' size: the full output for all_gather, the full input for the others.
+            size = elements * 4 * (world if op == "all_gather" else 1)
+            row: dict[str, Any] = {"op": op, "bytes": size, "ranks": world}
             try:
                 for _ in range(warmup):
                     _run(op, tensor, world)

@@ -36,6 +36,7 @@ import torch.distributed as dist
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.strategies import DDPStrategy
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+from torch.nn.parallel import DistributedDataParallel
 from torch.utils.flop_counter import FlopCounterMode
 from typing_extensions import override
 
@@ -124,6 +125,7 @@ class StragglerMonitor(Callback):
         flops_per_batch: FLOPs of one training batch (forward+backward+optimizer); default: the module's
             ``flops_per_batch`` attribute, else measured once with FlopCounterMode.
         peak_flops: dense peak FLOP/s per device for MFU; default from a sourced table (GPUs only).
+        max_reports: how many reports ``monitor.reports`` keeps in memory (all are in the JSONL files).
     """
 
     def __init__(
@@ -139,6 +141,7 @@ class StragglerMonitor(Callback):
         warmup_steps: int = 3,
         flops_per_batch: float | None = None,
         peak_flops: float | None = None,
+        max_reports: int = 1000,
     ) -> None:
         if report_interval_s <= 0:
             raise ValueError(f"report_interval_s must be > 0, got {report_interval_s}")
@@ -159,7 +162,7 @@ class StragglerMonitor(Callback):
         self.flops_per_batch = flops_per_batch
         self.peak_flops_override = peak_flops
         self.report: StragglerReport | None = None
-        self.reports: list[StragglerReport] = []
+        self.reports: deque[StragglerReport] = deque(maxlen=max_reports)
         self.stopped_for: Flag | None = None
         self._timer: SectionTimer | None = None
         self._comm: CommTimer | None = None
@@ -205,16 +208,33 @@ class StragglerMonitor(Callback):
         # Counted from where this attempt starts (a resumed run starts at its checkpoint's step).
         self._first_counted = trainer.global_step + self.warmup_steps
         self._next_report = self._first_counted + max(self.warmup_steps, 5)
-        self._hosts = all_gather_objects(host_name())
+        self._hosts = self._gather_hosts()
         self._params = parameter_count(pl_module)
         strategy = trainer.strategy
         if isinstance(strategy, ProfiledDDPStrategy):
             self._comm = strategy.comm_timer
-        elif isinstance(strategy, DDPStrategy) and strategy._ddp_comm_hook is None:
+        elif (
+            isinstance(strategy, DDPStrategy)
+            and isinstance(strategy.model, DistributedDataParallel)
+            and strategy._ddp_comm_hook is None
+        ):
             # A plain DDPStrategy registers no hook on CPU and none of its own: time the default all-reduce.
             self._comm = CommTimer(trainer.world_size)
-            strategy.model.register_comm_hook(None, self._comm.wrap(allreduce_hook))  # type: ignore[union-attr]
+            strategy.model.register_comm_hook(None, self._comm.wrap(allreduce_hook))
         self._interval_started = time.perf_counter()
+
+    def _gather_hosts(self) -> list[str]:
+        if self.process_group is None or not (dist.is_available() and dist.is_initialized()):
+            return all_gather_objects(host_name())
+        hosts: list[Any] = [None] * dist.get_world_size(self.process_group)
+        dist.all_gather_object(hosts, host_name(), group=self.process_group)
+        return hosts
+
+    def _global_rank(self, index: int) -> int:
+        """The global rank of the ``index``-th member of the exchange group."""
+        if self.process_group is None or not (dist.is_available() and dist.is_initialized()):
+            return index
+        return dist.get_global_rank(self.process_group, index)
 
     # ------------------------------------------------------------------ the hot path
     def _before_fetch(self) -> None:
@@ -280,9 +300,9 @@ class StragglerMonitor(Callback):
         if timer is None:
             return
         if self._flop_counter is not None:
-            self._flop_counter.__exit__(None, None, None)
-            self._measured_flops = float(self._flop_counter.get_total_flops())
-            self._flop_counter = None
+            counter = self._flop_counter
+            self._close_flop_counter()
+            self._measured_flops = float(counter.get_total_flops())
         if trainer.global_step == self._step_in_progress:
             return  # accumulating: the optimizer step (and so the step's timing) is not done yet
         timer.stop("optimizer")
@@ -377,9 +397,13 @@ class StragglerMonitor(Callback):
         self._steps, self._comm_steps = [], []
         self._samples, self._tokens, self._optimizer_steps, self._batches = 0, None, 0, 0
         self._interval_started = time.perf_counter()
-        self._publish(trainer, report)
-        if report.flagged and self.policy == "checkpoint_and_stop":
+        if report.flagged and self.policy == "checkpoint_and_stop" and self.stopped_for is None:
+            # Collective first: a failure while writing files below must not leave a peer in a save.
             self._checkpoint_and_stop(trainer, report.flagged[0])
+        try:
+            self._publish(trainer, report)
+        except OSError as err:
+            log.error("Could not write the straggler report at step %d: %s", step, err)
 
     def _score(self, rows: list[dict[str, Any]], step: int, trainer: pl.Trainer) -> StragglerReport:
         hosts = self._hosts or [host_name()] * len(rows)
@@ -395,12 +419,16 @@ class StragglerMonitor(Callback):
                 history = self._history.setdefault((rank, section), deque(maxlen=self.n))
                 history.append(slow)
                 if sum(history) >= self.k:
-                    flagged.append(Flag(rank, hosts[rank], section, score, sum(history), o, reference))
+                    flagged.append(
+                        Flag(self._global_rank(rank), hosts[rank], section, score, sum(history), o, reference)
+                    )
         waits = [r["first_wait_s"] for r in rows]
         arrival: dict[str, Any] = {"measured": self._comm is not None}
-        if self._comm is not None and len(rows) > 1:
-            last = min(range(len(rows)), key=lambda i: waits[i])
-            arrival.update({"last_to_arrive": last, "skew_s": max(waits) - min(waits), "first_wait_s": waits})
+        measured = [i for i, r in enumerate(rows) if r["steps"] > 0 and r["first_wait_s"] > 0]
+        if self._comm is not None and len(measured) > 1:
+            last = min(measured, key=lambda i: waits[i])
+            skew = max(waits[i] for i in measured) - waits[last]
+            arrival.update({"last_to_arrive": self._global_rank(last), "skew_s": skew, "first_wait_s": waits})
             for flag in flagged:
                 flag_note = "arrives last at the all-reduce" if flag.rank == last else "not the last to arrive"
                 arrival.setdefault("confirmation", {})[str(flag.rank)] = flag_note
@@ -420,7 +448,7 @@ class StragglerMonitor(Callback):
             flops_s = r["flops"] / seconds if r["flops"] >= 0 else None
             per_rank.append(
                 {
-                    "rank": rank,
+                    "rank": self._global_rank(rank),
                     "samples_per_s": r["samples"] / seconds,
                     "tokens_per_s": r["tokens"] / seconds if r["tokens"] >= 0 else None,
                     "flops_per_s": flops_s,
@@ -429,7 +457,7 @@ class StragglerMonitor(Callback):
                 }
             )
         throughput = {"per_rank": per_rank, "peak_flops": peak, "peak_source": peak_source}
-        ranks = [{"rank": i, "host": hosts[i], **r} for i, r in enumerate(rows)]
+        ranks = [{"rank": self._global_rank(i), "host": hosts[i], **r} for i, r in enumerate(rows)]
         return StragglerReport(step, self._interval_steps, ranks, scores, arrival, flagged, warnings, throughput)
 
     @staticmethod
@@ -443,13 +471,19 @@ class StragglerMonitor(Callback):
         return "; ".join(settings) or "unknown"
 
     def _publish(self, trainer: pl.Trainer, report: StragglerReport) -> None:
-        """Every rank keeps the report; each appends its JSON line; rank 0 logs scalars and the event."""
+        """Each rank appends its own row and the flags to its file; rank 0 also the whole report
+        (one line per report, not one per rank per rank), logs scalars and the event."""
         assert self._out is not None
         self._out.mkdir(parents=True, exist_ok=True)
+        own = next((r for r in report.ranks if r["rank"] == trainer.global_rank), None)
+        line = {"step": report.step, "row": own, "flagged": [asdict(f) for f in report.flagged],
+                "collectives": report.collectives}  # fmt: skip
         with open(self._out / f"rank-{trainer.global_rank:05d}.jsonl", "a") as f:
-            f.write(json.dumps(report.to_dict(), default=str) + "\n")
+            f.write(json.dumps(line, default=str) + "\n")
         if not trainer.is_global_zero:
             return  # one voice: every rank has the same report
+        with open(self._out / "reports.jsonl", "a") as f:
+            f.write(json.dumps(report.to_dict(), default=str) + "\n")
         for flag in report.flagged:
             log.warning(
                 "STRAGGLER: rank %d on %s is slow in %s (score %.2f: %.4f s vs %.4f s for its peers, in %d of the"
@@ -477,6 +511,20 @@ class StragglerMonitor(Callback):
         events = self._checkpoint.events if self._checkpoint else None
         if events is not None and report.flagged:
             events.emit("straggler", step=report.step, payload={"flagged": [asdict(f) for f in report.flagged]})
+
+    @override
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        self._close_flop_counter()
+
+    @override
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._close_flop_counter()
+
+    def _close_flop_counter(self) -> None:
+        # A first step that raised must not leave the counting mode and its module hooks installed.
+        if self._flop_counter is not None:
+            self._flop_counter.__exit__(None, None, None)
+            self._flop_counter = None
 
     def _checkpoint_and_stop(self, trainer: pl.Trainer, flag: Flag) -> None:
         """Every rank is here at the same step (the report is identical everywhere): save together, stop."""

@@ -1,8 +1,8 @@
 """Effective throughput: samples, tokens and FLOPs per second, MFU against a sourced peak, peak memory.
 
 FLOPs per optimizer step come from, in order: the module's own ``flops_per_batch`` attribute;
-``torch.utils.flop_counter.FlopCounterMode`` around the first real training step (forward,
-backward and optimizer, measured once, no extra compute); or 6·N·tokens when the batch has tokens.
+``torch.utils.flop_counter.FlopCounterMode`` around the first real training batch (the matmul-type
+operations it knows, forward and backward, measured once, no extra compute); or 6·N·tokens when the batch has tokens.
 MFU is reported only against a known dense peak (or the user's override): for an unknown device it
 is absent, not guessed, and the denominator is always reported next to it.
 """

@@ -34,10 +34,10 @@ class SectionTimer:
 
     def __init__(self, device: torch.device, capacity: int = 2048) -> None:
         self.cuda = device.type == "cuda" and torch.cuda.is_available()
-        self._pending: deque[tuple[StepTiming, dict[str, tuple[Any, Any]]]] = deque()
+        self._pending: deque[tuple[StepTiming, dict[str, list[tuple[Any, Any]]]]] = deque()
         self._done: deque[StepTiming] = deque(maxlen=capacity)
         self._current: StepTiming | None = None
-        self._marks: dict[str, tuple[Any, Any]] = {}
+        self._marks: dict[str, list[tuple[Any, Any]]] = {}
         self._open: dict[str, Any] = {}
         self._step_started = 0.0
         self._last_end: float | None = None
@@ -61,7 +61,8 @@ class SectionTimer:
 
     def stop(self, name: str) -> None:
         if self._current is not None and name in self._open:
-            self._marks[name] = (self._open.pop(name), self._now())
+            # With gradient accumulation a section runs once per micro-batch: they add up.
+            self._marks.setdefault(name, []).append((self._open.pop(name), self._now()))
 
     def add_host(self, name: str, seconds: float) -> None:
         if self._current is not None:
@@ -84,13 +85,13 @@ class SectionTimer:
         """Move every pending step whose marks are all complete into the done buffer (no waiting)."""
         while self._pending:
             timing, marks = self._pending[0]
-            if self.cuda and not all(end.query() for _, end in marks.values()):
+            if self.cuda and not all(end.query() for pairs in marks.values() for _, end in pairs):
                 return  # the GPU has not reached these events yet; look again next step
-            for name, (begin, end) in marks.items():
+            for name, pairs in marks.items():
                 if self.cuda:
-                    timing.seconds[name] = begin.elapsed_time(end) / 1000.0
+                    timing.seconds[name] = sum(begin.elapsed_time(end) for begin, end in pairs) / 1000.0
                 else:
-                    timing.seconds[name] = (end - begin) / 1e9
+                    timing.seconds[name] = sum(end - begin for begin, end in pairs) / 1e9
             self._done.append(timing)
             self._pending.popleft()
 
