@@ -51,6 +51,7 @@ class EvidenceSettings:
     keep_checkpoints: bool = False
     claim_checkpoint: str | None = None
     attempt_timeout_s: float = 1800.0
+    parallel_controls: bool = False  # run the two controls at the same time (needs the cores/memory for two)
 
     def validate(self) -> None:
         if self.steps < 2:
@@ -148,15 +149,22 @@ def child_env(extra_path: Sequence[str]) -> dict[str, str]:
     return env
 
 
-def _launch(spec: RunSpec, cwd: Path, timeout_s: float) -> Attempt:
+@dataclass
+class _Child:
+    spec: RunSpec
+    process: subprocess.Popen[bytes]
+    log_path: Path
+
+
+def _spawn(spec: RunSpec, cwd: Path) -> _Child:
     run_dir = Path(spec.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     spec_path = run_dir / f"spec-{spec.attempt}.json"
     log_path = run_dir / f"attempt-{spec.attempt}.log"
     spec.launched_unix = time.time()
     spec.write(spec_path)
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(
             [sys.executable, "-m", "lightning_field.evidence.worker", str(spec_path)],
             cwd=cwd,
             env=child_env(spec.extra_sys_path),
@@ -164,16 +172,27 @@ def _launch(spec: RunSpec, cwd: Path, timeout_s: float) -> Attempt:
             stderr=subprocess.STDOUT,
             start_new_session=True,  # its own process group: a kill takes every rank and worker with it
         )
-        try:
-            returncode = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            returncode = proc.wait()
+    return _Child(spec, process, log_path)
+
+
+def _wait(child: _Child, timeout_s: float) -> Attempt:
+    proc = child.process
+    try:
+        returncode = proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        returncode = proc.wait()
+        with open(child.log_path, "a") as log:
             log.write(f"\n[lightning_field] attempt killed after the {timeout_s:.0f} s timeout\n")
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)  # ranks or loader workers left behind
-    return Attempt(spec.attempt, returncode, spec.launched_unix, time.time(), log_path)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # ranks or loader workers left behind
+    assert child.spec.launched_unix is not None
+    return Attempt(child.spec.attempt, returncode, child.spec.launched_unix, time.time(), child.log_path)
+
+
+def _launch(spec: RunSpec, cwd: Path, timeout_s: float) -> Attempt:
+    return _wait(_spawn(spec, cwd), timeout_s)
 
 
 def _collect(result: RunResult, keep_checkpoints: bool) -> None:
@@ -216,6 +235,26 @@ def _collect(result: RunResult, keep_checkpoints: bool) -> None:
         final_path.unlink(missing_ok=True)
 
 
+def _spec_for(
+    name: str,
+    kill: Kill | None,
+    config: Mapping[str, Any],
+    settings: EvidenceSettings,
+    runs_dir: Path,
+    extra_path: list[str],
+) -> RunSpec:
+    return RunSpec(
+        name=name,
+        run_dir=str(runs_dir / name),
+        config=dict(config),
+        max_steps=settings.steps,
+        kill_step=kill.step if kill else None,
+        kill_mode=kill.mode if kill else "step",
+        state_every_n_steps=settings.state_every_n_steps,
+        extra_sys_path=extra_path,
+    )
+
+
 def run_protocol(
     config: Mapping[str, Any], settings: EvidenceSettings, bundle_dir: Path, cwd: Path | None = None
 ) -> list[RunResult]:
@@ -230,19 +269,21 @@ def run_protocol(
     plan: list[tuple[str, Kill | None]] = [("control-1", None), ("control-2", None)]
     plan += [(f"interrupted-{i + 1}", kill) for i, kill in enumerate(kills)]
     results = []
+    if settings.parallel_controls:
+        # Both controls at once: halves their wall time where cores (and device memory) allow.
+        controls = [_spec_for(name, kill, config, settings, runs_dir, extra_path) for name, kill in plan[:2]]
+        children = [_spawn(spec, cwd) for spec in controls]
+        for spec, child in zip(controls, children, strict=True):
+            result = RunResult(name=spec.name, run_dir=Path(spec.run_dir), kill=None)
+            result.attempts.append(_wait(child, settings.attempt_timeout_s))
+            print(f"[field-evidence] {spec.name}: uninterrupted (in parallel), exit {result.attempts[-1].returncode}")
+            _collect(result, settings.keep_checkpoints)
+            results.append(result)
+        plan = plan[2:]
     for name, kill in plan:
         run_dir = runs_dir / name
         result = RunResult(name=name, run_dir=run_dir, kill=kill)
-        spec = RunSpec(
-            name=name,
-            run_dir=str(run_dir),
-            config=dict(config),
-            max_steps=settings.steps,
-            kill_step=kill.step if kill else None,
-            kill_mode=kill.mode if kill else "step",
-            state_every_n_steps=settings.state_every_n_steps,
-            extra_sys_path=extra_path,
-        )
+        spec = _spec_for(name, kill, config, settings, runs_dir, extra_path)
         print(
             f"[field-evidence] {name}: {'uninterrupted' if kill is None else f'kill at step {kill.step} ({kill.mode})'}"
         )
