@@ -37,18 +37,23 @@ def _same_process(payload: dict[str, Any]) -> bool:
     return started is None or _PROCESS_START is None or abs(started - _PROCESS_START) < 1.0
 
 
-def read_events(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """All complete events; a torn last line (a crash mid-append) is ignored."""
-    path = Path(run_dir) / EVENTS_RELPATH
+def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """Every complete line of an append-only JSON-lines file; a torn line (a crash mid-append) is skipped."""
+    path = Path(path)
     if not path.is_file():
         return []
-    events = []
+    records = []
     for line in path.read_text().splitlines():
         try:
-            events.append(json.loads(line))
+            records.append(json.loads(line))
         except json.JSONDecodeError:
             continue
-    return events
+    return records
+
+
+def read_events(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """All complete events of the run."""
+    return read_jsonl(Path(run_dir) / EVENTS_RELPATH)
 
 
 class EventLog:

@@ -21,6 +21,7 @@ from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
 from lightning_field.checkpoint.manifest_checkpoint import ManifestCheckpoint
+from lightning_field.core.events import read_jsonl
 from lightning_field.core.fsio import atomic_write_bytes
 from lightning_field.evidence.digest import batch_digest, optimizer_digest, rng_state_digest, weights_digest
 
@@ -43,16 +44,7 @@ def loss_value(outputs: Any) -> float | None:
 
 def read_trace(trace_dir: str | os.PathLike[str], rank: int = 0) -> list[dict[str, Any]]:
     """Records of one rank in the order written; a torn last line (SIGKILL mid-write) is dropped."""
-    path = trace_file(trace_dir, rank)
-    if not path.is_file():
-        return []
-    records = []
-    for line in path.read_text().splitlines():
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return records
+    return read_jsonl(trace_file(trace_dir, rank))
 
 
 class StepTracer(Callback):

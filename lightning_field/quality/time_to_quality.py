@@ -32,7 +32,7 @@ from lightning_field.core.events import EventLog, read_events
 from lightning_field.core.fsio import atomic_write_bytes
 from lightning_field.core.heartbeat import Heartbeat, heartbeat_path, read_heartbeat
 from lightning_field.quality.forecast import forecast
-from lightning_field.quality.ledger import goodput_ledger
+from lightning_field.quality.ledger import Ledger, goodput_ledger
 
 SUMMARY_RELPATH = Path("field") / "time_to_quality.json"
 MODES = ("min", "max")
@@ -50,9 +50,11 @@ def quality_summary(
     price_per_device_hour: float | None,
     deadline_s: float | None,
     now: float,
+    ledger: Ledger | None = None,
 ) -> dict[str, Any]:
-    """Time to quality from the event log alone: reached or not, when, at what device-hours and cost."""
-    ledger = goodput_ledger(events, now=now)
+    """Time to quality from the event log alone: reached or not, when, at what device-hours and cost.
+    ``ledger``: the log's goodput ledger at ``now``, when the caller has it already."""
+    ledger = ledger or goodput_ledger(events, now=now)
     run_start = ledger.run_start_unix
     evals = [e for e in events if e["event"] == "eval" and monitor in e["payload"].get("metrics", {})]
     reached = next((e for e in evals if crossed(float(e["payload"]["metrics"][monitor]), target, mode)), None)
@@ -284,8 +286,9 @@ class TimeToQuality(Callback):
         assert self._run_dir is not None
         now = time.time()
         events = read_events(self._run_dir) + (pending or [])
+        ledger = goodput_ledger(events, now=now)
         summary = quality_summary(
-            events, self.monitor, self.target, self.mode, self.price_per_device_hour, self.deadline_s, now
+            events, self.monitor, self.target, self.mode, self.price_per_device_hour, self.deadline_s, now, ledger
         )
         history = [
             (int(e["step"]), float(e["payload"]["metrics"][self.monitor]))
@@ -301,7 +304,6 @@ class TimeToQuality(Callback):
                 summary["so_far"]["wall_s"],
                 self.deadline_s,
             ).to_dict()
-        ledger = goodput_ledger(events, now=now)
         summary["goodput"] = {
             "goodput": ledger.goodput,
             "elapsed_s": ledger.elapsed_s,
