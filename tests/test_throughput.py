@@ -14,7 +14,7 @@ def fit(tmp_path: Path, **monitor: object) -> StragglerMonitor:
     pl.seed_everything(0)
     callback = StragglerMonitor(report_interval_s=0.01, warmup_steps=1, **monitor)
     trainer = pl.Trainer(
-        default_root_dir=tmp_path, max_steps=12, accelerator="cpu", logger=False, enable_progress_bar=False,
+        default_root_dir=tmp_path, max_steps=40, accelerator="cpu", logger=False, enable_progress_bar=False,
         limit_val_batches=0, callbacks=[callback],
     )  # fmt: skip
     trainer.fit(DemoRegressor(), datamodule=DemoDataModule())
