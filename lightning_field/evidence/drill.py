@@ -35,6 +35,7 @@ from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
 from lightning_field.checkpoint.manifest_checkpoint import ManifestCheckpoint
+from lightning_field.checkpoint.observe import CommitWatcher, find_manifest_checkpoint
 from lightning_field.core.manifest import ManifestError, read_manifest
 from lightning_field.evidence.digest import batch_digest, parameter_norms, weights_digest
 from lightning_field.evidence.trace import StepTracer, loss_value, read_trace
@@ -121,7 +122,7 @@ class RestoreDrill(Callback):
         self._recipe: dict[str, Any] = {}
         self._drill_dir: Path | None = None
         self._commits_seen = 0
-        self._last_seen: tuple[str, int] | None = None
+        self._commits = CommitWatcher()
         self._armed: dict[str, Any] | None = None
         self._running: list[_Running] = []
 
@@ -134,7 +135,7 @@ class RestoreDrill(Callback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if not self.enabled or stage != "fit":
             return
-        self._checkpoint = next((c for c in trainer.callbacks if isinstance(c, ManifestCheckpoint)), None)
+        self._checkpoint = find_manifest_checkpoint(trainer)
         if self._checkpoint is None:
             raise RestoreDrillError("RestoreDrill needs a lightning_field.ManifestCheckpoint among the callbacks")
         if trainer.world_size > 1:
@@ -175,12 +176,10 @@ class RestoreDrill(Callback):
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        if self._checkpoint is None or self._checkpoint.last_committed is None:
+        committed = self._commits.new_commit(self._checkpoint, trainer)
+        if committed is None:
             return
-        path, step = self._checkpoint.last_committed
-        if (path, step) == self._last_seen or step != trainer.global_step:
-            return
-        self._last_seen = (path, step)
+        path, step = committed
         self._commits_seen += 1
         if self._commits_seen % self.every_n_checkpoints == 0 and self._armed is None:
             # The checkpoint holds the state right before this batch: this batch is the one to replay.

@@ -20,7 +20,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
-from lightning_field.checkpoint.manifest_checkpoint import ManifestCheckpoint
+from lightning_field.checkpoint.observe import find_manifest_checkpoint
 from lightning_field.core.events import read_jsonl
 from lightning_field.core.fsio import atomic_write_bytes
 from lightning_field.evidence.digest import batch_digest, optimizer_digest, rng_state_digest, weights_digest
@@ -45,6 +45,15 @@ def loss_value(outputs: Any) -> float | None:
 def read_trace(trace_dir: str | os.PathLike[str], rank: int = 0) -> list[dict[str, Any]]:
     """Records of one rank in the order written; a torn last line (SIGKILL mid-write) is dropped."""
     return read_jsonl(trace_file(trace_dir, rank))
+
+
+def _ends_mid_line(path: Path) -> bool:
+    """Whether a file's last byte is not a newline (only the last byte is read)."""
+    if not path.is_file() or path.stat().st_size == 0:
+        return False
+    with open(path, "rb") as f:
+        f.seek(-1, 2)
+        return f.read(1) != b"\n"
 
 
 class StepTracer(Callback):
@@ -82,12 +91,13 @@ class StepTracer(Callback):
         self.trace_dir.mkdir(parents=True, exist_ok=True)
         self._is_zero = trainer.is_global_zero
         path = trace_file(self.trace_dir, trainer.global_rank)
+        torn = _ends_mid_line(path)
         self._file = open(path, "a", buffering=1)  # noqa: SIM115
-        if path.stat().st_size and not path.read_bytes().endswith(b"\n"):
+        if torn:
             self._file.write("\n")  # a SIGKILL mid-line must not swallow this attempt's first record
-        for callback in trainer.callbacks:
-            if isinstance(callback, ManifestCheckpoint):
-                self._generators = dict(callback.generators)
+        checkpoint = find_manifest_checkpoint(trainer)
+        if checkpoint is not None:
+            self._generators = dict(checkpoint.generators)
         self.timeline["setup_unix"] = time.time()
 
     @override

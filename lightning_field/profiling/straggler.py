@@ -42,6 +42,7 @@ from typing_extensions import override
 
 from lightning_field.checkpoint import lightning_internals as internals
 from lightning_field.checkpoint.manifest_checkpoint import ManifestCheckpoint
+from lightning_field.checkpoint.observe import CommitWatcher, find_manifest_checkpoint
 from lightning_field.core.distributed import all_gather_objects
 from lightning_field.profiling.comm import CommTimer, ProfiledDDPStrategy
 from lightning_field.profiling.throughput import (
@@ -183,7 +184,7 @@ class StragglerMonitor(Callback):
         self._flop_counter: FlopCounterMode | None = None
         self._measured_flops: float | None = None
         self._checkpoint: ManifestCheckpoint | None = None
-        self._seen_commit: tuple[str, int] | None = None
+        self._commits = CommitWatcher()
         self._step_in_progress = -1
         self._out: Path | None = None
         self._peak: tuple[float | None, str] = (None, "")
@@ -197,7 +198,7 @@ class StragglerMonitor(Callback):
         self._timer = SectionTimer(trainer.strategy.root_device)
         internals.install_fetch_hook(trainer, "before", self._before_fetch)
         internals.install_fetch_hook(trainer, "after", self._after_fetch)
-        self._checkpoint = next((c for c in trainer.callbacks if isinstance(c, ManifestCheckpoint)), None)
+        self._checkpoint = find_manifest_checkpoint(trainer)
         self._out = Path(trainer.default_root_dir) / PROFILE_RELPATH
         self._peak = peak_flops(trainer.strategy.root_device, str(trainer.precision), self.peak_flops_override)
         self._interval_steps = 0
@@ -258,9 +259,7 @@ class StragglerMonitor(Callback):
             timer.begin_step(step)
             if self._comm is not None:
                 self._comm.begin_step(step)
-            committed = self._checkpoint.last_committed if self._checkpoint else None
-            if committed is not None and committed != self._seen_commit:
-                self._seen_commit = committed
+            if self._commits.new_commit(self._checkpoint, trainer) is not None:
                 timer.add_host("checkpoint", self._checkpoint.last_blocking_seconds or 0.0)  # type: ignore[union-attr]
         timer.add_host("data", self._fetch_s)
         self._fetch_s = 0.0

@@ -24,6 +24,7 @@ from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
 from lightning_field.checkpoint.manifest_checkpoint import ManifestCheckpoint
+from lightning_field.checkpoint.observe import CommitWatcher, find_manifest_checkpoint
 from lightning_field.core.distributed import broadcast_object
 from lightning_field.core.events import read_events
 from lightning_field.planning.intervals import FORMULAS, expected_waste_fraction, interval
@@ -104,7 +105,7 @@ class CheckpointCadence(Callback):
         self._last_step_end: float | None = None
         self._last_step: int | None = None
         self._skip_next_step = False
-        self._seen_commit: tuple[str, int] | None = None
+        self._commits = CommitWatcher()
         self._mtbf_s = self.mtbf_prior_s
         self._restart_s = 0.0
 
@@ -112,14 +113,14 @@ class CheckpointCadence(Callback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage != "fit":
             return
-        self._checkpoint = next((c for c in trainer.callbacks if isinstance(c, ManifestCheckpoint)), None)
+        self._checkpoint = find_manifest_checkpoint(trainer)
         if self._checkpoint is None:
             raise ValueError("CheckpointCadence drives a lightning_field.ManifestCheckpoint; add one to the callbacks")
         # Each fit() measures afresh.
         self._step_times.clear()
         self._last_step_end = self._last_step = None
         self._skip_next_step = False
-        self._seen_commit = None
+        self._commits.reset()
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -152,11 +153,8 @@ class CheckpointCadence(Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
         checkpoint = self._checkpoint
-        if checkpoint is None or checkpoint.last_committed is None or checkpoint.last_committed == self._seen_commit:
+        if checkpoint is None or self._commits.new_commit(checkpoint, trainer) is None:
             return
-        if checkpoint.last_committed[1] != trainer.global_step:
-            return
-        self._seen_commit = checkpoint.last_committed
         if checkpoint.last_blocking_seconds is not None:
             self._save_costs.append(checkpoint.last_blocking_seconds)
         # The save ran after this callback timed the step it followed: the step being timed now

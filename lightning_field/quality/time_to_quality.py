@@ -28,6 +28,7 @@ from typing_extensions import override
 
 from lightning_field.checkpoint import lightning_internals as internals
 from lightning_field.checkpoint.manifest_checkpoint import ManifestCheckpoint
+from lightning_field.checkpoint.observe import CommitWatcher, find_manifest_checkpoint
 from lightning_field.core.events import EventLog, read_events
 from lightning_field.core.fsio import atomic_write_bytes
 from lightning_field.core.heartbeat import Heartbeat, heartbeat_path, read_heartbeat
@@ -144,7 +145,7 @@ class TimeToQuality(Callback):
         self._eval_started: float | None = None
         self._batches = 0
         self._last_progress = 0.0
-        self._seen_commit: tuple[str, int] | None = None
+        self._commits = CommitWatcher()
         self._world_size = 1
 
     # ------------------------------------------------------------------ setup: the clock and the dead attempts
@@ -160,8 +161,8 @@ class TimeToQuality(Callback):
         self._fetch_started = self._eval_started = None
         self._batches = 0
         self._last_progress = 0.0
-        self._seen_commit = None
-        self._checkpoint = next((c for c in trainer.callbacks if isinstance(c, ManifestCheckpoint)), None)
+        self._commits.reset()
+        self._checkpoint = find_manifest_checkpoint(trainer)
         internals.install_fetch_hook(trainer, "before", self._before_fetch)
         internals.install_fetch_hook(trainer, "after", self._after_fetch)
         if not trainer.is_global_zero:
@@ -208,10 +209,9 @@ class TimeToQuality(Callback):
     ) -> None:
         if self._first_step_unix is None:
             self._first_step_unix = time.time()
-        committed = self._checkpoint.last_committed if self._checkpoint is not None else None
-        if committed is not None and committed != self._seen_commit and committed[1] == trainer.global_step:
+        committed = self._commits.new_commit(self._checkpoint, trainer)
+        if committed is not None:
             # The counters as they stood at that commit: what a later kill cannot take away.
-            self._seen_commit = committed
             self._emit_progress(trainer, commit_step=committed[1], data_wait_s=self._wait_before_fetch)
 
     @override

@@ -1,0 +1,34 @@
+"""How sibling callbacks (drills, time accounting, cadence, profiling) see ManifestCheckpoint's commits.
+
+Lightning runs checkpoint callbacks after all others, so a save at step *s* has happened by the
+start of the next batch, where ``global_step`` is still *s*. That is the one place a sibling can
+learn of a commit, on every rank at the same step (the commit itself is collective).
+"""
+
+from __future__ import annotations
+
+import lightning.pytorch as pl
+
+from lightning_field.checkpoint.manifest_checkpoint import ManifestCheckpoint
+
+
+def find_manifest_checkpoint(trainer: pl.Trainer) -> ManifestCheckpoint | None:
+    return next((c for c in trainer.callbacks if isinstance(c, ManifestCheckpoint)), None)
+
+
+class CommitWatcher:
+    """Reports each commit once, at the start of the batch that follows it."""
+
+    def __init__(self) -> None:
+        self._seen: tuple[str, int] | None = None
+
+    def reset(self) -> None:
+        self._seen = None
+
+    def new_commit(self, checkpoint: ManifestCheckpoint | None, trainer: pl.Trainer) -> tuple[str, int] | None:
+        """(path, step) of a commit made right before this batch and not reported yet, else None."""
+        committed = checkpoint.last_committed if checkpoint is not None else None
+        if committed is None or committed == self._seen or committed[1] != trainer.global_step:
+            return None
+        self._seen = committed
+        return committed
