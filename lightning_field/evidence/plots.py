@@ -6,11 +6,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import matplotlib
 
-matplotlib.use("Agg")  # files only: evidence is produced on headless machines
+def _figure(size: tuple[float, float]) -> Any:
+    """A standalone Figure: no pyplot, so no global backend is chosen for the user's process, and
+    matplotlib is imported only when a bundle is written, not with the package."""
+    from matplotlib.figure import Figure
 
-import matplotlib.pyplot as plt
+    return Figure(figsize=size)
 
 
 def plot_losses(
@@ -19,7 +21,8 @@ def plot_losses(
     path: Path,
 ) -> Path:
     """``series``: run name -> (step, loss); ``kills``: run name -> (kill step, resumed-from step)."""
-    fig, ax = plt.subplots(figsize=(9, 5))
+    fig = _figure((9, 5))
+    ax = fig.subplots()
     for name, points in series.items():
         if not points:
             continue
@@ -45,13 +48,13 @@ def plot_losses(
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
     return path
 
 
 def plot_divergence(deltas: Mapping[str, Sequence[tuple[int, float]]], path: Path) -> Path:
     """|Δloss| against control 1 per step; zero (bitwise equal) is drawn on its own baseline."""
-    fig, ax = plt.subplots(figsize=(9, 4))
+    fig = _figure((9, 4))
+    ax = fig.subplots()
     nonzero = [d for points in deltas.values() for _, d in points if d > 0]
     floor = min(nonzero) / 10 if nonzero else 1e-12
     for name, points in deltas.items():
@@ -70,7 +73,6 @@ def plot_divergence(deltas: Mapping[str, Sequence[tuple[int, float]]], path: Pat
     ax.grid(alpha=0.3, which="both")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
     return path
 
 
