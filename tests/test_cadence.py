@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -82,7 +83,6 @@ def test_every_ddp_rank_applies_the_same_interval_at_the_same_step(tmp_path: Pat
     result = run_child([job, "--root", tmp_path, "--devices", "2", "--max-steps", "30", "--every", "5",
                         "--step-seconds", "0.01", "--cadence-mtbf-hours", "0.002"], timeout=180)  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:]
-    lines = sorted(line for line in result.stdout.splitlines() if line.startswith("CADENCE"))
-    assert len(lines) == 2, result.stdout[-3000:]
-    per_rank = [line.split(" ", 2)[2] for line in lines]
-    assert per_rank[0] == per_rank[1] and "decisions=[]" not in per_rank[0]
+    per_rank = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("cadence-rank*.json"))]
+    assert len(per_rank) == 2, result.stdout[-3000:]
+    assert per_rank[0] == per_rank[1] and per_rank[0]["decisions"] != []

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import ast
 import json
-import re
 from pathlib import Path
 
 import pytest
@@ -14,19 +12,15 @@ from lightning_field import read_manifest
 from lightning_field.profiling import StragglerMonitor, bus_bandwidth
 
 JOB = TESTS_DIR / "jobs" / "straggler_job.py"
-RESULT = re.compile(r"^RANK (\d+) reports=(\d+) flagged=(.*) first_flag_report=(\S+) stopped=(\S+) step=(\d+)$", re.M)
 
 
 def run_job(root: Path, *args: str, timeout: float = 240) -> tuple[list[dict], list[dict]]:
-    """(per-rank result lines, rank 0's reports)."""
+    """(per-rank results, rank 0's reports)."""
     result = run_child([JOB, "--root", root, *args], timeout=timeout)
     assert result.returncode == 0, result.stdout[-4000:]
-    ranks = []
-    for match in RESULT.finditer(result.stdout):
-        rank, reports, flagged, first, stopped, step = match.groups()
-        ranks.append({"rank": int(rank), "reports": int(reports), "flagged": ast.literal_eval(flagged),
-                      "first": None if first == "None" else int(first), "stopped": stopped == "True",
-                      "step": int(step)})  # fmt: skip
+    ranks = [json.loads(p.read_text()) for p in sorted(root.glob("result-rank*.json"))]
+    for r in ranks:
+        r["flagged"] = [tuple(f) for f in r["flagged"]]
     return sorted(ranks, key=lambda r: r["rank"]), json.loads((root / "reports.json").read_text())
 
 

@@ -4,6 +4,7 @@ TimeToQuality, optionally SIGKILLed right after a chosen step (before that step'
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import time
@@ -71,7 +72,9 @@ def main() -> None:
     trainer.fit(DemoRegressor(), datamodule=DemoDataModule(size=512), ckpt_path="last")
     if cadence is not None:
         intervals = [d.steps for d in cadence.decisions]
-        print(f"CADENCE rank={trainer.global_rank} decisions={intervals} every={callbacks[2].every_n_train_steps}")
+        # One file per rank: ranks share the launcher's stdout, where their lines can interleave mid-line.
+        with open(os.path.join(args.root, f"cadence-rank{trainer.global_rank}.json"), "w") as f:
+            json.dump({"decisions": intervals, "every": callbacks[2].every_n_train_steps}, f)
 
 
 if __name__ == "__main__":

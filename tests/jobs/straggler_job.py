@@ -1,6 +1,7 @@
 """A multi-rank job for the straggler tests: steps of a known length, one rank slowed in data or compute.
 
-Each rank prints its flagged list and stop status at the end; rank 0 also dumps every report as JSON.
+Each rank writes its flagged list and stop status to result-rank<N>.json at the end;
+rank 0 also dumps every report as JSON.
 """
 
 from __future__ import annotations
@@ -81,8 +82,11 @@ def main() -> None:
     trainer.fit(TimedRegressor(args.base_s, args.slow_rank, compute_s), datamodule=StallingData(args.slow_rank, data_s))
     flagged = sorted({(f.rank, f.section) for r in monitor.reports for f in r.flagged})
     first = next((i for i, r in enumerate(monitor.reports) if r.flagged), None)
-    print(f"RANK {trainer.global_rank} reports={len(monitor.reports)} flagged={flagged} first_flag_report={first}"
-          f" stopped={monitor.stopped_for is not None} step={trainer.global_step}")  # fmt: skip
+    # One file per rank: ranks share the launcher's stdout, where their lines can interleave mid-line.
+    result = {"rank": trainer.global_rank, "reports": len(monitor.reports), "flagged": flagged, "first": first,
+              "stopped": monitor.stopped_for is not None, "step": trainer.global_step}  # fmt: skip
+    with open(os.path.join(args.root, f"result-rank{trainer.global_rank}.json"), "w") as f:
+        json.dump(result, f)
     if trainer.is_global_zero:
         with open(os.path.join(args.root, "reports.json"), "w") as f:
             json.dump([r.to_dict() for r in monitor.reports], f, default=str)
