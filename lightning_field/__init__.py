@@ -14,6 +14,8 @@ from lightning_field.checkpoint import (
 from lightning_field.core.events import EventLog, read_events
 from lightning_field.core.manifest import Manifest, read_manifest
 from lightning_field.evidence import EvidenceSettings, RestoreDrill, StepTracer, check_bundle
+from lightning_field.integrations import FieldWandbLogger, WandbReview, log_evidence_bundle, read_offline_run
+from lightning_field.integrations.hydra_configs import register_configs
 from lightning_field.profiling import ProfiledDDPStrategy, StragglerMonitor
 from lightning_field.quality import CheckpointCadence, TimeToQuality, goodput_ledger
 
@@ -23,6 +25,7 @@ __all__ = [
     "CheckpointSaveError",
     "EventLog",
     "EvidenceSettings",
+    "FieldWandbLogger",
     "Manifest",
     "ManifestCheckpoint",
     "ProfiledDDPStrategy",
@@ -31,12 +34,16 @@ __all__ = [
     "StepTracer",
     "StragglerMonitor",
     "TimeToQuality",
+    "WandbReview",
     "__version__",
     "check_bundle",
     "goodput_ledger",
     "latest_recoverable",
     "load_weights",
+    "log_evidence_bundle",
     "read_events",
     "read_manifest",
+    "read_offline_run",
+    "register_configs",
     "verify_checkpoint",
 ]

@@ -1,15 +1,20 @@
-"""Every shipped Hydra config composes and instantiates, so a typo in conf/ fails here, not mid-run."""
+"""Every shipped Hydra config composes and instantiates, and bad overrides fail before any training."""
 
 from __future__ import annotations
 
 import inspect
+import subprocess
+import sys
 from pathlib import Path
 
 import lightning.pytorch as pl
 import pytest
 from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException
 from hydra.utils import instantiate
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.loggers import Logger
+from lightning.pytorch.strategies import Strategy
 from omegaconf import OmegaConf
 
 from lightning_field import (
@@ -19,61 +24,142 @@ from lightning_field import (
     RestoreDrill,
     StragglerMonitor,
     TimeToQuality,
+    WandbReview,
 )
+from lightning_field.integrations.hydra_configs import CONFIG_PACKAGE, register_configs
 
-CONF = Path(__file__).resolve().parent.parent / "conf"
+CONF = Path(__file__).resolve().parent.parent / "lightning_field" / "conf" / "lightning_field"
 CALLBACKS = {
     "checkpoint": ManifestCheckpoint,
     "restore_drill": RestoreDrill,
     "time_to_quality": TimeToQuality,
     "checkpoint_cadence": CheckpointCadence,
     "straggler_monitor": StragglerMonitor,
+    "wandb_review": WandbReview,
 }
-REQUIRED = {"time_to_quality": ["time_to_quality.target=1.6"]}
+NEEDS_A_WANDB_LOGGER = {"wandb_review"}  # so not part of the field bundle; field-train adds it with logger=wandb
+BUNDLES = {"field", "none"}  # callbacks options that select others rather than configure one
+NEEDS_A_GPU = {"gpu", "ddp"}
+GROUPS = ("model", "data", "trainer", "strategy", "callbacks", "logger", "experiment")
 
 
 def options(group: str) -> list[str]:
     return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
 
 
+def compose_train(*overrides: str, tmp_path: Path):
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose(config_name="field_train", overrides=[f"paths.output_dir={tmp_path}", *overrides])
+
+
+def test_the_conf_directory_at_the_top_is_the_shipped_package_configs() -> None:
+    top = Path(__file__).resolve().parent.parent / "conf"
+    assert top.resolve() == CONF.parent.resolve()
+
+
 def test_every_callback_config_has_a_known_callback() -> None:
-    assert set(options("callbacks")) == set(CALLBACKS)
+    assert set(options("callbacks")) - BUNDLES == set(CALLBACKS)
 
 
-@pytest.mark.parametrize("name", options("callbacks"))
-def test_callback_config_composes_and_instantiates(name: str) -> None:
-    with initialize_config_dir(config_dir=str(CONF / "callbacks"), version_base="1.3"):
-        cfg = compose(config_name=name, overrides=REQUIRED.get(name, []))
-    assert isinstance(instantiate(cfg[name]), CALLBACKS[name])
-
-
-@pytest.mark.parametrize("name", options("callbacks"))
+@pytest.mark.parametrize("name", sorted(CALLBACKS))
 def test_every_callback_config_mirrors_every_constructor_argument(name: str) -> None:
     cfg = OmegaConf.load(CONF / "callbacks" / f"{name}.yaml")[name]
     expected = _constructor_args(CALLBACKS[name]) - {"generators", "config"}
     if name == "checkpoint":
         expected |= _constructor_args(ModelCheckpoint)
-    assert expected - set(cfg) == set(), f"conf/callbacks/{name}.yaml is missing arguments"
+    assert expected - set(cfg) == set(), f"callbacks/{name}.yaml is missing arguments"
+
+
+def _constructor_args(cls: type) -> set[str]:
+    return set(inspect.signature(cls.__init__).parameters) - {"self", "args", "kwargs"}
+
+
+@pytest.mark.parametrize(("group", "option"), [(g, o) for g in GROUPS for o in options(g)])
+def test_every_group_option_composes_into_field_train_and_instantiates(
+    group: str, option: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    cfg = compose_train(f"{group}={option}", tmp_path=tmp_path)
+    model, data = instantiate(cfg.model), instantiate(cfg.data)
+    assert isinstance(model, pl.LightningModule) and isinstance(data, pl.LightningDataModule)
+    for name, node in (cfg.callbacks or {}).items():
+        assert isinstance(instantiate(node), Callback), name
+    for name, node in (cfg.logger or {}).items():
+        assert isinstance(instantiate(node), Logger), name  # W&B: no run starts before the first log
+    if cfg.strategy:
+        assert isinstance(instantiate(cfg.strategy), Strategy)
+    if cfg.trainer.accelerator != "gpu":  # constructing a GPU trainer needs a GPU; its keys are composed above
+        assert isinstance(instantiate(cfg.trainer, logger=False), pl.Trainer)
+
+
+def test_the_field_bundle_selects_every_callback_and_none_selects_nothing(tmp_path: Path) -> None:
+    assert set(compose_train(tmp_path=tmp_path).callbacks) == set(CALLBACKS) - NEEDS_A_WANDB_LOGGER
+    assert not compose_train("callbacks=none", tmp_path=tmp_path).callbacks
+    picked = compose_train("callbacks=[checkpoint,straggler_monitor]", tmp_path=tmp_path).callbacks
+    assert set(picked) == {"checkpoint", "straggler_monitor"}
+
+
+def test_every_callback_parameter_can_be_overridden_on_the_command_line(tmp_path: Path) -> None:
+    cfg = compose_train(
+        "callbacks.checkpoint.every_n_train_steps=7",
+        "callbacks.time_to_quality.target=1.25",
+        "callbacks.checkpoint_cadence.formula=young",
+        "callbacks.straggler_monitor.k=3",
+        "callbacks.restore_drill.every_n_checkpoints=2",
+        tmp_path=tmp_path,
+    )
+    checkpoint = instantiate(cfg.callbacks.checkpoint)
+    assert checkpoint._every_n_train_steps == 7 and checkpoint.save_on_train_end is True
+    assert instantiate(cfg.callbacks.time_to_quality).target == 1.25
+    assert instantiate(cfg.callbacks.checkpoint_cadence).formula == "young"
+    assert instantiate(cfg.callbacks.straggler_monitor).k == 3
+    assert instantiate(cfg.callbacks.restore_drill).every_n_checkpoints == 2
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("callbacks.checkpoint.every_n_train_steps=often", "every_n_train_steps"),
+        ("callbacks.time_to_quality.target=good", "target"),
+        ("trainer.max_steps=1e3x", "max_steps"),
+        ("callbacks.checkpoint.every_n_train_step=5", "every_n_train_step"),
+        ("trainer.max_step=5", "max_step"),
+    ],
+)
+def test_a_wrong_type_or_a_misspelled_key_fails_at_composition(override: str, message: str, tmp_path: Path) -> None:
+    with pytest.raises(ConfigCompositionException) as err:
+        compose_train(override, tmp_path=tmp_path)
+    text = f"{err.value} {err.value.__cause__}"
+    assert message in text
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        ("trainer.max_steps=abc", ["trainer.max_steps", "could not be converted to Integer"]),
+        ("callbacks.checkpoint.every_n_train_step=5", ["Could not override", "every_n_train_step"]),
+    ],
+)
+def test_field_train_refuses_a_bad_override_before_any_training(override: str, expected: list[str], tmp_path: Path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "lightning_field.cli.train_app", override, f"paths.root_dir={tmp_path}"],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode != 0
+    for text in expected:
+        assert text in proc.stderr, proc.stderr[-2000:]
+    assert not (tmp_path / "outputs").exists()  # no run directory, nothing trained
 
 
 def test_a_required_target_left_unset_is_a_clear_error() -> None:
     from omegaconf.errors import MissingMandatoryValue
 
-    with initialize_config_dir(config_dir=str(CONF / "callbacks"), version_base="1.3"):
-        cfg = compose(config_name="time_to_quality")
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose(config_name="field_evidence", overrides=["callbacks=time_to_quality"])
     with pytest.raises(MissingMandatoryValue, match="target"):
-        instantiate(cfg.time_to_quality)
-
-
-def test_checkpoint_config_overrides_reach_the_callback() -> None:
-    with initialize_config_dir(config_dir=str(CONF / "callbacks"), version_base="1.3"):
-        cfg = compose(config_name="checkpoint", overrides=["checkpoint.every_n_train_steps=50"])
-    callback = instantiate(cfg.checkpoint)
-    assert callback._every_n_train_steps == 50 and callback.save_last is True
-
-
-def _constructor_args(cls: type) -> set[str]:
-    return set(inspect.signature(cls.__init__).parameters) - {"self", "args", "kwargs"}
+        instantiate(cfg.callbacks.time_to_quality)
 
 
 def test_restore_drill_config_is_off_by_default() -> None:
@@ -89,12 +175,33 @@ def test_evidence_settings_yaml_mirrors_the_dataclass() -> None:
 
 @pytest.mark.parametrize("trainer", options("trainer"))
 def test_field_evidence_config_composes_with_every_trainer_and_instantiates(trainer: str) -> None:
+    register_configs()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose(config_name="field_evidence", overrides=[f"trainer={trainer}", "model.hidden=8"])
     model = instantiate(cfg.model)
     assert isinstance(model, pl.LightningModule) and model.hparams.hidden == 8
     assert isinstance(instantiate(cfg.data), pl.LightningDataModule)
     assert isinstance(instantiate(cfg.callbacks.checkpoint), ManifestCheckpoint)
-    if trainer != "gpu":  # constructing a GPU trainer needs a GPU; its keys are still composed above
+    if trainer not in NEEDS_A_GPU:
         assert isinstance(instantiate(cfg.trainer, logger=False), pl.Trainer)
     assert cfg.callbacks.checkpoint.every_n_train_steps == 5
+
+
+def test_a_user_app_composes_the_namespaced_groups_at_the_packages_users_expect(tmp_path: Path) -> None:
+    """The view a user's own Hydra app gets through the search path: lightning_field/<group>."""
+    register_configs()
+    (tmp_path / "train.yaml").write_text(
+        "defaults:\n  - lightning_field/callbacks: field\n  - lightning_field/trainer: cpu\n"
+        "  - lightning_field/logger: csv\n  - _self_\npaths:\n  output_dir: /tmp/x\n"
+        f"hydra:\n  searchpath: ['{CONFIG_PACKAGE}']\n"
+    )
+    with initialize_config_dir(config_dir=str(tmp_path), version_base="1.3"):
+        cfg = compose(config_name="train", overrides=["callbacks.time_to_quality.target=2.0"])
+    assert set(cfg.callbacks) == set(CALLBACKS) - NEEDS_A_WANDB_LOGGER and cfg.trainer.accelerator == "cpu"
+    assert cfg.logger.csv.save_dir == "/tmp/x"
+    assert isinstance(instantiate(cfg.callbacks.time_to_quality), TimeToQuality)
+    with (
+        pytest.raises(ConfigCompositionException),
+        initialize_config_dir(config_dir=str(tmp_path), version_base="1.3"),
+    ):
+        compose(config_name="train", overrides=["callbacks.checkpoint.every_n_train_steps=often"])

@@ -64,6 +64,9 @@ class ManifestCheckpoint(ModelCheckpoint):
             steps on accelerators, where reading the result synchronises the device. Single-process
             runs check every step for free.
         code_dir: where the user's code lives, for the git commit; defaults to the main script's folder.
+        save_on_train_end: also commit the state training ends with, unless that step is already
+            saved. Step-interval checkpoints otherwise leave the last steps unsaved, and rerunning a
+            finished job (a requeue after the end) would redo them.
     """
 
     FILE_EXTENSION = ""
@@ -77,6 +80,7 @@ class ManifestCheckpoint(ModelCheckpoint):
         preemption_signals: Sequence[int] = DEFAULT_SIGNALS,
         preemption_check_every_n_steps: int | None = None,
         code_dir: str | os.PathLike[str] | None = None,
+        save_on_train_end: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
@@ -88,6 +92,7 @@ class ManifestCheckpoint(ModelCheckpoint):
         self.allow_resume_mismatch = tuple(allow_resume_mismatch)
         self.preemption_check_every_n_steps = preemption_check_every_n_steps
         self.code_dir = code_dir
+        self.save_on_train_end = save_on_train_end
         self._watcher = PreemptionWatcher(preemption_signals, on_first=self._forward_signal)
         self._trainer: pl.Trainer | None = None
         self._pending_rng: dict[str, Any] | None = None
@@ -239,6 +244,19 @@ class ManifestCheckpoint(ModelCheckpoint):
             super().on_train_batch_end(trainer, pl_module, *deferred)
             self._maybe_save_on_preemption(trainer)
         super().on_train_epoch_end(trainer, pl_module)
+
+    @override
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # Every rank gets here at the same step, so the collective save is safe.
+        if (
+            self.save_on_train_end
+            and not trainer.sanity_checking
+            and self._last_global_step_saved != trainer.global_step
+        ):
+            self._save_checkpoint(
+                trainer, self.format_checkpoint_name(self._monitor_candidates(trainer), "final-{step}")
+            )
+        super().on_train_end(trainer, pl_module)
 
     def _count_batch(self, batch: Any) -> None:
         # Shapes are host metadata: counting does not synchronise the device.

@@ -20,8 +20,9 @@ from omegaconf.errors import OmegaConfBaseException
 
 from lightning_field.evidence.bundle import EVIDENCE_JSON, EVIDENCE_MD, build_evidence, write_bundle
 from lightning_field.evidence.protocol import EvidenceConfigError, EvidenceSettings, plan_kills, run_protocol
+from lightning_field.integrations.hydra_configs import register_configs
 
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf" / "lightning_field"
 EXIT_PASSED, EXIT_GATE_FAILED, EXIT_BAD_CONFIG = 0, 1, 2
 
 
@@ -100,6 +101,7 @@ def _app(cfg: DictConfig) -> None:
 
 
 def main() -> None:
+    register_configs()
     # As with `python -m`, modules in the current directory are importable by _target_.
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())

@@ -1,0 +1,313 @@
+"""``field-train``: the Hydra app that trains a LightningModule with the bundle and resumes by itself.
+
+The run directory is named, not timestamped (``outputs/<task_name>/<run_name>``), so a requeued job
+that reruns the same command lands in the same directory and resumes from its newest recoverable
+checkpoint. Exit status: 0 when training ran (the summary says whether the target was reached), 2
+when the configuration is unusable (nothing is run then).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from lightning_field.integrations.hydra_configs import register_configs
+
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf" / "lightning_field"
+EXIT_BAD_CONFIG = 2
+# Keys that say how a run is watched, stored or interrupted, not what it computes: changing them
+# must not make the resume check refuse the run's own checkpoints.
+NOT_IDENTITY = ("callbacks", "logger", "paths", "plan", "fault", "resume", "progress_bar", "task_name", "run_name")
+TRAINER_NOT_IDENTITY = (
+    "max_steps", "max_epochs", "max_time", "limit_val_batches", "val_check_interval", "check_val_every_n_epoch",
+    "log_every_n_steps", "enable_progress_bar", "enable_model_summary", "default_root_dir", "enable_checkpointing",
+)  # fmt: skip
+LAUNCH_CONFIG = "launch_config"
+
+
+class TrainConfigError(ValueError):
+    """The composed configuration cannot be trained; the message names the key."""
+
+
+def _rank() -> int:
+    # Lightning reads the launcher's environment (RANK, LOCAL_RANK, SLURM_PROCID, ...) at import.
+    from lightning.pytorch.utilities.rank_zero import rank_zero_only
+
+    return int(getattr(rank_zero_only, "rank", 0) or 0)
+
+
+def identity_config(cfg: DictConfig) -> dict[str, Any]:
+    """The resolved configuration that defines the training trajectory, for the checkpoint's resume check."""
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    assert isinstance(resolved, dict)
+    identity = {k: v for k, v in resolved.items() if k not in NOT_IDENTITY}
+    trainer = identity.get("trainer")
+    if isinstance(trainer, dict):
+        identity["trainer"] = {k: v for k, v in trainer.items() if k not in TRAINER_NOT_IDENTITY}
+    return identity
+
+
+def _instantiable(section: str, node: Any) -> dict[str, DictConfig]:
+    """name -> node for each entry of a callbacks/logger mapping; entries left without ``_target_``
+    (e.g. an override of a callback whose group was deselected) are skipped loudly."""
+    if node is None:
+        return {}
+    if not isinstance(node, DictConfig):
+        raise TrainConfigError(f"{section} must be a mapping of name -> {{_target_: ...}}, got {node!r}")
+    found = {}
+    for name, entry in node.items():
+        if isinstance(entry, DictConfig) and "_target_" in entry:
+            found[str(name)] = entry
+        else:
+            print(
+                f"[field-train] warning: {section}.{name} has no _target_ (its config was not selected): ignored",
+                file=sys.stderr,
+            )
+    return found
+
+
+def build_callbacks(cfg: DictConfig, identity: dict[str, Any], run_dir: Path) -> list[Any]:
+    callbacks = []
+    for node in _instantiable("callbacks", cfg.get("callbacks")).values():
+        if node._target_ == "lightning_field.ManifestCheckpoint":
+            # Lightning's default would be <logger dir>/<version>/checkpoints, a new directory per
+            # attempt; resuming needs one that the next attempt finds again.
+            dirpath = node.get("dirpath") or str(run_dir / "checkpoints")
+            # instantiate() owns the keyword `config`, so pass it through a partial.
+            callbacks.append(instantiate(node, _partial_=True)(config=identity, dirpath=dirpath))
+        else:
+            callbacks.append(instantiate(node))
+    fault = cfg.get("fault") or {}
+    if fault.get("kill_at_step") is not None:
+        from lightning_field.evidence.faults import KillAtStep
+
+        callbacks.append(KillAtStep(int(fault.kill_at_step), Path(cfg.paths.output_dir) / "field" / "fault.json"))
+    return callbacks
+
+
+def build_loggers(cfg: DictConfig, logged_config: dict[str, Any]) -> list[Any]:
+    loggers = []
+    for node in _instantiable("logger", cfg.get("logger")).values():
+        # W&B gets the composed run config (secrets scrubbed by the logger); the others need nothing extra.
+        if "config" in node:  # instantiate() owns the keyword `config`, so pass it through a partial
+            loggers.append(instantiate(node, _partial_=True)(config=logged_config))
+        else:
+            loggers.append(instantiate(node))
+    return loggers
+
+
+def review_callbacks(loggers: list[Any], callbacks: list[Any]) -> list[Any]:
+    """A W&B logger without WandbReview would miss the manifest artifacts and the run summary."""
+    from lightning.pytorch.loggers import WandbLogger
+
+    from lightning_field.integrations import WandbReview
+
+    wanted = any(isinstance(lg, WandbLogger) for lg in loggers)
+    return [WandbReview()] if wanted and not any(isinstance(c, WandbReview) for c in callbacks) else []
+
+
+def progress_bar(choice: str) -> tuple[list[Any], bool]:
+    """(callbacks, enable_progress_bar) for ``progress_bar=auto|rich|tqdm|none``."""
+    if choice not in ("auto", "rich", "tqdm", "none"):
+        raise TrainConfigError(f"progress_bar must be auto, rich, tqdm or none, got {choice!r}")
+    if choice == "none":
+        return [], False
+    if choice == "auto":
+        choice = "rich" if sys.stdout.isatty() and _has_rich() else "tqdm"
+    # Named explicitly either way: Lightning picks rich by itself whenever it is installed.
+    from lightning.pytorch.callbacks import RichProgressBar, TQDMProgressBar
+
+    return [RichProgressBar() if choice == "rich" else TQDMProgressBar()], True
+
+
+def _has_rich() -> bool:
+    try:
+        import rich  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def launch_inputs(cfg: DictConfig, model: Any, trainer: Any) -> Any:
+    from lightning_field.planning.launch import LaunchInputs
+
+    callbacks = cfg.get("callbacks") or {}
+    cadence = callbacks.get("checkpoint_cadence") if "_target_" in (callbacks.get("checkpoint_cadence") or {}) else None
+    checkpoint = callbacks.get("checkpoint") or {}
+    plan = cfg.get("plan") or {}
+    flops = getattr(model, "flops_per_batch", None)
+    return LaunchInputs(
+        params=sum(p.numel() for p in model.parameters()),
+        steps=int(trainer.max_steps) if trainer.max_steps and trainer.max_steps > 0 else 0,
+        world_size=int(trainer.world_size),
+        flops_per_batch=float(flops) if isinstance(flops, (int, float)) else None,
+        tokens=plan.get("tokens"),
+        device_tflops=plan.get("device_tflops"),
+        every_n_train_steps=checkpoint.get("every_n_train_steps"),
+        cadence_formula=cadence.formula if cadence is not None else None,
+        mtbf_hours=(cadence.mtbf_hours if cadence is not None else None) or plan.get("mtbf_hours"),
+        save_seconds=(cadence.save_cost_prior_s if cadence is not None else None) or plan.get("save_seconds"),
+        write_gb_per_s=float(plan.get("write_gb_per_s", 0.5)),
+        restart_seconds=float(plan.get("restart_seconds", 30.0)),
+        price_per_device_hour=plan.get("price_per_device_hour"),
+    )
+
+
+def prepare_rank_launch(cfg: DictConfig, run_dir: Path) -> None:
+    """Make the DDP ranks Lightning starts run *this* job in *this* directory.
+
+    Lightning restarts the script with its own arguments plus ``hydra.run.dir``. Under ``-m`` those
+    arguments are the whole sweep and ``hydra.run.dir`` is not the job's directory (Lightning
+    #16694), so every rank would run its own sweep elsewhere. Instead the ranks compose the job's
+    saved config and get the job's directory.
+    """
+    launch_dir = run_dir / "field" / "launch"
+    launch_dir.mkdir(parents=True, exist_ok=True)
+    (launch_dir / f"{LAUNCH_CONFIG}.yaml").write_text(OmegaConf.to_yaml(cfg))
+    sys.argv = [sys.argv[0], "--config-path", str(launch_dir), "--config-name", LAUNCH_CONFIG]
+    hydra_cfg = HydraConfig.get()
+    OmegaConf.set_readonly(hydra_cfg, False)
+    with open_dict(hydra_cfg):
+        hydra_cfg.run.dir = str(run_dir)
+    OmegaConf.set_readonly(hydra_cfg, True)
+
+
+def end_summary(run_dir: Path, checkpoint_dir: Path | None, printed_ttq: bool) -> str:
+    from lightning_field.checkpoint.resolver import committed_checkpoints, latest_recoverable
+    from lightning_field.core.events import read_events
+    from lightning_field.quality.ledger import goodput_ledger
+
+    lines = [f"[field-train] run directory: {run_dir}"]
+    if not printed_ttq:
+        ledger = goodput_ledger(read_events(run_dir))
+        lines.append(
+            f"[field-train] goodput {100 * ledger.goodput:.1f}% of {ledger.elapsed_s:.1f} s,"
+            f" {ledger.interruptions} interruption(s)"
+        )
+    if checkpoint_dir is not None:
+        entries = [e for e in committed_checkpoints(checkpoint_dir) if e.manifest is not None]
+        tested = sum(1 for e in entries if e.manifest.restore_tested)
+        last = latest_recoverable(checkpoint_dir)
+        lines.append(
+            f"[field-train] checkpoints: {checkpoint_dir} ({len(entries)} committed, {tested} restore-tested);"
+            f" resume point: {last.name if last else 'none'}  (field ckpt list {checkpoint_dir})"
+        )
+    bundles = sorted((run_dir / "field" / "evidence").glob("*/evidence.json"))
+    if bundles:
+        lines.append(f"[field-train] evidence bundles: {', '.join(str(b.parent) for b in bundles)}")
+    else:
+        lines.append(
+            "[field-train] evidence: none yet; `field-evidence` with the same model/data overrides restores a"
+            " checkpoint and compares the continuation with controlled runs"
+        )
+    return "\n".join(lines)
+
+
+def run(cfg: DictConfig) -> int:
+    import lightning.pytorch as pl
+
+    from lightning_field.checkpoint.observe import find_manifest_checkpoint
+    from lightning_field.checkpoint.resolver import latest_recoverable
+    from lightning_field.planning.launch import launch_estimate, render_launch_estimate
+    from lightning_field.quality.time_to_quality import TimeToQuality
+    from lightning_field.state.provenance import scrub_secrets
+
+    run_dir = Path(cfg.paths.output_dir).resolve()
+    rank = _rank()
+    launching = "LOCAL_RANK" not in os.environ and "RANK" not in os.environ
+    environment_before = {k: os.environ[k] for k in LAUNCHER_VARIABLES if k in os.environ}
+    try:
+        pl.seed_everything(int(cfg.seed), workers=True, verbose=False)
+        identity = identity_config(cfg)
+        model = instantiate(cfg.model)
+        data = instantiate(cfg.data) if cfg.get("data") is not None else None
+        callbacks = build_callbacks(cfg, identity, run_dir)
+        bar_callbacks, bar_enabled = progress_bar(str(cfg.get("progress_bar", "auto")))
+        logged = scrub_secrets(OmegaConf.to_container(cfg, resolve=True))
+        loggers = build_loggers(cfg, logged)
+        callbacks += review_callbacks(loggers, callbacks)
+        strategy = instantiate(cfg.strategy) if cfg.get("strategy") else None
+        trainer = instantiate(
+            cfg.trainer,
+            default_root_dir=str(run_dir),
+            callbacks=callbacks + bar_callbacks,
+            logger=loggers or False,
+            enable_progress_bar=bar_enabled,
+            **({"strategy": strategy} if strategy is not None else {}),
+        )
+    except TrainConfigError as err:
+        print(f"field-train: {err}", file=sys.stderr)
+        return EXIT_BAD_CONFIG
+
+    checkpoint = find_manifest_checkpoint(trainer)
+    checkpoint_dir = Path(checkpoint.dirpath) if checkpoint is not None and checkpoint.dirpath else None
+    checkpoint_dir = checkpoint_dir or run_dir / "checkpoints"
+    resume_from = latest_recoverable(checkpoint_dir) if checkpoint is not None else None
+    if not cfg.get("resume", True) and resume_from is not None:
+        print(
+            f"field-train: resume=false, but {checkpoint_dir} already holds the recoverable checkpoint"
+            f" {resume_from.name}; choose another run_name or drop resume=false",
+            file=sys.stderr,
+        )
+        return EXIT_BAD_CONFIG
+    if rank == 0 and launching:
+        print(OmegaConf.to_yaml(logged))
+        print(render_launch_estimate(launch_estimate(launch_inputs(cfg, model, trainer))))
+        where = f"resuming from {resume_from}" if resume_from else "starting fresh"
+        print(f"[field-train] run directory {run_dir}: {where}", flush=True)
+    if cfg.get("fault", {}).get("kill_at_step") is not None and launching and os.getpgrp() != os.getpid():
+        # The drill SIGKILLs its process group: make it this job's ranks only, never the calling shell.
+        os.setpgrp()
+    if launching and trainer.world_size > 1 and HydraConfig.initialized():
+        prepare_rank_launch(cfg, run_dir)
+    trainer.fit(model, datamodule=data, ckpt_path="last" if cfg.get("resume", True) and resume_from else None)
+    if trainer.is_global_zero:
+        ttq = any(isinstance(c, TimeToQuality) for c in trainer.callbacks)
+        print(end_summary(run_dir, checkpoint_dir if checkpoint is not None else None, ttq), flush=True)
+    if launching:
+        _end_distributed_job(environment_before)
+    return 0
+
+
+LAUNCHER_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE")
+
+
+def _end_distributed_job(environment_before: dict[str, str]) -> None:
+    """Leave the process as the job found it. Lightning keeps the process group up and its launcher
+    variables (LOCAL_RANK, ...) set after fit; under -m the next job in this process would then take
+    itself for a started rank, start no peers, and wait for them forever."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+    for name in LAUNCHER_VARIABLES:
+        if name in environment_before:
+            os.environ[name] = environment_before[name]
+        else:
+            os.environ.pop(name, None)
+
+
+@hydra.main(config_path=str(CONF_DIR), config_name="field_train", version_base="1.3")
+def _app(cfg: DictConfig) -> None:
+    code = run(cfg)
+    if code:
+        sys.exit(code)
+
+
+def main() -> None:
+    register_configs()
+    # As with `python -m`, modules in the current directory are importable by _target_.
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    _app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,87 @@
+"""field-train as users start it: killed and rerun, under DDP, under -m, refusing what it cannot do."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import run_child
+
+from lightning_field import read_events, read_manifest
+from lightning_field.checkpoint.resolver import latest_recoverable
+
+APP = ["-m", "lightning_field.cli.train_app"]
+QUIET = ["experiment=demo", "progress_bar=none", "trainer.enable_model_summary=false"]
+
+
+def field_train(root: Path, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    flags = [a for a in args if a.startswith("-")]  # Hydra's flags come before the overrides
+    overrides = [a for a in args if not a.startswith("-")]
+    return run_child([*APP, *flags, *QUIET, f"paths.root_dir={root}", *overrides], timeout=timeout, cwd=root)
+
+
+def test_a_killed_run_resumes_by_itself_when_the_same_command_is_rerun_and_ends_with_a_summary(tmp_path: Path) -> None:
+    killed = field_train(tmp_path, "fault.kill_at_step=25")
+    assert killed.returncode == -9, killed.stdout[-3000:]
+    run_dir = tmp_path / "outputs" / "field-train" / "demo"
+    resume_point = latest_recoverable(run_dir / "checkpoints")
+    assert read_manifest(resume_point).step < 25  # the kill came before step 25's save
+    assert "starting fresh" in killed.stdout and "Plan (estimates)" in killed.stdout
+    assert "badput budget" in killed.stdout and "checkpoint cadence: every 10 step(s)" in killed.stdout
+
+    resumed = field_train(tmp_path)
+    assert resumed.returncode == 0, resumed.stdout[-3000:]
+    assert f"resuming from {resume_point}" in resumed.stdout
+    assert "Time to quality (val_loss <= 0.8)" in resumed.stdout and "1 interruption(s)" in resumed.stdout
+    assert f"[field-train] checkpoints: {run_dir / 'checkpoints'}" in resumed.stdout
+    final = latest_recoverable(run_dir / "checkpoints")
+    assert final.name == "final-step=60" and read_manifest(final).step == 60
+    attempts = {e["attempt"] for e in read_events(run_dir)}
+    assert attempts == {1, 2}
+
+    again = field_train(tmp_path)  # a requeue after the end: nothing is redone
+    assert again.returncode == 0 and "resuming from" in again.stdout
+    assert latest_recoverable(run_dir / "checkpoints") == final
+
+
+def test_resume_false_refuses_a_run_directory_that_already_has_a_recovery_point(tmp_path: Path) -> None:
+    assert field_train(tmp_path, "trainer.max_steps=10").returncode == 0
+    refused = field_train(tmp_path, "resume=false")
+    assert refused.returncode == 2 and "already holds the recoverable checkpoint" in refused.stdout
+
+
+def test_cfg_job_prints_the_config_alone_and_trains_nothing(tmp_path: Path) -> None:
+    shown = field_train(tmp_path, "--cfg=job")
+    assert shown.returncode == 0 and "_target_: lightning_field.demo.DemoRegressor" in shown.stdout
+    assert "Plan (estimates)" not in shown.stdout and not (tmp_path / "outputs").exists()
+
+
+def test_a_multirun_of_ddp_jobs_keeps_every_rank_of_every_job_in_that_jobs_directory(tmp_path: Path) -> None:
+    """Lightning #16694: ranks Lightning starts under -m would rerun the sweep elsewhere."""
+    result = field_train(
+        tmp_path, "-m", "seed=0,1", "trainer=ddp_cpu", "trainer.max_steps=20",
+        "callbacks.straggler_monitor.report_interval_s=0.2", timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-4000:]
+    sweep = tmp_path / "multirun" / "field-train" / "demo"
+    jobs = sorted(p for p in sweep.iterdir() if p.is_dir())
+    assert [p.name.split(",")[1] for p in jobs] == ["seed=0", "seed=1"]  # named by the job's overrides
+    for seed, run_dir in enumerate(jobs):
+        profiles = sorted(p.name for p in (run_dir / "field" / "profile").glob("rank-*.jsonl"))
+        assert profiles == ["rank-00000.jsonl", "rank-00001.jsonl"]  # rank 1 wrote here too
+        manifest = read_manifest(latest_recoverable(run_dir / "checkpoints"))
+        assert manifest.world_size == 2 and manifest.step == 20
+        assert manifest.provenance["config"]["resolved"]["seed"] == seed
+    assert not (tmp_path / "outputs").exists()  # no rank fell back to the single-run directory
+    summary = json.loads((jobs[0] / "field" / "time_to_quality.json").read_text())
+    assert summary["monitor"] == "val_loss"
+
+
+def test_an_unimportable_model_target_is_named_before_training(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, *APP, *QUIET, f"paths.root_dir={tmp_path}", "model._target_=nowhere.Model"],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode != 0 and "nowhere.Model" in proc.stderr
