@@ -26,6 +26,7 @@ from lightning_field import (
     TimeToQuality,
     WandbReview,
 )
+from lightning_field.cli.train_app import instantiable_entries
 from lightning_field.integrations.hydra_configs import CONFIG_PACKAGE, register_configs
 
 CONF = Path(__file__).resolve().parent.parent / "lightning_field" / "conf" / "lightning_field"
@@ -83,9 +84,10 @@ def test_every_group_option_composes_into_field_train_and_instantiates(
     cfg = compose_train(f"{group}={option}", tmp_path=tmp_path)
     model, data = instantiate(cfg.model), instantiate(cfg.data)
     assert isinstance(model, pl.LightningModule) and isinstance(data, pl.LightningDataModule)
-    for name, node in (cfg.callbacks or {}).items():
+    # As field-train does: values left for a deselected callback (time_to_quality.target) are skipped.
+    for name, node in instantiable_entries("callbacks", cfg.callbacks).items():
         assert isinstance(instantiate(node), Callback), name
-    for name, node in (cfg.logger or {}).items():
+    for name, node in instantiable_entries("logger", cfg.logger).items():
         assert isinstance(instantiate(node), Logger), name  # W&B: no run starts before the first log
     if cfg.strategy:
         assert isinstance(instantiate(cfg.strategy), Strategy)
@@ -95,9 +97,9 @@ def test_every_group_option_composes_into_field_train_and_instantiates(
 
 def test_the_field_bundle_selects_every_callback_and_none_selects_nothing(tmp_path: Path) -> None:
     assert set(compose_train(tmp_path=tmp_path).callbacks) == set(CALLBACKS) - NEEDS_A_WANDB_LOGGER
-    assert not compose_train("callbacks=none", tmp_path=tmp_path).callbacks
+    assert not instantiable_entries("callbacks", compose_train("callbacks=none", tmp_path=tmp_path).callbacks)
     picked = compose_train("callbacks=[checkpoint,straggler_monitor]", tmp_path=tmp_path).callbacks
-    assert set(picked) == {"checkpoint", "straggler_monitor"}
+    assert set(instantiable_entries("callbacks", picked)) == {"checkpoint", "straggler_monitor"}
 
 
 def test_every_callback_parameter_can_be_overridden_on_the_command_line(tmp_path: Path) -> None:

@@ -54,7 +54,7 @@ def identity_config(cfg: DictConfig) -> dict[str, Any]:
     return identity
 
 
-def _instantiable(section: str, node: Any) -> dict[str, DictConfig]:
+def instantiable_entries(section: str, node: Any) -> dict[str, DictConfig]:
     """name -> node for each entry of a callbacks/logger mapping; entries left without ``_target_``
     (e.g. an override of a callback whose group was deselected) are skipped loudly."""
     if node is None:
@@ -75,7 +75,7 @@ def _instantiable(section: str, node: Any) -> dict[str, DictConfig]:
 
 def build_callbacks(cfg: DictConfig, identity: dict[str, Any], run_dir: Path) -> list[Any]:
     callbacks = []
-    for node in _instantiable("callbacks", cfg.get("callbacks")).values():
+    for node in instantiable_entries("callbacks", cfg.get("callbacks")).values():
         if node._target_ == "lightning_field.ManifestCheckpoint":
             # Lightning's default would be <logger dir>/<version>/checkpoints, a new directory per
             # attempt; resuming needs one that the next attempt finds again.
@@ -94,7 +94,7 @@ def build_callbacks(cfg: DictConfig, identity: dict[str, Any], run_dir: Path) ->
 
 def build_loggers(cfg: DictConfig, logged_config: dict[str, Any]) -> list[Any]:
     loggers = []
-    for node in _instantiable("logger", cfg.get("logger")).values():
+    for node in instantiable_entries("logger", cfg.get("logger")).values():
         # W&B gets the composed run config (secrets scrubbed by the logger); the others need nothing extra.
         if "config" in node:  # instantiate() owns the keyword `config`, so pass it through a partial
             loggers.append(instantiate(node, _partial_=True)(config=logged_config))
