@@ -85,3 +85,31 @@ def test_an_unimportable_model_target_is_named_before_training(tmp_path: Path) -
         capture_output=True, text=True, timeout=120, cwd=tmp_path,
     )  # fmt: skip
     assert proc.returncode != 0 and "nowhere.Model" in proc.stderr
+
+
+def test_wandb_offline_keeps_one_run_across_a_kill_and_the_automatic_resume(tmp_path: Path, monkeypatch) -> None:
+    from lightning_field import read_offline_run
+    from lightning_field.integrations import offline_segments, read_wandb_identity
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    assert field_train(tmp_path, "logger=wandb", "fault.kill_at_step=25").returncode == -9
+    resumed = field_train(tmp_path, "logger=wandb")
+    assert resumed.returncode == 0, resumed.stdout[-3000:]
+
+    run_dir = tmp_path / "outputs" / "field-train" / "demo"
+    run_id = read_wandb_identity(run_dir)["run_id"]
+    segments = offline_segments(run_dir)
+    assert len(segments) == 2 and segments[0].parent != segments[1].parent  # one directory per attempt
+    assert all(s.name.endswith(f"-{run_id}") for s in segments)  # wandb names each segment by its run id
+    runs = [read_offline_run(s) for s in segments]
+    # The kill may come before wandb's first flush (every second), leaving the first file without records.
+    assert {r["run_id"] for r in runs} - {None} == {run_id}
+    final = runs[1]
+    assert final["complete"] and final["summary"]["field/target_reached"] is True
+    assert final["summary"]["field/time_to_target_s"] > 0 and final["summary"]["field/interruptions"] == 1
+    assert 0 < final["summary"]["field/goodput"] < 1
+    manifests = [a for a in final["artifacts"] if a["type"] == "checkpoint-manifest"]
+    assert manifests and all("recoverable" in a["metadata"] and "step" in a["metadata"] for a in manifests)
+    assert any(a["metadata"]["step"] == 60 for a in manifests)
+    assert final["config"]["model"]["_target_"] == "lightning_field.demo.DemoRegressor"
