@@ -226,8 +226,10 @@ def run(cfg: DictConfig) -> int:
     try:
         pl.seed_everything(int(cfg.seed), workers=True, verbose=False)
         identity = identity_config(cfg)
-        model = instantiate(cfg.model)
-        data = instantiate(cfg.data) if cfg.get("data") is not None else None
+        # Plain lists and dicts, not OmegaConf containers: hparams land in checkpoints and in the
+        # restore drill's JSON spec.
+        model = instantiate(cfg.model, _convert_="all")
+        data = instantiate(cfg.data, _convert_="all") if cfg.get("data") is not None else None
         callbacks = build_callbacks(cfg, identity, run_dir)
         bar_callbacks, bar_enabled = progress_bar(str(cfg.get("progress_bar", "auto")))
         logged = scrub_secrets(OmegaConf.to_container(cfg, resolve=True))
