@@ -259,7 +259,7 @@ def run(cfg: DictConfig) -> int:
             file=sys.stderr,
         )
         return EXIT_BAD_CONFIG
-    if rank == 0 and launching:
+    if rank == 0:  # the launching process, or rank 0 under torchrun/SLURM
         print(OmegaConf.to_yaml(logged))
         print(render_launch_estimate(launch_estimate(launch_inputs(cfg, model, trainer))))
         where = f"resuming from {resume_from}" if resume_from else "starting fresh"
