@@ -138,15 +138,25 @@ def test_unseeded_randomness_is_reported_as_irreproducible_without_blaming_the_r
     assert ev["verdict"] == "within_noise" and rc == 0, interrupted["findings"]
 
 
-def test_bad_settings_fail_before_any_run_with_a_message_naming_them(user_dir: Path) -> None:
-    rc, out, ev = run_field_evidence(user_dir, "evidence.kill_mode=sometimes")
+def test_bad_settings_fail_before_any_run_with_a_message_naming_them(
+    user_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rc, out, ev = run_field_evidence(user_dir, "evidence.kill_mode=sometimes")  # the command, end to end
     assert rc == 2 and "kill_mode" in out and ev is None
-    rc, out, _ = run_field_evidence(user_dir, "+evidence.stepz=3")
-    assert rc == 2 and "stepz" in out
-    rc, out, _ = run_field_evidence(user_dir, "model._target_=no_such_module.Model")
-    assert rc == 2 and "model._target_=no_such_module.Model cannot be imported" in out
-    rc, out, _ = run_field_evidence(user_dir, "evidence.kill_mode=save", "evidence.kill_steps=[7]")
-    assert rc == 2 and "kill step 7 is not a checkpoint step" in out
+    # The rest in this process (each refusal comes before any run, so nothing is lost by it).
+    from hydra import compose, initialize_config_dir
+
+    from lightning_field.cli.evidence_app import CONF_DIR, run
+
+    for overrides, message in [
+        (["+evidence.stepz=3"], "stepz"),
+        (["model._target_=no_such_module.Model"], "model._target_=no_such_module.Model cannot be imported"),
+        (["evidence.kill_mode=save", "evidence.kill_steps=[7]"], "kill step 7 is not a checkpoint step"),
+    ]:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            cfg = compose(config_name="field_evidence", overrides=overrides)
+        assert run(cfg) == 2
+        assert message in capsys.readouterr().err
     assert not (user_dir / "bundle").exists()
 
 

@@ -4,6 +4,7 @@ through the search-path plugin, with the package installed normally and installe
 
 from __future__ import annotations
 
+import os
 import shutil
 import site
 import subprocess
@@ -45,6 +46,11 @@ trainer:
 """
 
 
+def _clean_env() -> dict[str, str]:
+    # PYTHONPATH (e.g. a checkout under test) would put another copy of the package in front.
+    return {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+
+
 def _venv(tmp_path: Path) -> Path:
     """A venv that sees this interpreter's packages (torch, hydra, ...) but not their .pth files, so
     the development install of lightning_field in them stays invisible."""
@@ -70,13 +76,15 @@ def _source_copy(tmp_path: Path) -> Path:
 def test_a_user_hydra_app_composes_the_shipped_configs(editable: bool, tmp_path: Path) -> None:
     python, source = _venv(tmp_path), _source_copy(tmp_path)
     install = [str(python), "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "--no-index"]
-    subprocess.run([*install, *(["-e"] if editable else []), str(source)], check=True, cwd=tmp_path, timeout=300)
+    subprocess.run(
+        [*install, *(["-e"] if editable else []), str(source)], check=True, cwd=tmp_path, timeout=300, env=_clean_env()
+    )
     app = tmp_path / "user_app"
     (app / "conf").mkdir(parents=True)
     (app / "app.py").write_text(USER_APP)
     (app / "conf" / "train.yaml").write_text(USER_CONFIG)
 
-    ok = subprocess.run([str(python), "app.py"], cwd=app, capture_output=True, text=True, timeout=300)
+    ok = subprocess.run([str(python), "app.py"], cwd=app, capture_output=True, text=True, timeout=300, env=_clean_env())
     assert ok.returncode == 0, ok.stderr[-3000:]
     expected_home = source if editable else python.parent.parent
     assert f"PACKAGE {expected_home}" in ok.stdout, ok.stdout
@@ -89,6 +97,6 @@ def test_a_user_hydra_app_composes_the_shipped_configs(editable: bool, tmp_path:
     # The plugin also registered the schemas: a wrong type is refused at composition, by name.
     bad = subprocess.run(
         [str(python), "app.py", "callbacks.checkpoint.every_n_train_steps=often"],
-        cwd=app, capture_output=True, text=True, timeout=300,
+        cwd=app, capture_output=True, text=True, timeout=300, env=_clean_env(),
     )  # fmt: skip
     assert bad.returncode != 0 and "every_n_train_steps" in bad.stderr and "Integer" in bad.stderr
