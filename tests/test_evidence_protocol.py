@@ -146,7 +146,8 @@ def test_bad_settings_fail_before_any_run_with_a_message_naming_them(
     # The rest in this process (each refusal comes before any run, so nothing is lost by it).
     from hydra import compose, initialize_config_dir
 
-    from lightning_field.cli.evidence_app import CONF_DIR, run
+    from lightning_field.cli.evidence_app import run
+    from lightning_field.cli.hydra_app import CONF_DIR
 
     for overrides, message in [
         (["+evidence.stepz=3"], "stepz"),

@@ -12,17 +12,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from lightning_field.cli.hydra_app import hydra_main
 from lightning_field.evidence.bundle import EVIDENCE_JSON, EVIDENCE_MD, build_evidence, write_bundle
 from lightning_field.evidence.protocol import EvidenceConfigError, EvidenceSettings, plan_kills, run_protocol
-from lightning_field.integrations.hydra_configs import register_configs
 
-CONF_DIR = Path(__file__).resolve().parents[1] / "conf" / "lightning_field"
 EXIT_PASSED, EXIT_GATE_FAILED, EXIT_BAD_CONFIG = 0, 1, 2
 
 
@@ -93,19 +91,8 @@ def run(cfg: DictConfig) -> int:
     return EXIT_PASSED if gate["passed"] else EXIT_GATE_FAILED
 
 
-@hydra.main(config_path=str(CONF_DIR), config_name="field_evidence", version_base="1.3")
-def _app(cfg: DictConfig) -> None:
-    code = run(cfg)
-    if code:
-        sys.exit(code)
-
-
 def main() -> None:
-    register_configs()
-    # As with `python -m`, modules in the current directory are importable by _target_.
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    _app()
+    hydra_main("field_evidence", run)
 
 
 if __name__ == "__main__":

@@ -13,14 +13,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from lightning_field.integrations.hydra_configs import register_configs
+from lightning_field.cli.hydra_app import hydra_main
 
-CONF_DIR = Path(__file__).resolve().parents[1] / "conf" / "lightning_field"
 EXIT_BAD_CONFIG = 2
 # Keys that say how a run is watched, stored or interrupted, not what it computes: changing them
 # must not make the resume check refuse the run's own checkpoints.
@@ -296,19 +294,8 @@ def _end_distributed_job(environment_before: dict[str, str]) -> None:
             os.environ.pop(name, None)
 
 
-@hydra.main(config_path=str(CONF_DIR), config_name="field_train", version_base="1.3")
-def _app(cfg: DictConfig) -> None:
-    code = run(cfg)
-    if code:
-        sys.exit(code)
-
-
 def main() -> None:
-    register_configs()
-    # As with `python -m`, modules in the current directory are importable by _target_.
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    _app()
+    hydra_main("field_train", run)
 
 
 if __name__ == "__main__":

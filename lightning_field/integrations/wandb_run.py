@@ -1023,20 +1023,3 @@ def read_offline_run(path: str | os.PathLike[str]) -> dict[str, Any]:
     out["steps"] = [row["_step"] for row in out["history"] if "_step" in row]
     out["torn"] = torn.torn
     return out
-
-
-__all__ = [
-    "CHECKPOINT_ARTIFACT_TYPE",
-    "EVIDENCE_ARTIFACT_TYPE",
-    "MANIFEST_ARTIFACT_TYPE",
-    "WANDB_RELPATH",
-    "FieldWandbLogger",
-    "WandbReview",
-    "field_summary",
-    "log_evidence_bundle",
-    "manifest_metadata",
-    "offline_segments",
-    "read_offline_run",
-    "read_wandb_identity",
-    "scrub_config",
-]
