@@ -13,9 +13,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import TESTS_DIR, child_env
+from conftest import TESTS_DIR, child_env, make_trainer
 
 from lightning_field.cli.main import main as field_main
+from lightning_field.demo import DemoDataModule, DemoRegressor
 
 STEPS = "evidence.steps=20"
 
@@ -171,12 +172,10 @@ def test_evidence_check_accepts_a_matching_checkpoint_and_rejects_stale_or_missi
     assert field_main(["evidence", "check", str(bundle), "--checkpoint", str(same)]) == 0
     assert "SUPPORTED" in capsys.readouterr().out
 
-    # A checkpoint of a different configuration: the evidence is stale for it.
-    other = user_dir / "other"
-    other.mkdir()
-    rc, out, _ = run_field_evidence(other, "evidence.steps=10", "evidence.keep_checkpoints=true", "model.hidden=48")
-    assert rc == 0, out[-3000:]
-    stale = other / "bundle" / "runs" / "control-1" / "checkpoints" / "epoch=0-step=10"
+    # A checkpoint of a different configuration (a wider model, trained here): the evidence is stale for it.
+    trainer = make_trainer(user_dir / "other", max_steps=2)
+    trainer.fit(DemoRegressor(hidden=48), datamodule=DemoDataModule())
+    stale = user_dir / "other" / "ckpts" / "epoch=0-step=2"
     assert field_main(["evidence", "check", str(bundle), "--checkpoint", str(stale)]) == 1
     printed = capsys.readouterr().out
     assert "NOT SUPPORTED" in printed and "stale, config.hash" in printed and "model.architecture_hash" in printed
