@@ -1,0 +1,13 @@
+"""Baseline before scale: checks that data, labels and model are sound before a run is spent on them.
+
+``check_data`` samples a few batches and reports NaN/Inf, inconsistent shapes, labels out of range,
+class imbalance, empty batches, train/val duplicates and what ``drop_last`` does; ``tiny_overfit``
+tells whether the model and its loss can memorise a few fixed batches, and if not, what to try.
+"""
+
+from __future__ import annotations
+
+from lightning_field.baseline.data_checks import CheckResult, check_data, format_results, split_batch
+from lightning_field.baseline.overfit import OverfitResult, tiny_overfit
+
+__all__ = ["CheckResult", "OverfitResult", "check_data", "format_results", "split_batch", "tiny_overfit"]
