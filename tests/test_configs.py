@@ -207,3 +207,22 @@ def test_a_user_app_composes_the_namespaced_groups_at_the_packages_users_expect(
         initialize_config_dir(config_dir=str(tmp_path), version_base="1.3"),
     ):
         compose(config_name="train", overrides=["callbacks.checkpoint.every_n_train_steps=often"])
+
+
+def test_preflight_settings_yaml_mirrors_the_dataclass() -> None:
+    from lightning_field.baseline.preflight import PreflightSettings
+
+    cfg = OmegaConf.load(CONF / "preflight" / "default.yaml")
+    assert set(cfg) == set(PreflightSettings.__dataclass_fields__)
+    PreflightSettings(**OmegaConf.to_container(cfg)).validate()
+
+
+@pytest.mark.parametrize("experiment", options("experiment"))
+def test_field_preflight_composes_with_every_experiment(experiment: str, tmp_path: Path) -> None:
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose(
+            config_name="field_preflight", overrides=[f"experiment={experiment}", f"paths.output_dir={tmp_path}"]
+        )
+    assert isinstance(instantiate(cfg.model), pl.LightningModule)
+    assert isinstance(instantiate(cfg.data), pl.LightningDataModule)

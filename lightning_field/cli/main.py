@@ -16,7 +16,22 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_parser(sub)
     probe.add_parser(sub)
     wandb.add_parser(sub)
+    preflight = sub.add_parser(
+        "preflight",
+        help="data and label checks, a tiny overfit, a one-device baseline and the fit (Hydra overrides follow)",
+        add_help=False,  # --help and every other argument go to the Hydra app
+    )
+    preflight.add_argument("overrides", nargs=argparse.REMAINDER)
+    preflight.set_defaults(func=_preflight)
     return parser
+
+
+def _preflight(args: argparse.Namespace) -> int:
+    from lightning_field.cli import preflight_app
+
+    sys.argv = ["field preflight", *args.overrides]
+    preflight_app.main()
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

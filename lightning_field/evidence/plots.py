@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 
-def _figure(size: tuple[float, float]) -> Any:
+def standalone_figure(size: tuple[float, float]) -> Any:
     """A standalone Figure: no pyplot, so no global backend is chosen for the user's process, and
     matplotlib is imported only when a bundle is written, not with the package."""
     from matplotlib.figure import Figure
@@ -21,7 +21,7 @@ def plot_losses(
     path: Path,
 ) -> Path:
     """``series``: run name -> (step, loss); ``kills``: run name -> (kill step, resumed-from step)."""
-    fig = _figure((9, 5))
+    fig = standalone_figure((9, 5))
     ax = fig.subplots()
     for name, points in series.items():
         if not points:
@@ -53,7 +53,7 @@ def plot_losses(
 
 def plot_divergence(deltas: Mapping[str, Sequence[tuple[int, float]]], path: Path) -> Path:
     """|Δloss| against control 1 per step; zero (bitwise equal) is drawn on its own baseline."""
-    fig = _figure((9, 4))
+    fig = standalone_figure((9, 4))
     ax = fig.subplots()
     nonzero = [d for points in deltas.values() for _, d in points if d > 0]
     floor = min(nonzero) / 10 if nonzero else 1e-12

@@ -1,0 +1,296 @@
+"""``field preflight``: data checks, a tiny overfit, a single-device baseline and the fit, as one verdict.
+
+The method puts the baseline first: before a distributed run is investigated, the data and labels
+are checked, the model must be able to memorise a few batches, and the step time, memory and loss
+trajectory of one device are measured. "The model state fits" is a separate finding from any
+claim about using more devices efficiently, so the fit is reported from the real model and
+optimizer state, not from a formula.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.callbacks import Callback
+from typing_extensions import override
+
+from lightning_field.baseline.data_checks import CheckResult, check_data, format_results
+from lightning_field.baseline.overfit import tiny_overfit
+from lightning_field.profiling.throughput import batch_counts, peak_memory_bytes
+
+
+class PreflightConfigError(ValueError):
+    """The preflight settings cannot be run; the message names the setting."""
+
+
+@dataclass
+class PreflightSettings:
+    """Mirrored by ``conf/lightning_field/preflight/default.yaml``."""
+
+    sample_batches: int = 50  # batches of each split the data checks read
+    num_classes: int | None = None  # default: the model's ``num_classes`` attribute, when it has one
+    label_key: str | None = None  # default: the last tuple element, or a labels/label/y/target key
+    ignore_index: int | None = -100
+    overfit_batches: int = 2
+    overfit_max_steps: int = 200
+    overfit_target_ratio: float = 0.1
+    overfit_lr: float | None = None
+    baseline_steps: int = 30  # measured steps on the configured single device (after warmup)
+    baseline_warmup_steps: int = 3
+    state_fraction: float = 0.6  # of device memory the persistent state may take; the rest is activations
+
+    def validate(self) -> None:
+        for name in ("sample_batches", "overfit_batches", "overfit_max_steps", "baseline_steps"):
+            if getattr(self, name) < 1:
+                raise PreflightConfigError(f"preflight.{name} must be >= 1 (a step budget of zero tests nothing)")
+        if self.baseline_warmup_steps < 0:
+            raise PreflightConfigError("preflight.baseline_warmup_steps must be >= 0")
+        if not 0 < self.overfit_target_ratio < 1:
+            raise PreflightConfigError(
+                f"preflight.overfit_target_ratio must be in (0, 1), got {self.overfit_target_ratio}"
+            )
+        if not 0 < self.state_fraction <= 1:
+            raise PreflightConfigError(f"preflight.state_fraction must be in (0, 1], got {self.state_fraction}")
+
+
+class StepClock(Callback):
+    """Wall time from one batch's end to the next (data loading included), the loss and the batch size."""
+
+    def __init__(self) -> None:
+        self.steps: list[dict[str, float | int | None]] = []
+        self._last: float | None = None
+
+    @override
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        now = time.perf_counter()
+        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+        samples, tokens = batch_counts(batch)
+        self.steps.append({
+            "step": trainer.global_step,
+            "seconds": None if self._last is None else now - self._last,
+            "loss": float(loss.detach()) if isinstance(loss, torch.Tensor) else None,  # off the hot path: preflight
+            "samples": samples,
+            "tokens": tokens,
+        })  # fmt: skip
+        self._last = now
+
+
+def _tensor_bytes(value: Any) -> int:
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, dict):
+        return sum(_tensor_bytes(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(_tensor_bytes(v) for v in value)
+    return 0
+
+
+def device_memory_bytes(device: torch.device) -> tuple[int | None, str]:
+    """(bytes, source) of the memory the persistent state competes for on ``device``."""
+    if device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device).total_memory), "torch.cuda.get_device_properties"
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")), "host RAM (os.sysconf)"
+    except (ValueError, OSError):
+        return None, "unknown"
+
+
+def measure_fit(model: pl.LightningModule, optimizer: torch.optim.Optimizer, device: torch.device, fraction: float):
+    """Persistent state measured from the live model and its optimizer after real steps."""
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    grads = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    optim = _tensor_bytes(optimizer.state_dict()["state"])
+    total = params + grads + optim
+    memory, source = device_memory_bytes(device)
+    fits = None if memory is None else total <= fraction * memory
+    return {
+        "params_bytes": params,
+        "grads_bytes": grads,
+        "optimizer_bytes": optim,
+        "state_bytes": total,
+        "basis": "measured: parameters, gradients (one per trainable parameter) and optimizer state after real steps",
+        "device": str(device),
+        "device_memory_bytes": memory,
+        "device_memory_source": source,
+        "state_fraction": fraction,
+        "fits": fits,
+    }
+
+
+def baseline(model: pl.LightningModule, datamodule: Any, trainer_kwargs: dict[str, Any], settings: PreflightSettings):
+    """Step time (median, p90), throughput, peak memory and loss trajectory over a few real steps."""
+    clock = StepClock()
+    steps = settings.baseline_warmup_steps + settings.baseline_steps
+    trainer = pl.Trainer(
+        **{**trainer_kwargs, "max_steps": steps, "max_epochs": -1, "logger": False, "enable_checkpointing": False,
+           "enable_progress_bar": False, "enable_model_summary": False, "limit_val_batches": 0,
+           "num_sanity_val_steps": 0, "callbacks": [clock]},
+    )  # fmt: skip
+    trainer.fit(model, datamodule=datamodule)
+    timed = [s for s in clock.steps[settings.baseline_warmup_steps :] if s["seconds"] is not None]
+    seconds = sorted(float(s["seconds"]) for s in timed)
+    if not seconds:
+        raise PreflightConfigError("the baseline measured no steps: the training data yields too few batches")
+    median = statistics.median(seconds)
+    p90 = seconds[min(len(seconds) - 1, int(0.9 * len(seconds)))]
+    samples = sum(int(s["samples"]) for s in timed)
+    tokens = [s["tokens"] for s in timed]
+    peak, peak_source = peak_memory_bytes(trainer.strategy.root_device)
+    return {
+        "device": str(trainer.strategy.root_device),
+        "steps_measured": len(seconds),
+        "warmup_steps": settings.baseline_warmup_steps,
+        "step_s_median": median,
+        "step_s_p90": p90,
+        "samples_per_s": samples / sum(seconds),
+        "tokens_per_s": sum(tokens) / sum(seconds) if all(t is not None for t in tokens) else None,
+        "peak_memory_bytes": peak,
+        "peak_memory_source": peak_source,
+        "loss": [(s["step"], s["loss"]) for s in clock.steps],
+        "step_seconds": [(s["step"], s["seconds"]) for s in clock.steps if s["seconds"] is not None],
+    }, trainer
+
+
+def _take(loader: Any, n: int) -> list[Any]:
+    batches = []
+    for batch in loader:
+        batches.append(batch)
+        if len(batches) == n:
+            break
+    return batches
+
+
+def run_preflight(
+    model: pl.LightningModule, datamodule: Any, trainer_kwargs: dict[str, Any], settings: PreflightSettings
+) -> dict[str, Any]:
+    """Every check, in order; the report is plain data (``write_report`` renders it)."""
+    settings.validate()
+    datamodule.setup("fit")
+    train_loader = datamodule.train_dataloader()
+    val_loader = datamodule.val_dataloader() if _has_val(datamodule) else None
+    num_classes = settings.num_classes if settings.num_classes is not None else getattr(model, "num_classes", None)
+    data: list[CheckResult] = check_data(
+        train_loader, val_loader, num_classes=num_classes, sample_batches=settings.sample_batches,
+        label_key=settings.label_key, ignore_index=settings.ignore_index,
+    )  # fmt: skip
+    # A data fault (a label out of range, ...) can make training itself raise. That is a finding to
+    # report next to the data check that explains it, not a crash that hides the table.
+    overfit, overfit_error = _attempt(
+        lambda: tiny_overfit(
+            model, _take(train_loader, settings.overfit_batches), max_steps=settings.overfit_max_steps,
+            target_ratio=settings.overfit_target_ratio, lr=settings.overfit_lr,
+        )
+    )  # fmt: skip
+    measured_trainer, baseline_error = _attempt(lambda: baseline(model, datamodule, trainer_kwargs, settings))
+    measured, trainer = measured_trainer if measured_trainer is not None else (None, None)
+    fit = None
+    if trainer is not None:
+        fit = measure_fit(model, trainer.optimizers[0], trainer.strategy.root_device, settings.state_fraction)
+    failed = [r.name for r in data if not r.passed and r.severity == "error"]
+    if overfit is None or not overfit.passed:
+        failed.append("tiny_overfit")
+    if measured is None:
+        failed.append("baseline")
+    if fit is not None and fit["fits"] is False:
+        failed.append("fit")
+    return {
+        "passed": not failed,
+        "failed": failed,
+        "settings": asdict(settings),
+        "num_classes": num_classes,
+        "data_checks": [asdict(r) for r in data],
+        "overfit": asdict(overfit) if overfit is not None else {"passed": False, "detail": overfit_error},
+        "baseline": measured if measured is not None else {"error": baseline_error},
+        "fit": fit,
+    }
+
+
+def _attempt(work: Any) -> tuple[Any, str | None]:
+    try:
+        return work(), None
+    except PreflightConfigError:
+        raise
+    except Exception as err:  # reported as the failed check it is
+        return None, f"raised {type(err).__name__}: {err}"
+
+
+def _has_val(datamodule: Any) -> bool:
+    try:
+        return datamodule.val_dataloader() is not None
+    except (NotImplementedError, AttributeError, pl.utilities.exceptions.MisconfigurationException):
+        return False
+
+
+def _mb(n: int | None) -> str:
+    if n is None:
+        return "n/a"
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
+def render_report(report: dict[str, Any]) -> str:
+    o, b, f = report["overfit"], report["baseline"], report["fit"]
+    data = [CheckResult(**d) for d in report["data_checks"]]
+    lines = ["Data and labels:", format_results(data), "", "Tiny overfit:"]
+    lines.append(f"  {'ok  ' if o['passed'] else 'FAIL'} {o['detail']}")
+    if o.get("hint"):
+        lines.append(f"       try: {o['hint']}")
+    lines.append("")
+    if "error" in b:
+        lines.append(f"Baseline: FAIL, training {b['error']}")
+    else:
+        tokens = f", {b['tokens_per_s']:.0f} tokens/s" if b["tokens_per_s"] else ""
+        lines += [
+            f"Baseline ({b['device']}, {b['steps_measured']} steps after {b['warmup_steps']} warm-up):",
+            f"  step time median {1e3 * b['step_s_median']:.1f} ms, p90 {1e3 * b['step_s_p90']:.1f} ms;"
+            f" {b['samples_per_s']:.1f} samples/s{tokens}",
+            f"  peak memory {_mb(b['peak_memory_bytes'])} ({b['peak_memory_source']})",
+        ]
+    if f is not None:
+        lines += [
+            "",
+            "Fit (measured from the real model and optimizer):",
+            f"  {'ok  ' if f['fits'] is not False else 'FAIL'} state {_mb(f['state_bytes'])} = params"
+            f" {_mb(f['params_bytes'])} + grads {_mb(f['grads_bytes'])} + optimizer {_mb(f['optimizer_bytes'])};"
+            f" device {_mb(f['device_memory_bytes'])} ({f['device_memory_source']}),"
+            f" allowed share {f['state_fraction']:g}",
+        ]
+    lines += ["", "PREFLIGHT PASSED" if report["passed"] else f"PREFLIGHT FAILED: {', '.join(report['failed'])}"]
+    return "\n".join(lines)
+
+
+def write_report(report: dict[str, Any], out_dir: Path) -> dict[str, Path]:
+    """``preflight.json``, ``preflight.md`` and ``baseline.png`` (step time and loss per step)."""
+    import json
+
+    from lightning_field.core.fsio import atomic_write_bytes
+    from lightning_field.evidence.plots import standalone_figure
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {"json": out_dir / "preflight.json", "md": out_dir / "preflight.md", "png": out_dir / "baseline.png"}
+    atomic_write_bytes(paths["json"], json.dumps(report, indent=2, default=str).encode())
+    atomic_write_bytes(paths["md"], ("```\n" + render_report(report) + "\n```\n").encode())
+    fig = standalone_figure((9, 4))
+    left, right = fig.subplots(1, 2)
+    times = report["baseline"].get("step_seconds", [])
+    if times:
+        left.plot([s for s, _ in times], [1e3 * t for _, t in times], marker=".")
+    left.set(xlabel="step", ylabel="step time (ms)", title="baseline step time")
+    losses = [(s, v) for s, v in report["baseline"].get("loss", []) if v is not None]
+    if losses:
+        right.plot([s for s, _ in losses], [v for _, v in losses], marker=".")
+    right.set(xlabel="step", ylabel="loss", title="baseline loss")
+    fig.tight_layout()
+    fig.savefig(paths["png"])
+    return paths
