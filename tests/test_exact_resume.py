@@ -24,11 +24,10 @@ def _interrupt_and_resume(tmp_path: Path, *args: str, kill_after: int) -> tuple[
     return torch.load(tmp_path / "uninterrupted.pt"), torch.load(tmp_path / "interrupted.pt"), log
 
 
-# DDP with main-process loading (workers=0) is covered by the epoch-boundary test below and by the
-# two-rank evidence protocol test; the suite's time goes to the combinations nothing else runs.
-@pytest.mark.parametrize(
-    ("devices", "workers"), [(1, 0), (1, 2), (2, 2)], ids=["single-workers0", "single-workers2", "ddp2-workers2"]
-)
+# Main-process loading (workers=0) is covered elsewhere: on one device by test_evidence_protocol's
+# SIGKILL test (bitwise, per step), under DDP by the epoch-boundary test below and the two-rank
+# evidence test. The suite's time goes to the combinations nothing else runs.
+@pytest.mark.parametrize(("devices", "workers"), [(1, 2), (2, 2)], ids=["single-workers2", "ddp2-workers2"])
 def test_resume_after_sigkill_mid_epoch_is_bitwise_identical(tmp_path: Path, devices: int, workers: int) -> None:
     # 96 samples / batch 8 / world size: the kill at step 13 falls mid-epoch and resumes from step 10.
     args = ["--devices", str(devices), "--workers", str(workers), "--every", "5"]

@@ -2,12 +2,27 @@
 
 ``check_data`` samples a few batches and reports NaN/Inf, inconsistent shapes, labels out of range,
 class imbalance, empty batches, train/val duplicates and what ``drop_last`` does; ``tiny_overfit``
-tells whether the model and its loss can memorise a few fixed batches, and if not, what to try.
+tells whether the model and its loss can memorise a few fixed batches, and if not, what to try;
+``run_preflight`` adds a one-device baseline and the fit (``field preflight``); ``run_study`` measures
+scaling at constant effective batch with gradient equivalence and names the bottleneck (``field scale``).
 """
 
 from __future__ import annotations
 
 from lightning_field.baseline.data_checks import CheckResult, check_data, format_results, split_batch
 from lightning_field.baseline.overfit import OverfitResult, tiny_overfit
+from lightning_field.baseline.preflight import PreflightSettings, run_preflight
+from lightning_field.baseline.scale import StudyConfig, run_study
 
-__all__ = ["CheckResult", "OverfitResult", "check_data", "format_results", "split_batch", "tiny_overfit"]
+__all__ = [
+    "CheckResult",
+    "OverfitResult",
+    "PreflightSettings",
+    "StudyConfig",
+    "check_data",
+    "format_results",
+    "run_preflight",
+    "run_study",
+    "split_batch",
+    "tiny_overfit",
+]
