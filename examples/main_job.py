@@ -24,16 +24,22 @@ import subprocess
 import sys
 from pathlib import Path
 
+from omegaconf import OmegaConf
+
 from lightning_field.checkpoint.resolver import committed_checkpoints
+from lightning_field.cli.hydra_app import CONF_DIR
 from lightning_field.cli.main import main as field
 
-# The toy model and data the evidence step (and --tiny) use: experiment/char_gpt_tiny.yaml's values.
-TINY_WORKLOAD = [
-    "model=char_gpt", "data=stdlib_text", "model.block_size=32", "model.n_layer=1", "model.n_head=2",
-    "model.n_embd=32", "model.dropout=0.1", "model.lr=0.01", "model.warmup_steps=5", "model.max_steps=40",
-    "data.batch_size=8", "data.max_chars=200000", "data.val_every_kth_file=5", "data.samples_per_epoch=400",
-    "data.val_windows=32",
-]  # fmt: skip
+
+def tiny_workload() -> list[str]:
+    """The evidence step's model and data as field-evidence overrides: experiment/char_gpt_tiny's
+    values, read from the shipped config so the two cannot drift apart."""
+    tiny = OmegaConf.load(CONF_DIR / "experiment" / "char_gpt_tiny.yaml")
+    return [
+        "model=char_gpt", "data=stdlib_text", f"model.max_steps={tiny.trainer.max_steps}",
+        *(f"model.{key}={value}" for key, value in tiny.model.items()),
+        *(f"data.{key}={value}" for key, value in tiny.data.items()),
+    ]  # fmt: skip
 
 
 def say(text: str) -> None:
@@ -85,7 +91,7 @@ def main() -> int:
     print(f"restore drills during training: {outcomes}")
     bundle = run_dir / "field" / "evidence" / "char_gpt_tiny"
     evidence = [
-        sys.executable, "-m", "lightning_field.cli.evidence_app", *TINY_WORKLOAD, "evidence.steps=30",
+        sys.executable, "-m", "lightning_field.cli.evidence_app", *tiny_workload(), "evidence.steps=30",
         "evidence.interruptions=1", "evidence.kill_mode=mixed", "evidence.parallel_controls=true",
         "callbacks.checkpoint.every_n_train_steps=5", f"evidence.bundle_dir={bundle}",
         f"hydra.run.dir={run_dir / 'field' / 'evidence'}",

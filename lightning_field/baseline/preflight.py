@@ -9,6 +9,7 @@ optimizer state, not from a formula.
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
 import time
@@ -77,11 +78,16 @@ class StepClock(Callback):
         self.steps.append({
             "step": trainer.global_step,
             "seconds": None if self._last is None else now - self._last,
-            "loss": float(loss.detach()) if isinstance(loss, torch.Tensor) else None,  # off the hot path: preflight
+            # Kept as a tensor: reading it here would synchronise the device inside the timed step.
+            "loss": loss.detach() if isinstance(loss, torch.Tensor) else None,
             "samples": samples,
             "tokens": tokens,
         })  # fmt: skip
         self._last = now
+
+    def losses(self) -> list[tuple[int, float | None]]:
+        """(step, loss) per step, read once training is over."""
+        return [(s["step"], None if s["loss"] is None else float(s["loss"])) for s in self.steps]
 
 
 def _tensor_bytes(value: Any) -> int:
@@ -155,7 +161,7 @@ def baseline(model: pl.LightningModule, datamodule: Any, trainer_kwargs: dict[st
         "tokens_per_s": sum(tokens) / sum(seconds) if all(t is not None for t in tokens) else None,
         "peak_memory_bytes": peak,
         "peak_memory_source": peak_source,
-        "loss": [(s["step"], s["loss"]) for s in clock.steps],
+        "loss": clock.losses(),
         "step_seconds": [(s["step"], s["seconds"]) for s in clock.steps if s["seconds"] is not None],
     }, trainer
 
@@ -176,7 +182,7 @@ def run_preflight(
     settings.validate()
     datamodule.setup("fit")
     train_loader = datamodule.train_dataloader()
-    val_loader = datamodule.val_dataloader() if _has_val(datamodule) else None
+    val_loader = _val_loader(datamodule)
     num_classes = settings.num_classes if settings.num_classes is not None else getattr(model, "num_classes", None)
     data: list[CheckResult] = check_data(
         train_loader, val_loader, num_classes=num_classes, sample_batches=settings.sample_batches,
@@ -223,11 +229,11 @@ def _attempt(work: Any) -> tuple[Any, str | None]:
         return None, f"raised {type(err).__name__}: {err}"
 
 
-def _has_val(datamodule: Any) -> bool:
+def _val_loader(datamodule: Any) -> Any:
     try:
-        return datamodule.val_dataloader() is not None
+        return datamodule.val_dataloader()
     except (NotImplementedError, AttributeError, pl.utilities.exceptions.MisconfigurationException):
-        return False
+        return None
 
 
 def _mb(n: int | None) -> str:
@@ -272,8 +278,6 @@ def render_report(report: dict[str, Any]) -> str:
 
 def write_report(report: dict[str, Any], out_dir: Path) -> dict[str, Path]:
     """``preflight.json``, ``preflight.md`` and ``baseline.png`` (step time and loss per step)."""
-    import json
-
     from lightning_field.core.fsio import atomic_write_bytes
     from lightning_field.evidence.plots import standalone_figure
 

@@ -41,10 +41,9 @@ def _rank() -> int:
     return int(getattr(rank_zero_only, "rank", 0) or 0)
 
 
-def identity_config(cfg: DictConfig) -> dict[str, Any]:
-    """The resolved configuration that defines the training trajectory, for the checkpoint's resume check."""
-    resolved = OmegaConf.to_container(cfg, resolve=True)
-    assert isinstance(resolved, dict)
+def identity_config(resolved: dict[str, Any]) -> dict[str, Any]:
+    """The part of the resolved configuration that defines the training trajectory, for the
+    checkpoint's resume check."""
     identity = {k: v for k, v in resolved.items() if k not in NOT_IDENTITY}
     trainer = identity.get("trainer")
     if isinstance(trainer, dict):
@@ -223,14 +222,16 @@ def run(cfg: DictConfig) -> int:
     environment_before = {k: os.environ[k] for k in LAUNCHER_VARIABLES if k in os.environ}
     try:
         pl.seed_everything(int(cfg.seed), workers=True, verbose=False)
-        identity = identity_config(cfg)
+        resolved = OmegaConf.to_container(cfg, resolve=True)
+        assert isinstance(resolved, dict)
+        identity = identity_config(resolved)
         # Plain lists and dicts, not OmegaConf containers: hparams land in checkpoints and in the
         # restore drill's JSON spec.
         model = instantiate(cfg.model, _convert_="all")
         data = instantiate(cfg.data, _convert_="all") if cfg.get("data") is not None else None
         callbacks = build_callbacks(cfg, identity, run_dir)
         bar_callbacks, bar_enabled = progress_bar(str(cfg.get("progress_bar", "auto")))
-        logged = scrub_secrets(OmegaConf.to_container(cfg, resolve=True))
+        logged = scrub_secrets(resolved)
         loggers = build_loggers(cfg, logged)
         callbacks += review_callbacks(loggers, callbacks)
         strategy = instantiate(cfg.strategy) if cfg.get("strategy") else None

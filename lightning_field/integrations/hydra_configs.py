@@ -21,6 +21,7 @@ import typing
 from typing import Any, Literal, Optional, Union
 
 from hydra.core.config_store import ConfigStore
+from hydra.utils import get_class
 from omegaconf import MISSING
 
 CONFIG_PACKAGE = "pkg://lightning_field.conf"
@@ -138,11 +139,6 @@ def structured_config(cls: type, target: str, exclude: frozenset[str] = frozense
     return dataclasses.make_dataclass(f"{cls.__name__}Config", fields)
 
 
-def _import(target: str) -> type:
-    module, _, name = target.rpartition(".")
-    return getattr(__import__(module, fromlist=[name]), name)
-
-
 def register_configs(store: ConfigStore | None = None) -> None:
     """Put every schema in Hydra's ConfigStore under ``lightning_field_schema/<group>/<option>``.
 
@@ -150,5 +146,5 @@ def register_configs(store: ConfigStore | None = None) -> None:
     store = store or ConfigStore.instance()
     for key, schema in SCHEMAS.items():
         group, _, name = key.rpartition("/")
-        node = structured_config(_import(schema.target), schema.target, schema.exclude)
+        node = structured_config(get_class(schema.target), schema.target, schema.exclude)
         store.store(group=f"{SCHEMA_GROUP}/{group}", name=name, node=node)
