@@ -252,6 +252,12 @@ def run(spec: ScaleRunSpec) -> int:
         callbacks=[ScaleClock(spec), GradientCapture(out / GRADIENT_FILE)],
     )
     trainer.fit(model, datamodule=ScaleData(spec))
+    # Lightning leaves the gloo group up; torn down by interpreter exit instead, its threads can
+    # abort the process ("terminate called without an active exception", exit -6) after the work
+    # is done. Every rank reaches this line, so the collective teardown is safe.
+    if torch.distributed.is_initialized():
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
     return 0
 
 
