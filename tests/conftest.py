@@ -24,6 +24,9 @@ def child_env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONWARNINGS"] = "ignore"
     env.setdefault("OMP_NUM_THREADS", "1")
+    # A child that hangs is sent SIGABRT before it is killed: with the fault handler on, every Python
+    # process of its group (DDP ranks, loader workers) prints where each of its threads was stuck.
+    env["PYTHONFAULTHANDLER"] = "1"
     return env
 
 
@@ -57,9 +60,16 @@ def run_child(args: Sequence[str], timeout: float = 120, cwd: Path | None = None
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        raise AssertionError(f"child {args} timed out after {timeout}s; output:\n{out[-4000:]}") from None
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGABRT)
+        try:
+            out, _ = proc.communicate(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, _ = proc.communicate()
+        raise AssertionError(
+            f"child {args} timed out after {timeout}s; output, ending with the stacks of every process:\n{out[-16000:]}"
+        ) from None
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)  # DataLoader workers or DDP ranks left behind
