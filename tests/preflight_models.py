@@ -55,3 +55,12 @@ class ClassificationData(pl.LightningDataModule):
 
     def val_dataloader(self) -> DataLoader:
         return DataLoader(self.val_set, batch_size=self.hparams.batch_size)
+
+
+class NoisyStepClassifier(Classifier):
+    """Functional dropout inside the step, which no module switch reaches: its gradients cannot match
+    across rank counts, and a scaling study has to say why."""
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        return nn.functional.cross_entropy(self.net(nn.functional.dropout(x, 0.2, training=True)), y)

@@ -226,3 +226,20 @@ def test_field_preflight_composes_with_every_experiment(experiment: str, tmp_pat
         )
     assert isinstance(instantiate(cfg.model), pl.LightningModule)
     assert isinstance(instantiate(cfg.data), pl.LightningDataModule)
+
+
+def test_scale_settings_yaml_mirrors_the_study_config() -> None:
+    from lightning_field.baseline.scale import StudyConfig
+
+    cfg = OmegaConf.load(CONF / "scale" / "default.yaml")
+    # The workload is not a setting of the study: it comes from the model and data groups.
+    assert set(cfg) == set(StudyConfig.__dataclass_fields__) - {"model", "data"}
+
+
+@pytest.mark.parametrize("experiment", [None, *options("experiment")])
+def test_field_scale_composes_with_the_builtin_workload_and_every_experiment(experiment: str | None) -> None:
+    from lightning_field.conf import compose_config
+
+    cfg = compose_config("field_scale", [f"experiment={experiment}"] if experiment else [])
+    assert isinstance(instantiate(cfg.model), pl.LightningModule)
+    assert isinstance(instantiate(cfg.data), pl.LightningDataModule)

@@ -4,7 +4,9 @@ assertions below, plus the planning and verdict logic tested directly on synthet
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -24,9 +26,11 @@ from lightning_field.baseline.scale import (
     scaling_efficiency,
     verdict,
 )
+from lightning_field.baseline.scale_worker import ScaleRunSpec, ScaleWorkloadError, StudyData
 from lightning_field.cli import scale as scale_cli
 
 EFFECTIVE_BATCH = 32
+TESTS_DIR = Path(__file__).parent
 
 
 @pytest.fixture(scope="module")
@@ -80,6 +84,38 @@ def test_data_stall_on_one_rank_makes_the_verdict_name_data_and_that_rank(stalle
     assert two["per_rank"][1]["data_s"] >= 0.04  # the injected 50 ms per batch, measured
 
 
+def test_the_builtin_workload_comes_from_the_shipped_configs_and_is_recorded(stalled_study: dict[str, Any]) -> None:
+    assert stalled_study["workload"]["model"]["_target_"] == "lightning_field.demo.DemoRegressor"
+    assert stalled_study["workload"]["data"]["_target_"].endswith("ExactRegressionData")
+    assert stalled_study["dropout_modules_disabled"] == 0  # its dropout is configured at 0 already
+
+
+def test_a_users_own_module_is_studied_and_a_step_drawing_random_numbers_fails_saying_why(tmp_path: Path) -> None:
+    # Run the way a user runs it: from the directory holding their module, named by _target_.
+    out = tmp_path / "study"
+    argv = [
+        sys.executable, "-m", "lightning_field.cli.main", "scale", "--ranks", "1,2", "--steps", "3",
+        "--effective-batch", "16", "--out", str(out), "--json",
+        "model._target_=preflight_models.NoisyStepClassifier", "data._target_=preflight_models.ClassificationData",
+    ]  # fmt: skip
+    done = subprocess.run(argv, cwd=TESTS_DIR, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    record = json.loads((out / "scale.json").read_text())
+    assert record["workload"]["model"]["_target_"] == "preflight_models.NoisyStepClassifier"
+    two = record["runs"][1]
+    assert two["same_first_step_samples"] and two["per_rank_batch"] == 8
+    assert not two["gradient"]["passed"] and "draws random numbers" in two["gradient"]["reason"]
+    assert record["verdict"]["decision"] == "fix gradients first"
+
+
+def test_a_dataset_too_small_for_the_study_is_refused_naming_both_numbers() -> None:
+    from preflight_models import ClassificationData
+
+    spec = ScaleRunSpec(out_dir="unused", ranks=2, per_rank_batch=8, accumulation=1, steps=10)
+    with pytest.raises(ScaleWorkloadError, match="has 64 samples; 10 steps at effective batch 16 need 160"):
+        StudyData(ClassificationData(size=64), spec).setup("fit")
+
+
 # ------------------------------------------------------------------------------------- bad input
 def _cli(argv: list[str]) -> int:
     parser = argparse.ArgumentParser()
@@ -96,6 +132,8 @@ def _cli(argv: list[str]) -> int:
         (["--ranks", "1,1000"], ["1000", "exceeds what this machine can run", "ranks per CPU core"]),
         (["--ranks", "1,two"], ["'two'", "positive integer"]),
         (["--ranks", "1,-2"], ["'-2'", "positive integer"]),
+        (["--ranks", "1,2", "scale.no_such_setting=1"], ["no_such_setting"]),
+        (["--ranks", "1,2", "--stall-rank", "1", "--stall-s", "-1"], ["--stall-s -1", ">= 0"]),
     ],
 )
 def test_bad_input_exits_2_naming_the_problem_before_any_process_starts(

@@ -32,6 +32,7 @@ from typing import Any
 
 from lightning_field.baseline.scale_worker import GRADIENT_FILE, ScaleRunSpec, rank_file
 
+ACCELERATORS = ("cpu", "gpu")
 RANKS_PER_CPU = 2  # the most processes per CPU core a study may start: beyond, it measures the scheduler
 SECTIONS = ("data", "compute", "comm")
 SECTION_NAMES = {"data": "data", "compute": "compute", "comm": "communication"}
@@ -206,6 +207,7 @@ def summarize_run(run_dir: Path, plan: RankPlan, warmup_steps: int) -> dict[str,
         "per_rank": per_rank,
         "stragglers": find_stragglers(per_rank),
         "first_step_indices": first,
+        "dropout_modules_disabled": records[0].get("dropout_modules_disabled", 0),
     }
 
 
@@ -228,7 +230,8 @@ def verdict(runs: list[dict[str, Any]], threshold: float = 0.7, cpu_count: int |
     failed = [r for r in runs if r.get("gradient") and not r["gradient"]["passed"]]
     if failed:
         g = failed[0]["gradient"]
-        detail = g.get("reason") or f"max rel {g['max_rel']:.2e} > {g['tolerance']:.0e}"
+        measured = f"max rel {g['max_rel']:.2e} > {g['tolerance']:.0e}" if "max_rel" in g else ""
+        detail = "; ".join(part for part in (measured, g.get("reason")) if part)
         return {
             "decision": "fix gradients first",
             "bottleneck": "gradient equivalence",
@@ -281,6 +284,8 @@ def verdict(runs: list[dict[str, Any]], threshold: float = 0.7, cpu_count: int |
 # ---------------------------------------------------------------------------------------------- running
 @dataclass
 class StudyConfig:
+    """Mirrored by ``conf/lightning_field/scale/default.yaml`` (the workload by the ``model``/``data`` groups)."""
+
     ranks: list[int]
     steps: int
     effective_batch: int
@@ -290,17 +295,32 @@ class StudyConfig:
     tolerance: float = 1e-5
     threshold: float = 0.7
     stall_rank: int | None = None
-    stall_s: float = 0.0
+    stall_s: float = 0.05  # per batch, only with stall_rank
     seed: int = 0
     timeout_s: float = 300.0
+    accelerator: str = "cpu"
+    disable_dropout: bool = True
+    model: dict[str, Any] | None = None  # resolved ``_target_`` configs; None: the built-in workload
+    data: dict[str, Any] | None = None
+
+
+def builtin_workload() -> tuple[dict[str, Any], dict[str, Any]]:
+    """The model and data ``field scale`` studies when none is named, read from the shipped configs."""
+    from omegaconf import OmegaConf
+
+    from lightning_field.conf import compose_config
+
+    cfg = compose_config("field_scale")
+    return OmegaConf.to_container(cfg.model, resolve=True), OmegaConf.to_container(cfg.data, resolve=True)  # type: ignore[return-value]
 
 
 def launch(spec_path: Path, log_path: Path, timeout_s: float) -> int:
     """One rank count as its own process group (Lightning's launcher starts the other ranks in it), so a
     timeout kills every rank, not only the first."""
     env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
-    root = str(Path(__file__).resolve().parents[2])  # the package's own checkout, importable by every rank
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    # The package's own checkout and the user's directory (their modules, named by _target_), for every rank.
+    root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, os.getcwd(), env.get("PYTHONPATH")) if p)
     with open(log_path, "w") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "lightning_field.baseline.scale_worker", str(spec_path)],
@@ -319,6 +339,18 @@ def launch(spec_path: Path, log_path: Path, timeout_s: float) -> int:
             proc.wait()
 
 
+RANDOM_STEP = (
+    "the training step draws random numbers (torch's RNG advanced during step 1): dropout, functional dropout "
+    "such as scaled_dot_product_attention(dropout_p=...), or noise. Set them to 0 for the study (e.g. "
+    "model.dropout=0); with them the gradients cannot match at any tolerance"
+)
+
+
+def _drew_random_numbers(run: dict[str, Any]) -> bool:
+    marker = Path(run["gradient_file"]).with_suffix(".json")
+    return marker.exists() and bool(json.loads(marker.read_text())["step1_drew_random_numbers"])
+
+
 def run_study(config: StudyConfig, cpu_count: int | None = None) -> dict[str, Any]:
     """Plan (refusing bad input first), run every rank count in turn, analyse and write the records."""
     import torch
@@ -326,8 +358,12 @@ def run_study(config: StudyConfig, cpu_count: int | None = None) -> dict[str, An
     plans = plan_study(
         config.ranks, config.steps, config.effective_batch, config.max_rank_batch, cpu_count, config.warmup_steps
     )
+    if config.accelerator not in ACCELERATORS:
+        raise ScaleInputError(f"accelerator {config.accelerator!r}: expected one of {', '.join(ACCELERATORS)}")
+    if config.model is None or config.data is None:
+        model, data = builtin_workload()
+        config.model, config.data = config.model or model, config.data or data
     config.out_dir.mkdir(parents=True, exist_ok=True)
-    dataset_size = config.effective_batch * config.steps
     runs = []
     for plan in plans:
         run_dir = config.out_dir / f"ranks-{plan.ranks}"
@@ -338,8 +374,11 @@ def run_study(config: StudyConfig, cpu_count: int | None = None) -> dict[str, An
             per_rank_batch=plan.per_rank_batch,
             accumulation=plan.accumulation,
             steps=config.steps,
-            dataset_size=dataset_size,
+            model=config.model,
+            data=config.data,
             seed=config.seed,
+            disable_dropout=config.disable_dropout,
+            accelerator=config.accelerator,
             stall_rank=config.stall_rank,
             stall_s=config.stall_s,
         )
@@ -367,10 +406,14 @@ def run_study(config: StudyConfig, cpu_count: int | None = None) -> dict[str, An
         )
         if run["gradient"] is not None and not run["same_first_step_samples"]:
             run["gradient"] = {**run["gradient"], "passed": False, "reason": "step 1 read different samples"}
+        elif run["gradient"] is not None and not run["gradient"]["passed"] and _drew_random_numbers(run):
+            run["gradient"] = {**run["gradient"], "reason": RANDOM_STEP}
         del run["first_step_indices"]
     record = {
         "config": {**asdict(config), "out_dir": str(config.out_dir)},
         "target_samples": target,
+        "workload": {"model": config.model, "data": config.data},
+        "dropout_modules_disabled": runs[0]["dropout_modules_disabled"],
         "timing_source": "scale_worker.ScaleClock: host clocks per optimizer step; exposed communication from "
         "ProfiledDDPStrategy's gradient-bucket timer",
         "cpu_count": cpu_count or os.cpu_count(),
@@ -387,6 +430,12 @@ def render_report(record: dict[str, Any]) -> str:
     lines = [
         f"Scaling study: {cfg['steps']} steps at effective batch {cfg['effective_batch']} "
         f"(warm-up {cfg['warmup_steps']} steps excluded), gradient tolerance {cfg['tolerance']:.0e}",
+        f"Workload: {record['workload']['model']['_target_']} on {record['workload']['data']['_target_']}"
+        + (
+            f"; dropout off in {record['dropout_modules_disabled']} modules"
+            if record["dropout_modules_disabled"]
+            else ""
+        ),
         f"{'ranks':>5} {'batch/rank':>10} {'accum':>5} {'eff.batch':>9} {'samples/s':>10} {'efficiency':>10} "
         f"{'step ms':>8} {'data ms':>8} {'compute':>8} {'comm ms':>8} {'steps->N':>8}  gradient vs 1 rank",
     ]

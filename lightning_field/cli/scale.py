@@ -1,6 +1,9 @@
 """``field scale``: a scaling study at constant effective batch (``--json`` for machines).
 
-Bad input exits 2 with a message naming the numbers, before any process is started.
+The study's settings are the ``scale`` config group; flags such as ``--ranks`` are shorthand for
+``scale.*`` overrides. Other arguments are Hydra overrides on the same groups as ``field-train``, which
+name the workload: ``experiment=char_gpt_tiny`` or ``model._target_=my_pkg.MyModule data._target_=...``.
+Bad input exits 2 with a message naming the problem, before any process is started.
 """
 
 from __future__ import annotations
@@ -10,42 +13,82 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from lightning_field.baseline.scale import RANKS_PER_CPU, ScaleInputError, StudyConfig, parse_ranks, plan_study
+
+# flag (argparse dest) -> scale.* key
+FLAG_KEYS = {
+    "steps": "steps", "effective_batch": "effective_batch", "max_rank_batch": "max_rank_batch",
+    "warmup": "warmup_steps", "tolerance": "tolerance", "threshold": "threshold", "stall_rank": "stall_rank",
+    "stall_s": "stall_s", "timeout": "timeout_s", "out": "out_dir", "accelerator": "accelerator",
+}  # fmt: skip
+
+
+def study_config(args: argparse.Namespace) -> StudyConfig:
+    """Compose ``field_scale`` with the flags (as ``scale.*`` overrides) and then the user's overrides."""
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    from lightning_field.conf import compose_config
+
+    overrides = [
+        f"scale.{key}={getattr(args, dest)}" for dest, key in FLAG_KEYS.items() if getattr(args, dest) is not None
+    ]
+    if args.ranks is not None:
+        overrides.append(f"scale.ranks=[{','.join(map(str, parse_ranks(args.ranks)))}]")
+    try:
+        cfg = compose_config("field_scale", [*overrides, *args.overrides])
+        scale: dict[str, Any] = OmegaConf.to_container(cfg.scale, resolve=True)  # type: ignore[assignment]
+        model = OmegaConf.to_container(cfg.model, resolve=True)
+        data = OmegaConf.to_container(cfg.data, resolve=True)
+    except (HydraException, OmegaConfBaseException) as err:
+        raise ScaleInputError(f"config: {err}") from None
+    for name, node in (("model", model), ("data", data)):
+        if not isinstance(node, dict) or "_target_" not in node:
+            raise ScaleInputError(f"{name}: needs a _target_ (e.g. {name}._target_=my_pkg.My{name.title()})")
+    unknown = set(scale) - set(StudyConfig.__dataclass_fields__)
+    if unknown:
+        raise ScaleInputError(f"scale: unknown setting(s) {', '.join(sorted(unknown))}")
+    out = scale.pop("out_dir") or Path("runs") / "scale" / time.strftime("%Y%m%d-%H%M%S")
+    ranks = scale.pop("ranks")
+    if not isinstance(ranks, list) or not all(isinstance(n, int) for n in ranks):
+        raise ScaleInputError(f"scale.ranks: {ranks!r} is not a list of rank counts (e.g. [1,2,4])")
+    config = StudyConfig(ranks=sorted(set(ranks)), out_dir=Path(out), model=model, data=data, **scale)  # type: ignore[arg-type]
+    if config.stall_rank is None:
+        config.stall_s = 0.0
+    return config
+
+
+def validate(config: StudyConfig) -> None:
+    if config.stall_s < 0:
+        raise ScaleInputError(f"--stall-s {config.stall_s} must be >= 0")
+    if config.stall_rank is not None and config.stall_rank < 0:
+        raise ScaleInputError(f"--stall-rank {config.stall_rank} must be >= 0")
+    if config.tolerance <= 0:
+        raise ScaleInputError(f"--tolerance {config.tolerance} must be > 0")
+    if config.timeout_s <= 0:
+        raise ScaleInputError(f"--timeout {config.timeout_s} must be > 0")
+    plan_study(
+        config.ranks, config.steps, config.effective_batch, config.max_rank_batch, warmup_steps=config.warmup_steps
+    )
 
 
 def cmd_scale(args: argparse.Namespace) -> int:
     try:
-        if args.model != "demo":
-            raise ScaleInputError(f"--model {args.model!r}: only the demo regressor is supported")
-        if args.stall_s < 0:
-            raise ScaleInputError(f"--stall-s {args.stall_s} must be >= 0")
-        if args.stall_rank is not None and args.stall_rank < 0:
-            raise ScaleInputError(f"--stall-rank {args.stall_rank} must be >= 0")
-        if args.tolerance <= 0:
-            raise ScaleInputError(f"--tolerance {args.tolerance} must be > 0")
-        ranks = parse_ranks(args.ranks)
-        plan_study(ranks, args.steps, args.effective_batch, args.max_rank_batch, warmup_steps=args.warmup)
+        config = study_config(args)
+        validate(config)
     except ScaleInputError as err:
         print(f"field scale: {err}", file=sys.stderr)
         return 2
     from lightning_field.baseline.scale import render_report, run_study
 
-    out = Path(args.out) if args.out else Path("runs") / "scale" / time.strftime("%Y%m%d-%H%M%S")
-    config = StudyConfig(
-        ranks=ranks,
-        steps=args.steps,
-        effective_batch=args.effective_batch,
-        out_dir=out,
-        max_rank_batch=args.max_rank_batch,
-        warmup_steps=args.warmup,
-        tolerance=args.tolerance,
-        threshold=args.threshold,
-        stall_rank=args.stall_rank,
-        stall_s=args.stall_s if args.stall_rank is not None else 0.0,
-        timeout_s=args.timeout,
-    )
-    record = run_study(config)
+    try:
+        record = run_study(config)
+    except ScaleInputError as err:
+        print(f"field scale: {err}", file=sys.stderr)
+        return 2
     if args.json:
         print(json.dumps(record, indent=2, default=str))
     else:
@@ -55,19 +98,25 @@ def cmd_scale(args: argparse.Namespace) -> int:
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("scale", help="throughput, efficiency, step breakdown and gradient equivalence at 1..N ranks")
-    p.add_argument("--ranks", default="1,2,4", help="rank counts, e.g. 1,2,4 (must include 1)")
-    p.add_argument("--steps", type=int, default=20, help="optimizer steps per rank count")
-    p.add_argument("--effective-batch", type=int, default=32, help="samples per optimizer step, over all ranks")
+    p = sub.add_parser(
+        "scale",
+        help="throughput, efficiency, step breakdown and gradient equivalence at 1..N ranks",
+        description="Flags default to conf/lightning_field/scale/default.yaml; trailing arguments are Hydra "
+        "overrides naming the workload (experiment=char_gpt_tiny, model._target_=..., data._target_=...).",
+    )
+    p.add_argument("--ranks", help="rank counts, e.g. 1,2,4 (must include 1; default 1,2,4)")
+    p.add_argument("--steps", type=int, help="optimizer steps per rank count (default 20)")
+    p.add_argument("--effective-batch", type=int, help="samples per optimizer step, over all ranks (default 32)")
     p.add_argument("--max-rank-batch", type=int, help="largest per-rank batch; above it, gradient accumulation")
-    p.add_argument("--model", default="demo", choices=["demo"], help="the workload (the demo regressor, dropout 0)")
-    p.add_argument("--warmup", type=int, default=2, help="steps excluded from timing")
-    p.add_argument("--tolerance", type=float, default=1e-5, help="max relative gradient difference (reduction order)")
-    p.add_argument("--threshold", type=float, default=0.7, help="efficiency at the largest count to add devices")
+    p.add_argument("--warmup", type=int, help="steps excluded from timing (default 2)")
+    p.add_argument("--tolerance", type=float, help="max relative gradient difference (reduction order; default 1e-5)")
+    p.add_argument("--threshold", type=float, help="efficiency at the largest count to add devices (default 0.7)")
     p.add_argument("--stall-rank", type=int, help="inject a data stall: this rank's loader sleeps per batch")
-    p.add_argument("--stall-s", type=float, default=0.05, help="seconds of the injected stall per batch")
-    p.add_argument("--timeout", type=float, default=300.0, help="seconds per rank count before its group is killed")
+    p.add_argument("--stall-s", type=float, help="seconds of the injected stall per batch (with --stall-rank)")
+    p.add_argument("--timeout", type=float, help="seconds per rank count before its group is killed (default 300)")
+    p.add_argument("--accelerator", choices=["cpu", "gpu"], help="cpu: gloo processes; gpu: one GPU per rank, NCCL")
     p.add_argument("--out", help="records directory (default runs/scale/<timestamp>)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("overrides", nargs="*", help="Hydra overrides: experiment=..., model.*, data.*, scale.*")
     p.set_defaults(func=cmd_scale)
     p.epilog = f"Rank counts above {RANKS_PER_CPU} x the CPU cores are refused."

@@ -3,3 +3,25 @@
 Search-path root ``pkg://lightning_field.conf``; the ``field-*`` apps use ``lightning_field/`` itself
 as their primary config directory, so there the groups read ``callbacks=field``, ``trainer=ddp_cpu``.
 """
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
+CONFIG_DIR = Path(__file__).resolve().parent / "lightning_field"
+
+
+def compose_config(config_name: str, overrides: list[str] | None = None) -> DictConfig:
+    """Compose a shipped config outside a Hydra app (no output directory, no logging set-up), type-checked
+    against the generated schemas: for commands that take Hydra overrides next to their own flags."""
+    from hydra import compose, initialize_config_dir
+
+    from lightning_field.integrations.hydra_configs import register_configs
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        return compose(config_name=config_name, overrides=list(overrides or []))
