@@ -40,6 +40,13 @@ def test_a_clean_run_passes_every_check_and_writes_its_record(tmp_path: Path) ->
     assert fit["state_bytes"] == fit["params_bytes"] + fit["grads_bytes"] + fit["optimizer_bytes"]
     assert fit["grads_bytes"] == fit["params_bytes"] and fit["optimizer_bytes"] >= 2 * fit["params_bytes"]  # Adam m, v
     assert (out / "baseline.png").read_bytes()[:4] == b"\x89PNG"
+    # The step split comes from the profiling timers, over the same measured steps.
+    split = record["baseline"]["breakdown_s"]
+    assert set(split) == {"data", "forward", "backward", "optimizer"}
+    assert split["forward"] > 0 and split["backward"] > 0 and split["optimizer"] > 0
+    assert sum(split.values()) <= 2 * record["baseline"]["step_s_p90"]
+    assert "SectionTimer (perf_counter), 4 steps" in record["baseline"]["breakdown_source"]
+    assert "median split: data" in result.stdout
 
 
 @pytest.mark.parametrize(

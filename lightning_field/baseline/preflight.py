@@ -19,12 +19,15 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
 from lightning_field.baseline.data_checks import CheckResult, check_data, format_results
 from lightning_field.baseline.overfit import tiny_overfit
+from lightning_field.checkpoint import lightning_internals as internals
 from lightning_field.profiling.throughput import batch_counts, peak_memory_bytes
+from lightning_field.profiling.timers import SECTIONS, SectionHooks, SectionTimer
+
+BREAKDOWN = tuple(s for s in SECTIONS if s != "checkpoint")  # preflight saves no checkpoints
 
 
 class PreflightConfigError(ValueError):
@@ -61,17 +64,52 @@ class PreflightSettings:
             raise PreflightConfigError(f"preflight.state_fraction must be in (0, 1], got {self.state_fraction}")
 
 
-class StepClock(Callback):
-    """Wall time from one batch's end to the next (data loading included), the loss and the batch size."""
+class StepClock(SectionHooks):
+    """Per step: wall time from one batch's end to the next (data loading included), the loss, the batch
+    size, and the profiling timers' split into data wait, forward, backward and optimizer.
+
+    The sections come from the same ``SectionTimer`` that ``StragglerMonitor`` uses (CUDA events read
+    late on GPU, ``perf_counter`` on CPU), so the preflight baseline and a profiled run agree on terms.
+    """
 
     def __init__(self) -> None:
-        self.steps: list[dict[str, float | int | None]] = []
+        self.steps: list[dict[str, Any]] = []
         self._last: float | None = None
+        self._fetch_started: float | None = None
+        self._fetch_s = 0.0
+        self._sections: dict[int, dict[str, float]] = {}
+
+    @override
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._timer = SectionTimer(trainer.strategy.root_device)
+        internals.install_fetch_hook(trainer, "before", self._before_fetch)
+        internals.install_fetch_hook(trainer, "after", self._after_fetch)
+
+    def _before_fetch(self) -> None:
+        self._fetch_started = time.perf_counter()
+
+    def _after_fetch(self) -> None:
+        if self._fetch_started is not None:
+            self._fetch_s += time.perf_counter() - self._fetch_started
+            self._fetch_started = None
+
+    @override
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        assert self._timer is not None
+        self._timer.begin_step(len(self.steps))
+        self._timer.add_host("data", self._fetch_s)
+        self._fetch_s = 0.0
+        self._timer.start("forward")
 
     @override
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
+        assert self._timer is not None
+        self._timer.stop("optimizer")
+        self._timer.end_step()
         now = time.perf_counter()
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
         samples, tokens = batch_counts(batch)
@@ -88,6 +126,14 @@ class StepClock(Callback):
     def losses(self) -> list[tuple[int, float | None]]:
         """(step, loss) per step, read once training is over."""
         return [(s["step"], None if s["loss"] is None else float(s["loss"])) for s in self.steps]
+
+    def sections(self) -> dict[int, dict[str, float]]:
+        """Seconds per section for each batch (by position), read once training is over."""
+        if self._timer is not None:
+            if self._timer.cuda:
+                torch.cuda.synchronize()  # training is over: nothing is left to overlap with
+            self._sections.update({t.step: t.seconds for t in self._timer.completed()})
+        return self._sections
 
 
 def _tensor_bytes(value: Any) -> int:
@@ -143,6 +189,9 @@ def baseline(model: pl.LightningModule, datamodule: Any, trainer_kwargs: dict[st
     )  # fmt: skip
     trainer.fit(model, datamodule=datamodule)
     timed = [s for s in clock.steps[settings.baseline_warmup_steps :] if s["seconds"] is not None]
+    first_timed = len(clock.steps) - len(timed)
+    per_batch = clock.sections()
+    split = [per_batch[i] for i in range(first_timed, len(clock.steps)) if i in per_batch]
     seconds = sorted(float(s["seconds"]) for s in timed)
     if not seconds:
         raise PreflightConfigError("the baseline measured no steps: the training data yields too few batches")
@@ -161,6 +210,13 @@ def baseline(model: pl.LightningModule, datamodule: Any, trainer_kwargs: dict[st
         "tokens_per_s": sum(tokens) / sum(seconds) if all(t is not None for t in tokens) else None,
         "peak_memory_bytes": peak,
         "peak_memory_source": peak_source,
+        # Medians per section, so they need not add up to the median step.
+        "breakdown_s": {name: statistics.median(t.get(name, 0.0) for t in split) for name in BREAKDOWN}
+        if split
+        else None,
+        "breakdown_source": "lightning_field.profiling.SectionTimer ("
+        + ("CUDA events" if clock._timer is not None and clock._timer.cuda else "perf_counter")
+        + f"), {len(split)} steps",
         "loss": clock.losses(),
         "step_seconds": [(s["step"], s["seconds"]) for s in clock.steps if s["seconds"] is not None],
     }, trainer
@@ -263,6 +319,9 @@ def render_report(report: dict[str, Any]) -> str:
             f" {b['samples_per_s']:.1f} samples/s{tokens}",
             f"  peak memory {_mb(b['peak_memory_bytes'])} ({b['peak_memory_source']})",
         ]
+        if b.get("breakdown_s"):
+            split = ", ".join(f"{name} {1e3 * sec:.1f} ms" for name, sec in b["breakdown_s"].items())
+            lines.append(f"  median split: {split} ({b['breakdown_source']})")
     if f is not None:
         lines += [
             "",

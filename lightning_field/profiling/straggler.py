@@ -33,7 +33,6 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 import torch.distributed as dist
-from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.strategies import DDPStrategy
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel
@@ -52,7 +51,7 @@ from lightning_field.profiling.throughput import (
     peak_flops,
     peak_memory_bytes,
 )
-from lightning_field.profiling.timers import SectionTimer
+from lightning_field.profiling.timers import SectionHooks, SectionTimer
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +109,7 @@ def _median(values: list[float]) -> float:
     return statistics.median(values) if values else 0.0
 
 
-class StragglerMonitor(Callback):
+class StragglerMonitor(SectionHooks):
     """Name the slow rank, its host and the section responsible.
 
     Args:
@@ -272,24 +271,6 @@ class StragglerMonitor(Callback):
             self._flop_counter = FlopCounterMode(display=False)
             self._flop_counter.__enter__()
         timer.start("forward")
-
-    @override
-    def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: torch.Tensor) -> None:
-        if self._timer is not None:
-            self._timer.stop("forward")
-            self._timer.start("backward")
-
-    @override
-    def on_after_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self._timer is not None:
-            self._timer.stop("backward")
-
-    @override
-    def on_before_optimizer_step(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: torch.optim.Optimizer
-    ) -> None:
-        if self._timer is not None:
-            self._timer.start("optimizer")
 
     @override
     def on_train_batch_end(

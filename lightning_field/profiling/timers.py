@@ -13,7 +13,10 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+import lightning.pytorch as pl
 import torch
+from lightning.pytorch.callbacks import Callback
+from typing_extensions import override
 
 SECTIONS = ("data", "forward", "backward", "optimizer", "checkpoint")
 
@@ -101,3 +104,33 @@ class SectionTimer:
         out = list(self._done)
         self._done.clear()
         return out
+
+
+class SectionHooks(Callback):
+    """The section boundaries inside a training step, shared by every callback that times sections.
+
+    Forward ends and backward begins at ``on_before_backward``; backward ends at ``on_after_backward``;
+    the optimizer section begins at ``on_before_optimizer_step``. A subclass sets ``self._timer`` and
+    opens the step and its forward section in ``on_train_batch_start``, and closes the optimizer section
+    and the step in ``on_train_batch_end``: what else happens at those two hooks is its own business.
+    """
+
+    _timer: SectionTimer | None = None
+
+    @override
+    def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: torch.Tensor) -> None:
+        if self._timer is not None:
+            self._timer.stop("forward")
+            self._timer.start("backward")
+
+    @override
+    def on_after_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._timer is not None:
+            self._timer.stop("backward")
+
+    @override
+    def on_before_optimizer_step(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: torch.optim.Optimizer
+    ) -> None:
+        if self._timer is not None:
+            self._timer.start("optimizer")
