@@ -2,6 +2,14 @@
 
 __version__ = "0.1.0"
 
+from lightning_field.baseline import (
+    PreflightSettings,
+    StudyConfig,
+    check_data,
+    run_preflight,
+    run_study,
+    tiny_overfit,
+)
 from lightning_field.checkpoint import (
     CheckpointCorruptError,
     CheckpointSaveError,
@@ -28,15 +36,18 @@ __all__ = [
     "FieldWandbLogger",
     "Manifest",
     "ManifestCheckpoint",
+    "PreflightSettings",
     "ProfiledDDPStrategy",
     "RestoreDrill",
     "ResumeMismatchError",
     "StepTracer",
     "StragglerMonitor",
+    "StudyConfig",
     "TimeToQuality",
     "WandbReview",
     "__version__",
     "check_bundle",
+    "check_data",
     "goodput_ledger",
     "latest_recoverable",
     "load_weights",
@@ -45,5 +56,8 @@ __all__ = [
     "read_manifest",
     "read_offline_run",
     "register_configs",
+    "run_preflight",
+    "run_study",
+    "tiny_overfit",
     "verify_checkpoint",
 ]
