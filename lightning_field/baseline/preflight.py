@@ -23,9 +23,8 @@ from typing_extensions import override
 
 from lightning_field.baseline.data_checks import CheckResult, check_data, format_results
 from lightning_field.baseline.overfit import tiny_overfit
-from lightning_field.checkpoint import lightning_internals as internals
 from lightning_field.profiling.throughput import batch_counts, peak_memory_bytes
-from lightning_field.profiling.timers import SECTIONS, SectionHooks, SectionTimer
+from lightning_field.profiling.timers import SECTIONS, FetchClock, SectionHooks, SectionTimer
 
 BREAKDOWN = tuple(s for s in SECTIONS if s != "checkpoint")  # preflight saves no checkpoints
 
@@ -75,23 +74,13 @@ class StepClock(SectionHooks):
     def __init__(self) -> None:
         self.steps: list[dict[str, Any]] = []
         self._last: float | None = None
-        self._fetch_started: float | None = None
-        self._fetch_s = 0.0
+        self._fetch = FetchClock()
         self._sections: dict[int, dict[str, float]] = {}
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._timer = SectionTimer(trainer.strategy.root_device)
-        internals.install_fetch_hook(trainer, "before", self._before_fetch)
-        internals.install_fetch_hook(trainer, "after", self._after_fetch)
-
-    def _before_fetch(self) -> None:
-        self._fetch_started = time.perf_counter()
-
-    def _after_fetch(self) -> None:
-        if self._fetch_started is not None:
-            self._fetch_s += time.perf_counter() - self._fetch_started
-            self._fetch_started = None
+        self._fetch.install(trainer)
 
     @override
     def on_train_batch_start(
@@ -99,8 +88,7 @@ class StepClock(SectionHooks):
     ) -> None:
         assert self._timer is not None
         self._timer.begin_step(len(self.steps))
-        self._timer.add_host("data", self._fetch_s)
-        self._fetch_s = 0.0
+        self._timer.add_host("data", self._fetch.take())
         self._timer.start("forward")
 
     @override

@@ -43,10 +43,10 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset, Sampler, default_collate
 from typing_extensions import override
 
-from lightning_field.checkpoint import lightning_internals as internals
 from lightning_field.demo import NoisyRegressionDataset
 from lightning_field.profiling.comm import CommTimer, ProfiledDDPStrategy
 from lightning_field.profiling.throughput import batch_counts
+from lightning_field.profiling.timers import FetchClock
 
 GRADIENT_FILE = "grad-step1.pt"
 
@@ -208,23 +208,13 @@ class ScaleClock(Callback):
         self.rows: list[dict[str, Any]] = []
         self._comm: CommTimer | None = None
         self._last = 0.0
-        self._fetch_started: float | None = None
-        self._data_s = 0.0
+        self._fetch = FetchClock()
         self._samples = 0
         self._step = -1
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        internals.install_fetch_hook(trainer, "before", self._before_fetch)
-        internals.install_fetch_hook(trainer, "after", self._after_fetch)
-
-    def _before_fetch(self) -> None:
-        self._fetch_started = time.perf_counter()
-
-    def _after_fetch(self) -> None:
-        if self._fetch_started is not None:
-            self._data_s += time.perf_counter() - self._fetch_started
-            self._fetch_started = None
+        self._fetch.install(trainer)
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -250,9 +240,9 @@ class ScaleClock(Callback):
             return  # accumulating: the optimizer step is not done yet
         now = time.perf_counter()
         self.rows.append(
-            {"step": self._step, "wall_s": now - self._last, "data_s": self._data_s, "samples": self._samples}
+            {"step": self._step, "wall_s": now - self._last, "data_s": self._fetch.take(), "samples": self._samples}
         )
-        self._last, self._data_s, self._samples = now, 0.0, 0
+        self._last, self._samples = now, 0
 
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

@@ -51,7 +51,7 @@ from lightning_field.profiling.throughput import (
     peak_flops,
     peak_memory_bytes,
 )
-from lightning_field.profiling.timers import SectionHooks, SectionTimer
+from lightning_field.profiling.timers import FetchClock, SectionHooks, SectionTimer
 
 log = logging.getLogger(__name__)
 
@@ -170,8 +170,7 @@ class StragglerMonitor(SectionHooks):
         self._history: dict[tuple[int, str], deque[bool]] = {}
         self._steps: list[Any] = []
         self._comm_steps: list[dict[str, Any]] = []
-        self._fetch_started: float | None = None
-        self._fetch_s = 0.0
+        self._fetch = FetchClock()
         self._next_report = 0
         self._first_counted = 0
         self._interval_steps = 0
@@ -195,8 +194,7 @@ class StragglerMonitor(SectionHooks):
         if stage != "fit":
             return
         self._timer = SectionTimer(trainer.strategy.root_device)
-        internals.install_fetch_hook(trainer, "before", self._before_fetch)
-        internals.install_fetch_hook(trainer, "after", self._after_fetch)
+        self._fetch.install(trainer)
         self._checkpoint = find_manifest_checkpoint(trainer)
         self._out = Path(trainer.default_root_dir) / PROFILE_RELPATH
         self._peak = peak_flops(trainer.strategy.root_device, str(trainer.precision), self.peak_flops_override)
@@ -237,14 +235,6 @@ class StragglerMonitor(SectionHooks):
         return dist.get_global_rank(self.process_group, index)
 
     # ------------------------------------------------------------------ the hot path
-    def _before_fetch(self) -> None:
-        self._fetch_started = time.perf_counter()
-
-    def _after_fetch(self) -> None:
-        if self._fetch_started is not None:
-            self._fetch_s = time.perf_counter() - self._fetch_started
-            self._fetch_started = None
-
     @override
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
@@ -260,8 +250,7 @@ class StragglerMonitor(SectionHooks):
                 self._comm.begin_step(step)
             if self._commits.new_commit(self._checkpoint, trainer) is not None:
                 timer.add_host("checkpoint", self._checkpoint.last_blocking_seconds or 0.0)  # type: ignore[union-attr]
-        timer.add_host("data", self._fetch_s)
-        self._fetch_s = 0.0
+        timer.add_host("data", self._fetch.take())
         samples, tokens = batch_counts(batch)
         self._samples += samples
         self._batches += 1

@@ -106,6 +106,36 @@ class SectionTimer:
         return out
 
 
+class FetchClock:
+    """Host time blocked in the train loader's ``next()``, summed until ``take()``.
+
+    Installed through the fetch hooks shared by every callback that needs it, so several callbacks
+    can time the same fetch without wrapping the loader more than once."""
+
+    def __init__(self) -> None:
+        self._started: float | None = None
+        self._waited_s = 0.0
+
+    def install(self, trainer: pl.Trainer) -> None:
+        from lightning_field.checkpoint import lightning_internals as internals
+
+        internals.install_fetch_hook(trainer, "before", self._before)
+        internals.install_fetch_hook(trainer, "after", self._after)
+
+    def _before(self) -> None:
+        self._started = time.perf_counter()
+
+    def _after(self) -> None:
+        if self._started is not None:
+            self._waited_s += time.perf_counter() - self._started
+            self._started = None
+
+    def take(self) -> float:
+        """Seconds waited since the last ``take()``, and start counting again."""
+        waited, self._waited_s = self._waited_s, 0.0
+        return waited
+
+
 class SectionHooks(Callback):
     """The section boundaries inside a training step, shared by every callback that times sections.
 
