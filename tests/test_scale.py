@@ -108,6 +108,16 @@ def test_a_users_own_module_is_studied_and_a_step_drawing_random_numbers_fails_s
     assert record["verdict"]["decision"] == "fix gradients first"
 
 
+def test_flags_win_over_scale_overrides_and_paths_need_no_hydra_quoting(tmp_path: Path) -> None:
+    parser = argparse.ArgumentParser()
+    scale_cli.add_parser(parser.add_subparsers(dest="command"))
+    out = tmp_path / "a dir=with, odd characters"
+    args = parser.parse_args(["scale", "--steps", "9", "--out", str(out), "scale.steps=7", "scale.warmup_steps=1"])
+    config = scale_cli.study_config(args)
+    assert (config.steps, config.warmup_steps, config.out_dir) == (9, 1, out)
+    assert config.stall_s == 0.0  # no stall without a stalled rank, whatever the default seconds
+
+
 def test_a_dataset_too_small_for_the_study_is_refused_naming_both_numbers() -> None:
     from preflight_models import ClassificationData
 
@@ -134,6 +144,8 @@ def _cli(argv: list[str]) -> int:
         (["--ranks", "1,-2"], ["'-2'", "positive integer"]),
         (["--ranks", "1,2", "scale.no_such_setting=1"], ["no_such_setting"]),
         (["--ranks", "1,2", "--stall-rank", "1", "--stall-s", "-1"], ["--stall-s -1", ">= 0"]),
+        (["--ranks", "1,2", "--stall-rank", "2"], ["--stall-rank 2", "no such rank", "0..1"]),
+        (["model._target_=null"], ["model", "_target_"]),
     ],
 )
 def test_bad_input_exits_2_naming_the_problem_before_any_process_starts(

@@ -296,7 +296,7 @@ class GradientCapture(Callback):
         if trainer.global_step != 0 or not trainer.is_global_zero:
             return
         grads = [p.grad.detach().reshape(-1).clone() for p in pl_module.parameters() if p.grad is not None]
-        torch.save(torch.cat(grads), self.path)
+        torch.save(torch.cat(grads).cpu(), self.path)  # the parent compares on the CPU
         drew = self._rng_before is not None and not torch.equal(self._rng_before, _rng_state(pl_module.device))
         self.path.with_suffix(".json").write_text(json.dumps({"step1_drew_random_numbers": drew}))
 

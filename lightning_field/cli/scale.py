@@ -17,7 +17,7 @@ from typing import Any
 
 from lightning_field.baseline.scale import RANKS_PER_CPU, ScaleInputError, StudyConfig, parse_ranks, plan_study
 
-# flag (argparse dest) -> scale.* key
+# flag (argparse dest) -> the scale.* setting it sets
 FLAG_KEYS = {
     "steps": "steps", "effective_batch": "effective_batch", "max_rank_batch": "max_rank_batch",
     "warmup": "warmup_steps", "tolerance": "tolerance", "threshold": "threshold", "stall_rank": "stall_rank",
@@ -26,35 +26,34 @@ FLAG_KEYS = {
 
 
 def study_config(args: argparse.Namespace) -> StudyConfig:
-    """Compose ``field_scale`` with the flags (as ``scale.*`` overrides) and then the user's overrides."""
+    """Compose ``field_scale`` with the user's overrides, then apply the flags (which win: they are what
+    was typed most explicitly, and paths need no Hydra quoting)."""
     from hydra.errors import HydraException
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
     from lightning_field.conf import compose_config
 
-    overrides = [
-        f"scale.{key}={getattr(args, dest)}" for dest, key in FLAG_KEYS.items() if getattr(args, dest) is not None
-    ]
-    if args.ranks is not None:
-        overrides.append(f"scale.ranks=[{','.join(map(str, parse_ranks(args.ranks)))}]")
     try:
-        cfg = compose_config("field_scale", [*overrides, *args.overrides])
+        cfg = compose_config("field_scale", args.overrides)
         scale: dict[str, Any] = OmegaConf.to_container(cfg.scale, resolve=True)  # type: ignore[assignment]
         model = OmegaConf.to_container(cfg.model, resolve=True)
         data = OmegaConf.to_container(cfg.data, resolve=True)
     except (HydraException, OmegaConfBaseException) as err:
         raise ScaleInputError(f"config: {err}") from None
     for name, node in (("model", model), ("data", data)):
-        if not isinstance(node, dict) or "_target_" not in node:
+        if not isinstance(node, dict) or not node.get("_target_"):
             raise ScaleInputError(f"{name}: needs a _target_ (e.g. {name}._target_=my_pkg.My{name.title()})")
     unknown = set(scale) - set(StudyConfig.__dataclass_fields__)
     if unknown:
         raise ScaleInputError(f"scale: unknown setting(s) {', '.join(sorted(unknown))}")
-    out = scale.pop("out_dir") or Path("runs") / "scale" / time.strftime("%Y%m%d-%H%M%S")
+    scale.update({key: getattr(args, dest) for dest, key in FLAG_KEYS.items() if getattr(args, dest) is not None})
+    if args.ranks is not None:
+        scale["ranks"] = parse_ranks(args.ranks)
     ranks = scale.pop("ranks")
     if not isinstance(ranks, list) or not all(isinstance(n, int) for n in ranks):
         raise ScaleInputError(f"scale.ranks: {ranks!r} is not a list of rank counts (e.g. [1,2,4])")
+    out = scale.pop("out_dir") or Path("runs") / "scale" / time.strftime("%Y%m%d-%H%M%S")
     config = StudyConfig(ranks=sorted(set(ranks)), out_dir=Path(out), model=model, data=data, **scale)  # type: ignore[arg-type]
     if config.stall_rank is None:
         config.stall_s = 0.0
@@ -64,8 +63,10 @@ def study_config(args: argparse.Namespace) -> StudyConfig:
 def validate(config: StudyConfig) -> None:
     if config.stall_s < 0:
         raise ScaleInputError(f"--stall-s {config.stall_s} must be >= 0")
-    if config.stall_rank is not None and config.stall_rank < 0:
-        raise ScaleInputError(f"--stall-rank {config.stall_rank} must be >= 0")
+    if config.stall_rank is not None and not 0 <= config.stall_rank < max(config.ranks):
+        raise ScaleInputError(
+            f"--stall-rank {config.stall_rank}: no such rank at any count (ranks 0..{max(config.ranks) - 1})"
+        )
     if config.tolerance <= 0:
         raise ScaleInputError(f"--tolerance {config.tolerance} must be > 0")
     if config.timeout_s <= 0:
