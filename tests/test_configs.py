@@ -243,3 +243,12 @@ def test_field_scale_composes_with_the_builtin_workload_and_every_experiment(exp
     cfg = compose_config("field_scale", [f"experiment={experiment}"] if experiment else [])
     assert isinstance(instantiate(cfg.model), pl.LightningModule)
     assert isinstance(instantiate(cfg.data), pl.LightningDataModule)
+
+
+@pytest.mark.parametrize("option", options("record"))
+def test_every_record_option_composes_validates_and_takes_overrides(option: str) -> None:
+    from lightning_field.record.config import load_record_config
+
+    assert (CONF / "record" / f"{option}.yaml").read_text().startswith("# @package record\n")
+    config = load_record_config([f"record={option}", "record.conditions.no_stragglers.severity=critical"])
+    assert config.condition("no_stragglers").critical and config.ladder and config.roles

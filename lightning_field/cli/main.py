@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from lightning_field.cli import ckpt, evidence, plan, probe, scale, wandb
+from lightning_field.cli import ckpt, evidence, plan, probe, record, scale, wandb
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -15,6 +15,7 @@ def build_parser() -> argparse.ArgumentParser:
     evidence.add_parser(sub)
     plan.add_parser(sub)
     probe.add_parser(sub)
+    record.add_parser(sub)
     scale.add_parser(sub)
     wandb.add_parser(sub)
     preflight = sub.add_parser(
