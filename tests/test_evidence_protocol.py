@@ -148,7 +148,7 @@ def test_bad_settings_fail_before_any_run_with_a_message_naming_them(
     from hydra import compose, initialize_config_dir
 
     from lightning_field.cli.evidence_app import run
-    from lightning_field.cli.hydra_app import CONF_DIR
+    from lightning_field.conf import CONFIG_DIR as CONF_DIR
 
     for overrides, message in [
         (["+evidence.stepz=3"], "stepz"),

@@ -10,8 +10,8 @@ import pytest
 from conftest import TESTS_DIR, run_child
 from hydra import compose, initialize_config_dir
 
-from lightning_field.cli.hydra_app import CONF_DIR
 from lightning_field.cli.preflight_app import run
+from lightning_field.conf import CONFIG_DIR as CONF_DIR
 from lightning_field.integrations.hydra_configs import register_configs
 
 FAST = ["preflight.baseline_steps=4", "preflight.baseline_warmup_steps=1", "preflight.sample_batches=8"]

@@ -6,14 +6,12 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable
-from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig
 
+from lightning_field.conf import CONFIG_DIR
 from lightning_field.integrations.hydra_configs import register_configs
-
-CONF_DIR = Path(__file__).resolve().parents[1] / "conf" / "lightning_field"
 
 
 def hydra_main(config_name: str, run: Callable[[DictConfig], int]) -> None:
@@ -23,7 +21,7 @@ def hydra_main(config_name: str, run: Callable[[DictConfig], int]) -> None:
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
 
-    @hydra.main(config_path=str(CONF_DIR), config_name=config_name, version_base="1.3")
+    @hydra.main(config_path=str(CONFIG_DIR), config_name=config_name, version_base="1.3")
     def app(cfg: DictConfig) -> None:
         code = run(cfg)
         if code:

@@ -6,6 +6,7 @@ as their primary config directory, so there the groups read ``callbacks=field``,
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -15,13 +16,14 @@ if TYPE_CHECKING:
 CONFIG_DIR = Path(__file__).resolve().parent / "lightning_field"
 
 
-def compose_config(config_name: str, overrides: list[str] | None = None) -> DictConfig:
+def compose_config(config_name: str | None, overrides: Sequence[str] = ()) -> DictConfig:
     """Compose a shipped config outside a Hydra app (no output directory, no logging set-up), type-checked
-    against the generated schemas: for commands that take Hydra overrides next to their own flags."""
+    against the generated schemas: for commands that take Hydra overrides next to their own flags.
+    ``config_name=None`` composes the groups the overrides name (``+record=default``) and nothing else."""
     from hydra import compose, initialize_config_dir
 
     from lightning_field.integrations.hydra_configs import register_configs
 
     register_configs()
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        return compose(config_name=config_name, overrides=list(overrides or []))
+        return compose(config_name=config_name, overrides=list(overrides))

@@ -85,20 +85,18 @@ def compose_record_config(overrides: Sequence[str] = ()) -> dict[str, Any]:
     Hydra's compose API, not ``@hydra.main``: ``field record`` is an argparse command whose
     overrides are one option among others, and it must not change the working directory or logging.
     """
-    from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-    from lightning_field.cli.hydra_app import CONF_DIR
+    from lightning_field.conf import compose_config
 
     # No primary config lists the group, so choosing an option (record=strict) means adding it.
     chosen = [o for o in overrides if o.lstrip("+").split("=", 1)[0] == "record" and "=" in o]
     rest = [o for o in overrides if o not in chosen]
     group = ["+" + chosen[-1].lstrip("+")] if chosen else ["+record=default"]
     try:
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            cfg = compose(overrides=[*group, *rest])
+        cfg = compose_config(None, [*group, *rest])
         data = OmegaConf.to_container(cfg, resolve=True)
     except (HydraException, OmegaConfBaseException) as err:
         raise RecordConfigError(f"record configuration: {err}") from None
