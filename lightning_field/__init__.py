@@ -26,6 +26,7 @@ from lightning_field.integrations import FieldWandbLogger, WandbReview, log_evid
 from lightning_field.integrations.hydra_configs import register_configs
 from lightning_field.profiling import ProfiledDDPStrategy, StragglerMonitor
 from lightning_field.quality import CheckpointCadence, TimeToQuality, goodput_ledger
+from lightning_field.record import build_record, check_record
 
 __all__ = [
     "CheckpointCadence",
@@ -46,8 +47,10 @@ __all__ = [
     "TimeToQuality",
     "WandbReview",
     "__version__",
+    "build_record",
     "check_bundle",
     "check_data",
+    "check_record",
     "goodput_ledger",
     "latest_recoverable",
     "load_weights",
