@@ -50,19 +50,26 @@ def test_the_layout_is_the_simplest_one_whose_state_fits(capsys: pytest.CaptureF
     assert huge["layout"]["recommendation"] == "does_not_fit" and "at least" in huge["layout"]["reason"]
 
 
-def test_from_run_takes_the_save_cost_and_mtbf_from_a_run_log(
+def test_from_run_takes_the_save_cost_mtbf_and_measured_flops_from_a_run_log(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     job = TESTS_DIR / "jobs" / "quality_job.py"
     args = [job, "--root", tmp_path, "--max-steps", "40", "--step-seconds", "0"]
     run_child([*args, "--kill-after-step", "25"])
-    assert run_child(args).returncode == 0
-    plan = plan_json(capsys, "plan", "--params", "1B", "--tokens", "1B", "--devices", "1", "--device-tflops", "10",
-                     "--from-run", str(tmp_path))  # fmt: skip
+    # Unprofiled, the run measured no FLOP/s: the plan needs the rate from the command line and says so.
+    assert field_main(["plan", "--params", "1B", "--tokens", "1B", "--devices", "1", "--from-run", str(tmp_path)]) == 2
+    assert "--device-tflops is required (or --from-run a run profiled by StragglerMonitor)" in capsys.readouterr().err
+    assert run_child([*args, "--profile-flops-per-batch", "1e9"]).returncode == 0  # resumes, profiled
+    # No --device-tflops: the useful rate the run measured is the plan's input.
+    plan = plan_json(capsys, "plan", "--params", "1B", "--tokens", "1B", "--devices", "1", "--from-run", str(tmp_path))
     sources = plan["inputs"]["sources"]
     assert "median of" in sources["save_seconds"] and "1 interruption" in sources["mtbf_hours"]
     assert plan["figures"]["checkpoint_interval_daly"]["value"] > 0
-    assert "not recorded" in sources["device_tflops"]
+    assert "StragglerMonitor report" in sources["device_tflops"]
+    reports = [json.loads(line) for line in (tmp_path / "field" / "profile" / "reports.jsonl").read_text().splitlines()]
+    rates = sorted(r["throughput"]["per_rank"][0]["flops_per_s"] for r in reports)
+    assert rates[0] / 1e12 <= plan["inputs"]["device_tflops"] <= rates[-1] / 1e12
+    assert plan["figures"]["ideal_time"]["value"] == pytest.approx(6e18 / (plan["inputs"]["device_tflops"] * 1e12))
 
 
 @pytest.mark.parametrize(

@@ -9,8 +9,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from lightning_field.core.events import read_events
+from lightning_field.core.events import read_events, read_jsonl
 from lightning_field.planning.plan import PlanInputError, PlanInputs, make_plan, parse_count, parse_duration
+from lightning_field.profiling.straggler import PROFILE_RELPATH
 from lightning_field.quality.ledger import goodput_ledger
 
 
@@ -33,8 +34,28 @@ def measured_from_run(run_dir: Path) -> tuple[dict[str, float], dict[str, str]]:
     if ledger.mean_restart_s is not None:
         values["restart_seconds"] = ledger.mean_restart_s
         sources["restart_seconds"] = f"mean process start to first step after the interruptions in {run_dir}"
-    sources["device_tflops"] = "not recorded by the run (throughput records come from the profiling callbacks)"
+    tflops, basis = measured_tflops(run_dir)
+    if tflops is not None:
+        values["device_tflops"] = tflops
+    sources["device_tflops"] = basis
     return values, sources
+
+
+def measured_tflops(run_dir: Path) -> tuple[float | None, str]:
+    """Useful TFLOP/s per device as the run's ``StragglerMonitor`` reports measured it: the median over
+    reports of the median over ranks (a rank's FLOPs per second of wall time, data waits and all)."""
+    path = run_dir / PROFILE_RELPATH / "reports.jsonl"
+    reports = read_jsonl(path) if path.exists() else []
+    per_report = []
+    for report in reports:
+        rates = [r["flops_per_s"] for r in report.get("throughput", {}).get("per_rank", []) if r.get("flops_per_s")]
+        if rates:
+            per_report.append(statistics.median(rates))
+    if not per_report:
+        return None, f"not recorded by the run (no FLOP/s in {path}: add StragglerMonitor to measure it)"
+    return statistics.median(per_report) / 1e12, (
+        f"median over {len(per_report)} StragglerMonitor report(s) of the per-rank FLOP/s measured in {run_dir}"
+    )
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -43,9 +64,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
         measured: dict[str, float] = {}
         if args.from_run:
             measured, sources = measured_from_run(Path(args.from_run))
-        for name in ("params", "tokens", "devices", "device_tflops"):
-            if getattr(args, name) is None:
-                raise PlanInputError(f"--{name.replace('_', '-')} is required")
+        if args.device_tflops is not None:
+            sources["device_tflops"] = "command line"
+        device_tflops = args.device_tflops if args.device_tflops is not None else measured.get("device_tflops")
+        for name, value in (("params", args.params), ("tokens", args.tokens), ("devices", args.devices),
+                            ("device_tflops", device_tflops)):  # fmt: skip
+            if value is None:
+                hint = " (or --from-run a run profiled by StragglerMonitor)" if name == "device_tflops" else ""
+                raise PlanInputError(f"--{name.replace('_', '-')} is required{hint}")
         save = parse_duration(args.save_seconds, "--save-seconds", "s") if args.save_seconds else None
         mtbf = parse_duration(args.mtbf_hours, "--mtbf-hours", "h") / 3600 if args.mtbf_hours else None
         for name, given in (("save_seconds", save), ("mtbf_hours", mtbf)):
@@ -55,7 +81,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             params=parse_count(args.params, "--params"),
             tokens=parse_count(args.tokens, "--tokens"),
             devices=args.devices,
-            device_tflops=args.device_tflops,
+            device_tflops=device_tflops,
             bytes_per_param=args.bytes_per_param,
             optimizer=args.optimizer,
             precision=args.precision,
@@ -112,7 +138,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--params", help="parameter count, e.g. 8e9 or 8B")
     p.add_argument("--tokens", help="training tokens, e.g. 10B")
     p.add_argument("--devices", type=int)
-    p.add_argument("--device-tflops", type=float, help="useful (sustained) TFLOP/s per device, not the peak")
+    p.add_argument(
+        "--device-tflops",
+        type=float,
+        help="useful (sustained) TFLOP/s per device, not the peak (default with --from-run: as measured)",
+    )
     p.add_argument(
         "--bytes-per-param", type=float, help="persistent bytes per parameter (else from optimizer+precision)"
     )
@@ -126,6 +156,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--interconnect", help="intra-node links, e.g. nvlink, pcie")
     p.add_argument("--devices-per-node", type=int, default=8)
     p.add_argument("--state-fraction", type=float, default=0.6, help="share of device memory for persistent state")
-    p.add_argument("--from-run", help="a run directory: take save cost, restart cost and MTBF from its event log")
+    p.add_argument(
+        "--from-run",
+        help="a run directory: save cost, restart cost and MTBF from its event log; useful TFLOP/s from its "
+        "StragglerMonitor reports",
+    )
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_plan)

@@ -12,7 +12,7 @@ import time
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 
-from lightning_field import CheckpointCadence, ManifestCheckpoint, TimeToQuality
+from lightning_field import CheckpointCadence, ManifestCheckpoint, StragglerMonitor, TimeToQuality
 from lightning_field.demo import DemoDataModule, DemoRegressor
 
 
@@ -48,6 +48,7 @@ def main() -> None:
     p.add_argument("--step-seconds", type=float, default=0.02)
     p.add_argument("--devices", type=int, default=1)
     p.add_argument("--cadence-mtbf-hours", type=float, default=None)
+    p.add_argument("--profile-flops-per-batch", type=float, default=None, help="add a StragglerMonitor")
     args = p.parse_args()
 
     pl.seed_everything(0)
@@ -63,6 +64,10 @@ def main() -> None:
     if args.cadence_mtbf_hours is not None:
         cadence = CheckpointCadence(mtbf_hours=args.cadence_mtbf_hours, hysteresis=0.0)
         callbacks.append(cadence)
+    if args.profile_flops_per_batch is not None:
+        callbacks.append(
+            StragglerMonitor(report_interval_s=0.05, warmup_steps=1, flops_per_batch=args.profile_flops_per_batch)
+        )
     trainer = pl.Trainer(
         default_root_dir=args.root, max_steps=args.max_steps, accelerator="cpu", logger=False,
         devices=args.devices, strategy="ddp" if args.devices > 1 else "auto",
