@@ -27,14 +27,14 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from lightning_field.checkpoint.resolver import committed_checkpoints
-from lightning_field.cli.hydra_app import CONF_DIR
 from lightning_field.cli.main import main as field
+from lightning_field.conf import CONFIG_DIR
 
 
 def tiny_workload() -> list[str]:
     """The evidence step's model and data as field-evidence overrides: experiment/char_gpt_tiny's
     values, read from the shipped config so the two cannot drift apart."""
-    tiny = OmegaConf.load(CONF_DIR / "experiment" / "char_gpt_tiny.yaml")
+    tiny = OmegaConf.load(CONFIG_DIR / "experiment" / "char_gpt_tiny.yaml")
     return [
         "model=char_gpt", "data=stdlib_text", f"model.max_steps={tiny.trainer.max_steps}",
         *(f"model.{key}={value}" for key, value in tiny.model.items()),
