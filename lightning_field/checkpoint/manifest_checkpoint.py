@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import fsspec
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
@@ -31,11 +32,13 @@ from lightning_field.checkpoint import commit
 from lightning_field.checkpoint import lightning_internals as internals
 from lightning_field.checkpoint.components import missing_components, present_components
 from lightning_field.checkpoint.io import FIELD_KEY, ManifestCheckpointIO
+from lightning_field.checkpoint.object_store import DEFAULT_CONCURRENCY, DEFAULT_PART_BYTES, ObjectStore
 from lightning_field.checkpoint.preemption import DEFAULT_SIGNALS, PreemptionWatcher
 from lightning_field.checkpoint.resolver import committed_checkpoints, latest_recoverable
 from lightning_field.core.distributed import all_gather_objects, broadcast_object
 from lightning_field.core.events import EventLog
 from lightning_field.core.manifest import SHARED_STATE_FILE, Manifest, rank_state_file
+from lightning_field.core.storage import Location, as_location, basename, fs_options, is_url, parent
 from lightning_field.state import provenance
 from lightning_field.state.data_position import capture_sampler_state
 from lightning_field.state.rng import capture_rng_state, restore_rng_state
@@ -67,6 +70,11 @@ class ManifestCheckpoint(ModelCheckpoint):
         save_on_train_end: also commit the state training ends with, unless that step is already
             saved. Step-interval checkpoints otherwise leave the last steps unsaved, and rerunning a
             finished job (a requeue after the end) would redo them.
+        storage_options: fsspec options for a ``dirpath`` URL such as ``s3://bucket/run/ckpts``
+            (e.g. ``{"endpoint_url": ..., "key": ...}``). On object stores the manifest object is the
+            commit; see :mod:`lightning_field.checkpoint.object_store`.
+        upload_part_bytes, upload_concurrency: multipart part size and parts in flight per file for
+            uploads and downloads to an object store.
     """
 
     FILE_EXTENSION = ""
@@ -81,8 +89,14 @@ class ManifestCheckpoint(ModelCheckpoint):
         preemption_check_every_n_steps: int | None = None,
         code_dir: str | os.PathLike[str] | None = None,
         save_on_train_end: bool = False,
+        storage_options: Mapping[str, Any] | None = None,
+        upload_part_bytes: int = DEFAULT_PART_BYTES,
+        upload_concurrency: int = DEFAULT_CONCURRENCY,
         **kwargs: Any,
     ) -> None:
+        # Set before ModelCheckpoint's __init__, whose first filesystem handle already needs them.
+        self.storage_options = dict(storage_options or {})
+        self._object_store = ObjectStore(self.storage_options, upload_part_bytes, upload_concurrency)
         super().__init__(*args, **kwargs)
         if preemption_check_every_n_steps is not None and preemption_check_every_n_steps < 1:
             raise ValueError(f"preemption_check_every_n_steps must be >= 1, got {preemption_check_every_n_steps}")
@@ -124,14 +138,16 @@ class ManifestCheckpoint(ModelCheckpoint):
             )
         self._trainer = trainer
         if not isinstance(trainer.strategy.checkpoint_io, ManifestCheckpointIO):
-            trainer.strategy.checkpoint_io = ManifestCheckpointIO(trainer.strategy.checkpoint_io, self._check_resume)
+            trainer.strategy.checkpoint_io = ManifestCheckpointIO(
+                trainer.strategy.checkpoint_io, self._check_resume, self._object_store
+            )
         self._static_provenance = {
             "code": provenance.code_provenance(self.code_dir),
             "config": provenance.config_provenance(self._run_config(trainer, pl_module)),
             "environment": provenance.environment_provenance(trainer),
         }
         if trainer.is_global_zero:
-            for leftover in commit.clean_leftovers(Path(self.dirpath)):
+            for leftover in self._store.clean_leftovers(as_location(self.dirpath)):
                 log.info("Removed leftover from an interrupted save: %s", leftover)
             self._events = EventLog(trainer.default_root_dir, world_size=trainer.world_size)
         if stage == "fit":
@@ -146,6 +162,25 @@ class ManifestCheckpoint(ModelCheckpoint):
         if datamodule is not None and getattr(datamodule, "hparams", None):
             config["datamodule"] = dict(datamodule.hparams)
         return config
+
+    @property
+    def _store(self) -> commit.LocalStore | ObjectStore:
+        """How this callback's ``dirpath`` commits: rename on a local disk, manifest PUT on a URL."""
+        return self._object_store if is_url(self.dirpath or "") else commit.LocalStore()
+
+    @property
+    def _fs(self) -> Any:
+        return self._field_fs
+
+    @_fs.setter
+    def _fs(self, fs: Any) -> None:
+        # ModelCheckpoint re-creates its filesystem from the bare URL (in __init__ and setup); a URL
+        # needs this callback's storage options (an endpoint, credentials) on every access.
+        protocol = fs.protocol[0] if isinstance(fs.protocol, (tuple, list)) else fs.protocol
+        if protocol in ("file", "local"):
+            self._field_fs = fs
+            return
+        self._field_fs = fsspec.filesystem(protocol, **fs_options(self.storage_options))
 
     @property
     @override
@@ -336,7 +371,8 @@ class ManifestCheckpoint(ModelCheckpoint):
     @override
     def _save_checkpoint(self, trainer: pl.Trainer, filepath: str) -> None:
         start = time.perf_counter()
-        final = Path(filepath)
+        final = as_location(filepath)
+        store = self._store
         if self._events is not None:
             self._events.emit("ckpt_save_start", step=trainer.global_step, payload={"path": str(final)})
         if trainer.model is None:
@@ -350,9 +386,11 @@ class ManifestCheckpoint(ModelCheckpoint):
         if trainer.is_global_zero:
             shared_components = present_components(checkpoint, trainer)
             files[SHARED_STATE_FILE] = (checkpoint, shared_components)
+        if trainer.is_global_zero:
+            store.prepare(final)
+        # The broadcast also orders every rank's writes after rank 0's preparation.
         token = broadcast_object(uuid.uuid4().hex[:8])
-        tmp = commit.temp_dir_for(final.parent, final.name, token)
-        outcome = commit.write_rank_files(tmp, rank, files)
+        outcome = store.write(final, token, rank, files)
         gathered: list[tuple[commit.RankOutcome, list[str]]] = all_gather_objects((outcome, rank_missing))
         outcomes = [o for o, _ in gathered]
         missing_all = [m for _, m in gathered]
@@ -364,14 +402,14 @@ class ManifestCheckpoint(ModelCheckpoint):
             try:
                 manifest = self._build_manifest(trainer, final, checkpoint, outcomes, missing_all, shared_components)
                 manifest.save_seconds = time.perf_counter() - start
-                commit.publish(tmp, final, manifest)
+                store.publish(final, token, manifest)
             except Exception as err:
                 error = f"rank 0 (commit): {commit.describe_error(err)}"
         if trainer.is_global_zero and error is not None:
-            commit.discard(tmp)
+            store.discard(final, token)
         error = broadcast_object(error)
         if error is not None:
-            committed = committed_checkpoints(final.parent)
+            committed = committed_checkpoints(parent(final), self.storage_options)
             kept = f"the previous checkpoint ({committed[0].path}) is intact" if committed else "no earlier one exists"
             raise commit.CheckpointSaveError(
                 f"Checkpoint {final} was not saved: {error}. Nothing was committed; {kept}."
@@ -426,7 +464,7 @@ class ManifestCheckpoint(ModelCheckpoint):
     def _build_manifest(
         self,
         trainer: pl.Trainer,
-        final: Path,
+        final: Location,
         checkpoint: dict[str, Any],
         outcomes: list[commit.RankOutcome],
         missing_all: list[list[str]],
@@ -443,7 +481,7 @@ class ManifestCheckpoint(ModelCheckpoint):
         missing += missing_components(checkpoint, trainer, shared_components, self.save_weights_only)
         model_state = checkpoint.get("state_dict", {})
         return Manifest(
-            name=final.name,
+            name=basename(final),
             step=trainer.global_step,
             epoch=trainer.current_epoch,
             world_size=trainer.world_size,
@@ -499,16 +537,24 @@ class ManifestCheckpoint(ModelCheckpoint):
         super()._remove_checkpoint(trainer, filepath)
 
     def _protection_reason(self, filepath: str) -> str | None:
-        target = Path(filepath).resolve()
-        entries = committed_checkpoints(Path(filepath).parent)
+        target = _identity(filepath)
+        entries = committed_checkpoints(parent(filepath), self.storage_options)
         recoverable = [e for e in entries if e.manifest is not None and e.manifest.recoverable]
-        if any(e.path.resolve() == target for e in recoverable) and len(recoverable) == 1:
+        if any(_identity(e.path) == target for e in recoverable) and len(recoverable) == 1:
             return "it is the only recoverable checkpoint"
         return None
 
     @override
     def _find_last_checkpoints(self, trainer: pl.Trainer) -> set[str]:
-        found = latest_recoverable(internals.checkpoint_dir(self, trainer))
+        where = internals.checkpoint_dir(self, trainer)
+        if is_url(where):
+            # Lightning would re-open the found URL without the storage options and read a prefix's
+            # modification time, which object stores do not have: resolve it explicitly instead.
+            raise ValueError(
+                f'ckpt_path="last" cannot be resolved by Lightning for the object-store dirpath {where}. Pass'
+                f" ckpt_path=lightning_field.latest_recoverable({str(where)!r}, storage_options) instead."
+            )
+        found = latest_recoverable(where)
         return {str(found)} if found is not None else set()
 
     # ------------------------------------------------------------------ resuming
@@ -572,6 +618,11 @@ class ManifestCheckpoint(ModelCheckpoint):
                 step=field["manifest"].step,
                 payload={"path": field["path"], "seconds": field["load_seconds"]},
             )
+
+
+def _identity(location: str | os.PathLike[str]) -> str:
+    loc = as_location(location)
+    return str(loc.resolve()) if isinstance(loc, Path) else loc
 
 
 def _allowed(key: str, allowed: Iterable[str]) -> bool:

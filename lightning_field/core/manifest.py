@@ -8,12 +8,14 @@ through this module rather than by looking at files.
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from lightning_field.core.fsio import HASH_ALGORITHM, atomic_write_bytes
+from lightning_field.core.storage import StorageOptions, is_url, join, open_fs
 
 FORMAT = "lightning_field.checkpoint/1"
 MANIFEST_NAME = "manifest.json"
@@ -75,10 +77,14 @@ class Manifest:
         atomic_write_bytes(directory / MANIFEST_NAME, self.to_json().encode())
 
 
-def read_manifest(checkpoint_dir: str | Path) -> Manifest:
-    path = Path(checkpoint_dir) / MANIFEST_NAME
+def read_manifest(checkpoint_dir: str | os.PathLike[str], storage_options: StorageOptions | None = None) -> Manifest:
+    path = join(checkpoint_dir, MANIFEST_NAME)
     try:
-        raw = path.read_text()
+        if isinstance(path, Path):
+            raw = path.read_text()
+        else:
+            fs, inner = open_fs(path, storage_options)
+            raw = fs.cat_file(inner).decode()
     except FileNotFoundError as err:
         raise ManifestError(f"{path}: no manifest, so this is not a committed checkpoint") from err
     try:
@@ -91,5 +97,8 @@ def read_manifest(checkpoint_dir: str | Path) -> Manifest:
         raise ManifestError(f"{path}: manifest lacks a required field ({err})") from err
 
 
-def is_checkpoint_dir(path: str | Path) -> bool:
+def is_checkpoint_dir(path: str | os.PathLike[str], storage_options: StorageOptions | None = None) -> bool:
+    if is_url(path):
+        fs, inner = open_fs(os.fspath(path), storage_options)
+        return bool(fs.isfile(f"{inner.rstrip('/')}/{MANIFEST_NAME}"))
     return (Path(path) / MANIFEST_NAME).is_file()

@@ -17,7 +17,8 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
-from lightning_field import ManifestCheckpoint
+from lightning_field import ManifestCheckpoint, latest_recoverable
+from lightning_field.checkpoint.object_store import ObjectStore
 from lightning_field.demo import DemoDataModule, DemoRegressor
 from lightning_field.state.rng import capture_rng_state, rng_digest
 
@@ -31,6 +32,20 @@ class KillAfterStep(Callback):
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         if trainer.global_step == self.step:
             os.kill(os.getpid(), signal.SIGKILL)
+
+
+class KillBeforeCommit(ObjectStore):
+    """SIGKILL this process after every rank uploaded the save of ``step`` but before its manifest
+    PUT: the prefix then holds that save's objects and no commit."""
+
+    def __init__(self, step: int, **options) -> None:
+        super().__init__(**options)
+        self.step = step
+
+    def publish(self, final, token, manifest) -> None:
+        if manifest.step == self.step:
+            os.kill(os.getpid(), signal.SIGKILL)
+        super().publish(final, token, manifest)
 
 
 class SignalAtStep(Callback):
@@ -87,10 +102,14 @@ def main() -> None:
     p.add_argument("--signal-after-step", type=int, default=None)
     p.add_argument("--signal", default="SIGTERM")
     p.add_argument("--signal-rank", type=int, default=0)
+    p.add_argument("--ckpt-url", default=None, help="save to this fsspec URL instead of <root>/checkpoints")
+    p.add_argument("--endpoint-url", default=None, help="S3 endpoint for --ckpt-url")
+    p.add_argument("--kill-before-commit-step", type=int, default=None)
     args = p.parse_args()
 
     pl.seed_everything(1234, workers=False)
-    ckpt_dir = os.path.join(args.root, "checkpoints")
+    ckpt_dir = args.ckpt_url or os.path.join(args.root, "checkpoints")
+    storage_options = {"endpoint_url": args.endpoint_url} if args.endpoint_url else {}
     if args.checkpoint == "manifest":
         checkpoint = ManifestCheckpoint(
             dirpath=ckpt_dir,
@@ -98,7 +117,10 @@ def main() -> None:
             save_top_k=-1,
             save_last=True,
             save_weights_only=args.weights_only,
+            storage_options=storage_options,
         )
+        if args.kill_before_commit_step is not None:
+            checkpoint._object_store = KillBeforeCommit(args.kill_before_commit_step, storage_options=storage_options)
     else:
         checkpoint = ModelCheckpoint(dirpath=ckpt_dir, every_n_train_steps=args.every, save_top_k=-1, save_last=True)
     callbacks = [checkpoint, StepTrace(args.out + ".trace")]
@@ -124,7 +146,12 @@ def main() -> None:
     )
     model = DemoRegressor(hidden=args.hidden)
     data = DemoDataModule(size=args.size, num_workers=args.workers, stateful=bool(args.stateful))
-    trainer.fit(model, datamodule=data, ckpt_path="last" if args.resume else None)
+    ckpt_path = None
+    if args.resume:
+        # Lightning cannot resolve "last" under a URL (it has no storage options): ask the resolver.
+        ckpt_path = latest_recoverable(ckpt_dir, storage_options) if args.ckpt_url else "last"
+        print(f"RESUME-FROM {ckpt_path}")
+    trainer.fit(model, datamodule=data, ckpt_path=ckpt_path)
     if args.checkpoint == "manifest" and checkpoint.preempted_checkpoint:
         print(f"PREEMPTED-CHECKPOINT {checkpoint.preempted_checkpoint} at step {trainer.global_step}")
         sys.exit(0)
