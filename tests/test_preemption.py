@@ -26,6 +26,30 @@ def test_signal_saves_at_the_next_step_exits_cleanly_and_the_resume_is_exact(tmp
     assert_bitwise_equal(torch.load(tmp_path / "u.pt"), torch.load(tmp_path / "p.pt"))
 
 
+def test_sigterm_with_an_async_save_in_flight_commits_it_before_the_final_save_and_resumes_exactly(
+    tmp_path: Path,
+) -> None:
+    run_train_job(tmp_path / "uninterrupted", tmp_path / "u.pt")
+    root = tmp_path / "preempted"
+    # The save of step 10 goes to the writer; SIGTERM arrives as step 11 starts.
+    out = run_train_job(root, tmp_path / "p.pt", "--async-save", "--signal-after-step", "10")
+    checkpoint = root / "checkpoints" / "preempted-step=11"
+    assert f"PREEMPTED-CHECKPOINT {checkpoint} at step 11" in out
+    events = [(e["event"], e["step"]) for e in read_events(root) if e["event"].startswith(("ckpt_", "preempted"))]
+    # The in-flight save committed before the final one began, and the final one before "preempted".
+    assert events[-5:] == [
+        ("ckpt_save_start", 10),
+        ("ckpt_committed", 10),
+        ("ckpt_save_start", 11),
+        ("ckpt_committed", 11),
+        ("preempted", 11),
+    ], events
+    assert verify_checkpoint(root / "checkpoints" / "epoch=0-step=10").recoverable
+    assert verify_checkpoint(checkpoint).recoverable
+    run_train_job(root, tmp_path / "p.pt", "--async-save", "--resume")
+    assert_bitwise_equal(torch.load(tmp_path / "u.pt"), torch.load(tmp_path / "p.pt"))
+
+
 def test_sigterm_to_rank_zero_alone_stops_every_ddp_rank_after_a_joint_save(tmp_path: Path) -> None:
     run_train_job(tmp_path / "uninterrupted", tmp_path / "u.pt", "--devices", "2")
     root = tmp_path / "preempted"

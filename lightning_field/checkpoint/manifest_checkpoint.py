@@ -15,6 +15,7 @@ import signal
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,12 +31,13 @@ from typing_extensions import override
 
 from lightning_field.checkpoint import commit
 from lightning_field.checkpoint import lightning_internals as internals
+from lightning_field.checkpoint.async_save import BackgroundSave, HostSnapshot, SaveOutcome
 from lightning_field.checkpoint.components import missing_components, present_components
 from lightning_field.checkpoint.io import FIELD_KEY, ManifestCheckpointIO
 from lightning_field.checkpoint.object_store import DEFAULT_CONCURRENCY, DEFAULT_PART_BYTES, ObjectStore
 from lightning_field.checkpoint.preemption import DEFAULT_SIGNALS, PreemptionWatcher
 from lightning_field.checkpoint.resolver import committed_checkpoints, latest_recoverable
-from lightning_field.core.distributed import all_gather_objects, broadcast_object
+from lightning_field.core.distributed import all_gather_objects, broadcast_object, new_host_group
 from lightning_field.core.events import EventLog
 from lightning_field.core.manifest import SHARED_STATE_FILE, Manifest, rank_state_file
 from lightning_field.core.storage import Location, as_location, basename, fs_options, is_url, parent
@@ -46,6 +48,7 @@ from lightning_field.state.rng import capture_rng_state, restore_rng_state
 log = logging.getLogger(__name__)
 
 _SUPPORTED_STRATEGIES = (SingleDeviceStrategy, DDPStrategy)
+_SAVE_ERROR_POLICIES = ("stop", "warn")
 
 
 class ResumeMismatchError(RuntimeError):
@@ -75,6 +78,12 @@ class ManifestCheckpoint(ModelCheckpoint):
             commit; see :mod:`lightning_field.checkpoint.object_store`.
         upload_part_bytes, upload_concurrency: multipart part size and parts in flight per file for
             uploads and downloads to an object store.
+        async_save: block the step only to copy the state into reusable host buffers (pinned where
+            CUDA is present); a background thread runs the commit. At most one save is in flight; a
+            checkpoint is advertised, resolvable and counted for retention only once committed.
+        on_save_error: what a failed background save does, once reported in the log, the
+            ``checkpoint/save_failures`` metric and the event log: ``"stop"`` (raise
+            :class:`CheckpointSaveError` on every rank) or ``"warn"`` (keep training).
     """
 
     FILE_EXTENSION = ""
@@ -92,11 +101,16 @@ class ManifestCheckpoint(ModelCheckpoint):
         storage_options: Mapping[str, Any] | None = None,
         upload_part_bytes: int = DEFAULT_PART_BYTES,
         upload_concurrency: int = DEFAULT_CONCURRENCY,
+        async_save: bool = False,
+        on_save_error: str = "stop",
         **kwargs: Any,
     ) -> None:
+        if on_save_error not in _SAVE_ERROR_POLICIES:
+            raise ValueError(f"on_save_error must be one of {_SAVE_ERROR_POLICIES}, got {on_save_error!r}")
         # Set before ModelCheckpoint's __init__, whose first filesystem handle already needs them.
         self.storage_options = dict(storage_options or {})
         self._object_store = ObjectStore(self.storage_options, upload_part_bytes, upload_concurrency)
+        self._local_store = commit.LocalStore()
         super().__init__(*args, **kwargs)
         if preemption_check_every_n_steps is not None and preemption_check_every_n_steps < 1:
             raise ValueError(f"preemption_check_every_n_steps must be >= 1, got {preemption_check_every_n_steps}")
@@ -126,6 +140,15 @@ class ManifestCheckpoint(ModelCheckpoint):
         self._deferred_batch_end: tuple[Any, Any, int] | None = None
         self._loaded_loader_states: list[Any] | None = None
         self._loaded_sampler_state: list[dict[str, Any]] = []
+        self.async_save = async_save
+        self.on_save_error = on_save_error
+        self.save_failures = 0
+        self.last_save_error: str | None = None
+        self._background = BackgroundSave()
+        self._snapshot: HostSnapshot | None = None
+        self._pending: _PendingSave | None = None
+        self._host_group: Any = None
+        self._force_sync = False
 
     # ------------------------------------------------------------------ setup
     @override
@@ -137,6 +160,8 @@ class ManifestCheckpoint(ModelCheckpoint):
                 " shards its state, which needs the distributed-checkpoint path (not built yet)."
             )
         self._trainer = trainer
+        if self.async_save and trainer.world_size > 1 and self._host_group is None:
+            self._host_group = new_host_group()  # every rank runs setup: the group creation is collective
         if not isinstance(trainer.strategy.checkpoint_io, ManifestCheckpointIO):
             trainer.strategy.checkpoint_io = ManifestCheckpointIO(
                 trainer.strategy.checkpoint_io, self._check_resume, self._object_store
@@ -166,7 +191,7 @@ class ManifestCheckpoint(ModelCheckpoint):
     @property
     def _store(self) -> commit.LocalStore | ObjectStore:
         """How this callback's ``dirpath`` commits: rename on a local disk, manifest PUT on a URL."""
-        return self._object_store if is_url(self.dirpath or "") else commit.LocalStore()
+        return self._object_store if is_url(self.dirpath or "") else self._local_store
 
     @property
     def _fs(self) -> Any:
@@ -260,6 +285,7 @@ class ManifestCheckpoint(ModelCheckpoint):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         self._count_batch(batch)
+        self._check_background_save(trainer)
         # Host-side copy (~50 µs, no device sync): validation may follow this batch, and its loader
         # draws from the global generators before any validation hook runs.
         self._rng_before_validation = capture_rng_state(self.generators)
@@ -291,6 +317,7 @@ class ManifestCheckpoint(ModelCheckpoint):
             self._save_checkpoint(
                 trainer, self.format_checkpoint_name(self._monitor_candidates(trainer), "final-{step}")
             )
+        self._settle_background_save(trainer)
         super().on_train_end(trainer, pl_module)
 
     def _count_batch(self, batch: Any) -> None:
@@ -315,6 +342,11 @@ class ManifestCheckpoint(ModelCheckpoint):
     @override
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         self._watcher.uninstall()
+        if self._pending is not None and trainer.world_size == 1:
+            # Its snapshot is consistent: let it commit. (With peers, they may be gone and its
+            # receipt exchange would wait on them; it stays uncommitted, which is safe.)
+            self._collect_background_save(trainer, block=True)
+            self._pending = None
         if self._events is not None:
             self._events.end(f"failed: {type(exception).__name__}", step=trainer.global_step)
             self._events = None
@@ -323,6 +355,9 @@ class ManifestCheckpoint(ModelCheckpoint):
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._watcher.uninstall()
+        if self._pending is not None:
+            self._collect_background_save(trainer, block=True)
+            self._pending = None
         if self._undo_loader_patch is not None:
             self._undo_loader_patch()
             self._undo_loader_patch = None
@@ -338,22 +373,32 @@ class ManifestCheckpoint(ModelCheckpoint):
         if launcher is not None and hasattr(launcher, "kill"):
             launcher.kill(signum)
 
+    def _is_agreement_step(self, trainer: pl.Trainer) -> bool:
+        """Whether ranks agree on pending signals (and background-save failures) at this step."""
+        every = self.preemption_check_every_n_steps
+        if every is None:
+            every = 1 if trainer.strategy.root_device.type == "cpu" else 10
+        return trainer.global_step % every == 0
+
     def _maybe_save_on_preemption(self, trainer: pl.Trainer) -> None:
         if trainer.world_size > 1:
-            every = self.preemption_check_every_n_steps
-            if every is None:
-                every = 1 if trainer.strategy.root_device.type == "cpu" else 10
-            if trainer.global_step % every != 0:
+            if not self._is_agreement_step(trainer):
                 return
             agreed = trainer.strategy.reduce_boolean_decision(self._watcher.requested, all=False)
         else:
             agreed = self._watcher.requested
         if not agreed:
             return
+        # An in-flight background save commits first; the final save then blocks until committed.
+        self._settle_background_save(trainer)
         if self._last_global_step_saved != trainer.global_step or not self._last_checkpoint_saved:
             candidates = self._monitor_candidates(trainer)
             filepath = self.format_checkpoint_name(candidates, "preempted-{step}")
-            self._save_checkpoint(trainer, filepath)
+            self._force_sync = True
+            try:
+                self._save_checkpoint(trainer, filepath)
+            finally:
+                self._force_sync = False
         self.preempted_checkpoint = self._last_checkpoint_saved
         trainer.should_stop = True
         sig = self._watcher.received
@@ -371,63 +416,173 @@ class ManifestCheckpoint(ModelCheckpoint):
     @override
     def _save_checkpoint(self, trainer: pl.Trainer, filepath: str) -> None:
         start = time.perf_counter()
+        # At most one save in flight: the previous one commits (and is advertised and pruned for)
+        # before this one snapshots into the same buffers. Every rank reaches this point together.
+        self._settle_background_save(trainer)
         final = as_location(filepath)
-        store = self._store
         if self._events is not None:
             self._events.emit("ckpt_save_start", step=trainer.global_step, payload={"path": str(final)})
         if trainer.model is None:
             raise AttributeError("Saving a checkpoint is only possible if a model is attached to the Trainer.")
+        job = self._prepare_save(trainer, final, start)
+        if not self.async_save or self._force_sync:
+            error = self._commit(job, group=None)
+            if error is not None:
+                raise commit.CheckpointSaveError(self._not_saved_message(job.final, error))
+            self._last_global_step_saved = job.step
+            self._last_checkpoint_saved = str(final)
+            self._advertise(trainer, job, blocking=time.perf_counter() - start)
+            return
+        snapshot = self._snapshot or HostSnapshot()
+        self._snapshot = snapshot
+        job.files = snapshot.take(job.files)
+        job.blocking_seconds = time.perf_counter() - start
+        group = self._host_group
+        self._background.submit(str(final), job.step, lambda: self._commit(job, group))
+        self._pending = _PendingSave(job)
+        # ModelCheckpoint's own bookkeeping (no double save of a step, "last" as an alias of this
+        # step's save). What others see (events, loggers, last_committed, pruning) waits for the commit.
+        self._last_global_step_saved = job.step
+        self._last_checkpoint_saved = str(final)
+
+    def _prepare_save(self, trainer: pl.Trainer, final: Location, start: float) -> _SaveJob:
+        """Everything a commit needs, captured on the training thread: after this, the commit reads
+        nothing from the trainer, so it can run while training moves on."""
         checkpoint = internals.dump_checkpoint(trainer, self.save_weights_only)
         rng = capture_rng_state(self.generators)
         rank_state, rank_missing = self._rank_state(trainer, checkpoint, rng)
         rank = trainer.global_rank
         files: dict[str, tuple[Any, list[str]]] = {rank_state_file(rank): (rank_state, ["rng", "data_position"])}
         shared_components: list[str] = []
+        shared_missing: list[str] = []
         if trainer.is_global_zero:
             shared_components = present_components(checkpoint, trainer)
+            shared_missing = missing_components(checkpoint, trainer, shared_components, self.save_weights_only)
             files[SHARED_STATE_FILE] = (checkpoint, shared_components)
-        if trainer.is_global_zero:
+        return _SaveJob(
+            final=final,
+            store=self._store,
+            rank=rank,
+            is_global_zero=trainer.is_global_zero,
+            step=trainer.global_step,
+            epoch=trainer.current_epoch,
+            world_size=trainer.world_size,
+            files=files,
+            rank_missing=rank_missing,
+            shared_components=shared_components,
+            shared_missing=shared_missing,
+            start=start,
+        )
+
+    def _commit(self, job: _SaveJob, group: Any) -> str | None:
+        """The commit protocol for one prepared save; the error that stopped it, else None.
+        Collective over ``group``: every rank runs it for the same save."""
+        store, final = job.store, job.final
+        if job.is_global_zero:
             store.prepare(final)
         # The broadcast also orders every rank's writes after rank 0's preparation.
-        token = broadcast_object(uuid.uuid4().hex[:8])
-        outcome = store.write(final, token, rank, files)
-        gathered: list[tuple[commit.RankOutcome, list[str]]] = all_gather_objects((outcome, rank_missing))
+        token = broadcast_object(uuid.uuid4().hex[:8], group=group)
+        outcome = store.write(final, token, job.rank, job.files)
+        gathered: list[tuple[commit.RankOutcome, list[str]]] = all_gather_objects(
+            (outcome, job.rank_missing), group=group
+        )
         outcomes = [o for o, _ in gathered]
         missing_all = [m for _, m in gathered]
         error = None
         failed = [o for o in outcomes if o.error]
         if failed:
             error = "; ".join(f"rank {o.rank}: {o.error}" for o in failed)
-        elif trainer.is_global_zero:
+        elif job.is_global_zero:
             try:
-                manifest = self._build_manifest(trainer, final, checkpoint, outcomes, missing_all, shared_components)
-                manifest.save_seconds = time.perf_counter() - start
+                manifest = self._build_manifest(job, outcomes, missing_all)
+                manifest.save_seconds = time.perf_counter() - job.start
                 store.publish(final, token, manifest)
             except Exception as err:
                 error = f"rank 0 (commit): {commit.describe_error(err)}"
-        if trainer.is_global_zero and error is not None:
+        if job.is_global_zero and error is not None:
             store.discard(final, token)
-        error = broadcast_object(error)
-        if error is not None:
-            committed = committed_checkpoints(parent(final), self.storage_options)
-            kept = f"the previous checkpoint ({committed[0].path}) is intact" if committed else "no earlier one exists"
-            raise commit.CheckpointSaveError(
-                f"Checkpoint {final} was not saved: {error}. Nothing was committed; {kept}."
-            )
-        self._last_global_step_saved = trainer.global_step
-        self._last_checkpoint_saved = str(final)
-        self.last_committed = (str(final), trainer.global_step)
-        seconds = time.perf_counter() - start
-        self.last_blocking_seconds = seconds
+        return broadcast_object(error, group=group)
+
+    def _not_saved_message(self, final: Location, error: str) -> str:
+        committed = committed_checkpoints(parent(final), self.storage_options)
+        kept = f"the previous checkpoint ({committed[0].path}) is intact" if committed else "no earlier one exists"
+        return f"Checkpoint {final} was not saved: {error}. Nothing was committed; {kept}."
+
+    def _advertise(self, trainer: pl.Trainer, job: _SaveJob, blocking: float, commit_s: float | None = None) -> None:
+        """Only now, after its commit, does a checkpoint exist for anyone else."""
+        self.last_committed = (str(job.final), job.step)
+        self.last_blocking_seconds = blocking
         if self._events is not None:
-            self._events.emit(
-                "ckpt_committed", step=trainer.global_step, payload={"path": str(final), "blocking_s": seconds}
-            )
+            payload: dict[str, Any] = {"path": str(job.final), "blocking_s": blocking}
+            if commit_s is not None:
+                payload.update({"async": True, "commit_s": commit_s})
+            self._events.emit("ckpt_committed", step=job.step, payload=payload)
         if trainer.is_global_zero:
             from weakref import proxy
 
             for logger in trainer.loggers:
                 logger.after_save_checkpoint(proxy(self))
+
+    # ------------------------------------------------------------------ the background save's outcome
+    def _collect_background_save(self, trainer: pl.Trainer, block: bool) -> None:
+        """Take the finished background save's outcome (waiting for it if ``block``): advertise a
+        commit, or report a failure at once (log, metrics, event). Rank-local: no collectives."""
+        pending = self._pending
+        if pending is None or pending.outcome is not None:
+            return
+        outcome = self._background.wait() if block else self._background.poll()
+        if outcome is None:
+            return
+        pending.outcome = outcome
+        if outcome.error is None:
+            self._advertise(trainer, pending.job, pending.job.blocking_seconds, outcome.finished - outcome.started)
+            return
+        self.save_failures += 1
+        message = self._not_saved_message(pending.job.final, outcome.error)
+        self.last_save_error = message
+        if trainer.is_global_zero:
+            for logger in trainer.loggers:
+                logger.log_metrics({"checkpoint/save_failures": float(self.save_failures)}, step=trainer.global_step)
+        if self._events is not None:
+            self._events.emit("ckpt_save_failed", step=outcome.step, payload={"path": outcome.path, "error": message})
+        rank_zero_warn(f"Background checkpoint save failed: {message}")
+
+    def _settle_background_save(self, trainer: pl.Trainer) -> None:
+        """Wait for the in-flight save, then prune for it (a commit) or apply ``on_save_error``.
+        Every rank calls this at the same point (a save, the end of training): removals broadcast."""
+        pending = self._pending
+        if pending is None:
+            return
+        self._collect_background_save(trainer, block=True)
+        self._pending = None
+        assert pending.outcome is not None
+        if pending.outcome.error is None:
+            for filepath in pending.removals:
+                self._remove_checkpoint(trainer, filepath)
+            return
+        if pending.removals:
+            rank_zero_info(f"Keeping {', '.join(pending.removals)}: the save that would replace them failed")
+        if self.on_save_error == "stop":
+            raise commit.CheckpointSaveError(self.last_save_error or pending.outcome.error)
+
+    def _check_background_save(self, trainer: pl.Trainer) -> None:
+        """At each batch end: surface a finished background save without blocking; under
+        ``on_save_error="stop"`` every rank stops together at the step where any rank saw a failure."""
+        if not self.async_save:
+            return
+        self._collect_background_save(trainer, block=False)
+        failed = self._pending is not None and self._pending.outcome is not None and self._pending.outcome.error
+        if self.on_save_error != "stop":
+            return
+        if trainer.world_size > 1:
+            if not self._is_agreement_step(trainer):
+                return
+            failed = trainer.strategy.reduce_boolean_decision(bool(failed), all=False)
+        if failed:
+            self._settle_background_save(trainer)  # raises: the save failed on every rank
+            raise commit.CheckpointSaveError(
+                f"a background checkpoint save failed on a peer rank at step {trainer.global_step}"
+            )
 
     def _rank_state(
         self, trainer: pl.Trainer, checkpoint: dict[str, Any], rng: dict[str, Any]
@@ -462,15 +617,9 @@ class ManifestCheckpoint(ModelCheckpoint):
         return state, missing
 
     def _build_manifest(
-        self,
-        trainer: pl.Trainer,
-        final: Location,
-        checkpoint: dict[str, Any],
-        outcomes: list[commit.RankOutcome],
-        missing_all: list[list[str]],
-        shared_components: list[str],
+        self, job: _SaveJob, outcomes: list[commit.RankOutcome], missing_all: list[list[str]]
     ) -> Manifest:
-        components: dict[str, list[int]] = {c: [0] for c in shared_components}
+        components: dict[str, list[int]] = {c: [0] for c in job.shared_components}
         components["rng"] = sorted(o.rank for o in outcomes)
         components["data_position"] = sorted(
             o.rank
@@ -478,13 +627,14 @@ class ManifestCheckpoint(ModelCheckpoint):
             if not any(m.startswith("data_position") for m in missing)
         )
         missing = sorted({m for ranks in missing_all for m in ranks})
-        missing += missing_components(checkpoint, trainer, shared_components, self.save_weights_only)
+        missing += job.shared_missing
+        checkpoint = job.files[SHARED_STATE_FILE][0]
         model_state = checkpoint.get("state_dict", {})
         return Manifest(
-            name=basename(final),
-            step=trainer.global_step,
-            epoch=trainer.current_epoch,
-            world_size=trainer.world_size,
+            name=basename(job.final),
+            step=job.step,
+            epoch=job.epoch,
+            world_size=job.world_size,
             files=commit.manifest_files(outcomes),
             components=components,
             recoverable=not missing,
@@ -494,7 +644,7 @@ class ManifestCheckpoint(ModelCheckpoint):
                 **self._static_provenance,
                 "data": self._data_fingerprint,
                 "model": provenance.model_provenance(model_state),
-                "world_size": trainer.world_size,
+                "world_size": job.world_size,
             },
         )
 
@@ -527,6 +677,11 @@ class ManifestCheckpoint(ModelCheckpoint):
 
     @override
     def _remove_checkpoint(self, trainer: pl.Trainer, filepath: str) -> None:
+        if self._pending is not None:
+            # Retention counts only committed checkpoints: prune once the save that displaces this
+            # one has committed (and not at all if it fails).
+            self._pending.removals.append(filepath)
+            return
         reason = None
         if trainer.is_global_zero:
             reason = self._protection_reason(filepath)
@@ -618,6 +773,34 @@ class ManifestCheckpoint(ModelCheckpoint):
                 step=field["manifest"].step,
                 payload={"path": field["path"], "seconds": field["load_seconds"]},
             )
+
+
+@dataclass
+class _SaveJob:
+    """One save, captured on the training thread: the commit needs nothing else."""
+
+    final: Location
+    store: commit.LocalStore | ObjectStore
+    rank: int
+    is_global_zero: bool
+    step: int
+    epoch: int
+    world_size: int
+    files: dict[str, tuple[Any, list[str]]]
+    rank_missing: list[str]
+    shared_components: list[str]
+    shared_missing: list[str]
+    start: float
+    blocking_seconds: float = 0.0
+
+
+@dataclass
+class _PendingSave:
+    """A background save not yet settled, with the removals that wait for its commit."""
+
+    job: _SaveJob
+    outcome: SaveOutcome | None = None
+    removals: list[str] = field(default_factory=list)
 
 
 def _identity(location: str | os.PathLike[str]) -> str:

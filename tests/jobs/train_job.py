@@ -105,6 +105,7 @@ def main() -> None:
     p.add_argument("--ckpt-url", default=None, help="save to this fsspec URL instead of <root>/checkpoints")
     p.add_argument("--endpoint-url", default=None, help="S3 endpoint for --ckpt-url")
     p.add_argument("--kill-before-commit-step", type=int, default=None)
+    p.add_argument("--async-save", action="store_true")
     args = p.parse_args()
 
     pl.seed_everything(1234, workers=False)
@@ -118,6 +119,7 @@ def main() -> None:
             save_last=True,
             save_weights_only=args.weights_only,
             storage_options=storage_options,
+            async_save=args.async_save,
         )
         if args.kill_before_commit_step is not None:
             checkpoint._object_store = KillBeforeCommit(args.kill_before_commit_step, storage_options=storage_options)
