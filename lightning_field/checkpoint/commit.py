@@ -149,8 +149,12 @@ class LocalStore:
     def prepare(self, final: Path) -> None:
         """Nothing to do: the rename in :meth:`publish` swaps out any checkpoint of the same name."""
 
+    def staging(self, final: Path, token: str) -> Path:
+        """The hidden directory this save's files are written into before the rename publishes it."""
+        return temp_dir_for(final.parent, final.name, token)
+
     def write(self, final: Path, token: str, rank: int, files: dict[str, tuple[Any, list[str]]]) -> RankOutcome:
-        return write_rank_files(temp_dir_for(final.parent, final.name, token), rank, files)
+        return write_rank_files(self.staging(final, token), rank, files)
 
     def publish(self, final: Path, token: str, manifest: Manifest) -> None:
         publish(temp_dir_for(final.parent, final.name, token), final, manifest)

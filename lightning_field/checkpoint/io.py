@@ -128,18 +128,23 @@ def load_manifest_checkpoint(
     ``path`` are checked against the remote manifest, and ``source`` is what is reported as loaded.
     """
     start = time.perf_counter()
-    rank = global_rank()
     shown: Any = source or path
     manifest = manifest or read_manifest(path)
     if on_manifest is not None:
         on_manifest(manifest, shown)
-    own = rank_state_file(rank)
     wanted = _wanted_files(manifest)
     report = verify_against(manifest, LocalFiles(path), wanted)
     if not report.intact:
         raise CheckpointCorruptError(f"checkpoint {shown} failed verification:\n  " + "\n  ".join(report.problems))
     # Like Lightning's own CheckpointIO: tensors land on the CPU and the strategy moves them.
     checkpoint = torch_load_verified(path / SHARED_STATE_FILE, map_location or "cpu")
+    return attach_rank_state(checkpoint, manifest, path, shown, start)
+
+
+def attach_rank_state(checkpoint: dict[str, Any], manifest: Manifest, path: Path, shown: Any, start: float) -> Any:
+    """Merge this rank's own RNG and data position (verified already) into a loaded checkpoint."""
+    rank = global_rank()
+    own = rank_state_file(rank)
     rank_state = torch_load_verified(path / own, map_location="cpu") if own in manifest.files else None
     if rank_state is not None:
         loader_states = rank_state.get("data_position", {}).get("loader_states")

@@ -32,6 +32,22 @@ def checkpoint_dir(callback: ModelCheckpoint, trainer: pl.Trainer) -> Location:
     return as_location(callback._ModelCheckpoint__resolve_ckpt_dir(trainer))  # type: ignore[attr-defined]
 
 
+def wrap_strategy_load(strategy: Any, hook: Callable[..., dict[str, Any]]) -> None:
+    """Route ``strategy.load_checkpoint(path, weights_only=...)`` through ``hook(original, path,
+    weights_only)``: sharding strategies load without the CheckpointIO, so verification has to sit
+    in front of their own loader. Idempotent per strategy instance."""
+    current = strategy.load_checkpoint
+    if getattr(current, _MARK, False):
+        return
+    original = current
+
+    def load_checkpoint(checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
+        return hook(original, checkpoint_path, weights_only)
+
+    setattr(load_checkpoint, _MARK, True)
+    strategy.load_checkpoint = load_checkpoint
+
+
 def is_last_batch_of_epoch(trainer: pl.Trainer) -> bool:
     return bool(trainer.fit_loop.epoch_loop.batch_progress.is_last_batch)
 

@@ -29,17 +29,18 @@ from lightning.pytorch.utilities.data import extract_batch_size
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
-from lightning_field.checkpoint import commit
+from lightning_field.checkpoint import commit, sharded
 from lightning_field.checkpoint import lightning_internals as internals
 from lightning_field.checkpoint.async_save import BackgroundSave, HostSnapshot, SaveOutcome
 from lightning_field.checkpoint.components import missing_components, present_components
-from lightning_field.checkpoint.io import FIELD_KEY, ManifestCheckpointIO
+from lightning_field.checkpoint.io import FIELD_KEY, ManifestCheckpointIO, attach_rank_state
 from lightning_field.checkpoint.object_store import DEFAULT_CONCURRENCY, DEFAULT_PART_BYTES, ObjectStore
 from lightning_field.checkpoint.preemption import DEFAULT_SIGNALS, PreemptionWatcher
 from lightning_field.checkpoint.resolver import committed_checkpoints, latest_recoverable
+from lightning_field.checkpoint.verify import CheckpointCorruptError
 from lightning_field.core.distributed import all_gather_objects, broadcast_object, new_host_group
 from lightning_field.core.events import EventLog
-from lightning_field.core.manifest import SHARED_STATE_FILE, Manifest, rank_state_file
+from lightning_field.core.manifest import SHARED_STATE_FILE, Manifest, is_checkpoint_dir, rank_state_file, read_manifest
 from lightning_field.core.storage import Location, as_location, basename, fs_options, is_url, parent
 from lightning_field.state import provenance
 from lightning_field.state.data_position import capture_sampler_state
@@ -154,10 +155,15 @@ class ManifestCheckpoint(ModelCheckpoint):
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         super().setup(trainer, pl_module, stage)
-        if not isinstance(trainer.strategy, _SUPPORTED_STRATEGIES):
+        if sharded.is_sharded(trainer.strategy):
+            sharded.check_supported(trainer.strategy, str(self.dirpath), self.async_save)
+            # It loads without the CheckpointIO: verification must sit in front of its own loader.
+            internals.wrap_strategy_load(trainer.strategy, self._load_sharded)
+        elif not isinstance(trainer.strategy, _SUPPORTED_STRATEGIES):
             raise NotImplementedError(
-                f"ManifestCheckpoint supports single-device and DDP strategies; {type(trainer.strategy).__name__}"
-                " shards its state, which needs the distributed-checkpoint path (not built yet)."
+                f"ManifestCheckpoint supports single-device, DDP and ModelParallel strategies;"
+                f" {type(trainer.strategy).__name__} (FSDP, DeepSpeed) is not supported yet. For sharded state"
+                " use ModelParallelStrategy with torch's fully_shard, whose checkpoints go through DCP."
             )
         self._trainer = trainer
         if self.async_save and trainer.world_size > 1 and self._host_group is None:
@@ -458,7 +464,15 @@ class ManifestCheckpoint(ModelCheckpoint):
         if trainer.is_global_zero:
             shared_components = present_components(checkpoint, trainer)
             shared_missing = missing_components(checkpoint, trainer, shared_components, self.save_weights_only)
-            files[SHARED_STATE_FILE] = (checkpoint, shared_components)
+        shards = None
+        shared_file = SHARED_STATE_FILE
+        if sharded.is_sharded(trainer.strategy):
+            # Every rank holds its own shards of the model and optimizer: they go through DCP.
+            shards = sharded.split_state(checkpoint)
+            shared_file = sharded.SHARDED_SHARED_FILE
+            shared_components = [c for c in shared_components if c not in sharded.DCP_COMPONENTS]
+        if trainer.is_global_zero:
+            files[shared_file] = (checkpoint, shared_components)
         return _SaveJob(
             final=final,
             store=self._store,
@@ -472,6 +486,9 @@ class ManifestCheckpoint(ModelCheckpoint):
             shared_components=shared_components,
             shared_missing=shared_missing,
             start=start,
+            shared_file=shared_file,
+            shards=shards,
+            model_state=shards["state_dict"] if shards is not None else checkpoint.get("state_dict", {}),
         )
 
     def _commit(self, job: _SaveJob, group: Any) -> str | None:
@@ -482,7 +499,15 @@ class ManifestCheckpoint(ModelCheckpoint):
             store.prepare(final)
         # The broadcast also orders every rank's writes after rank 0's preparation.
         token = broadcast_object(uuid.uuid4().hex[:8], group=group)
-        outcome = store.write(final, token, job.rank, job.files)
+        referenced: list[str] = []
+        if job.shards is not None:
+            assert isinstance(store, commit.LocalStore)  # sharded.check_supported refused URLs at setup
+            outcome, referenced = sharded.write_shards(store.staging(final, token), job.rank, job.shards)
+            written = store.write(final, token, job.rank, job.files)
+            outcome.receipts += written.receipts
+            outcome.error = outcome.error or written.error
+        else:
+            outcome = store.write(final, token, job.rank, job.files)
         gathered: list[tuple[commit.RankOutcome, list[str]]] = all_gather_objects(
             (outcome, job.rank_missing), group=group
         )
@@ -492,6 +517,8 @@ class ManifestCheckpoint(ModelCheckpoint):
         failed = [o for o in outcomes if o.error]
         if failed:
             error = "; ".join(f"rank {o.rank}: {o.error}" for o in failed)
+        elif unreported := sharded.unreported_shards(referenced, outcomes):
+            error = f"rank 0 (commit): DCP metadata references files no rank reported: {', '.join(unreported)}"
         elif job.is_global_zero:
             try:
                 manifest = self._build_manifest(job, outcomes, missing_all)
@@ -628,8 +655,9 @@ class ManifestCheckpoint(ModelCheckpoint):
         )
         missing = sorted({m for ranks in missing_all for m in ranks})
         missing += job.shared_missing
-        checkpoint = job.files[SHARED_STATE_FILE][0]
-        model_state = checkpoint.get("state_dict", {})
+        if job.shards is not None:
+            holders = sorted({r.rank for o in outcomes for r in o.receipts if r.file.endswith(".distcp")})
+            components.update({c: holders for c in sharded.DCP_COMPONENTS if c in job.shared_components_all})
         return Manifest(
             name=basename(job.final),
             step=job.step,
@@ -643,7 +671,7 @@ class ManifestCheckpoint(ModelCheckpoint):
             provenance={
                 **self._static_provenance,
                 "data": self._data_fingerprint,
-                "model": provenance.model_provenance(model_state),
+                "model": provenance.model_provenance(job.model_state),
                 "world_size": job.world_size,
             },
         )
@@ -713,6 +741,23 @@ class ManifestCheckpoint(ModelCheckpoint):
         return {str(found)} if found is not None else set()
 
     # ------------------------------------------------------------------ resuming
+    def _load_sharded(self, load: Callable[..., dict[str, Any]], path: Any, weights_only: bool | None) -> Any:
+        """A sharding strategy's ``load_checkpoint``, behind the same checks as the CheckpointIO's:
+        compatibility, then every file verified (split across ranks) before DCP reads a byte."""
+        if not is_checkpoint_dir(path):
+            return load(path, weights_only=weights_only)
+        start = time.perf_counter()
+        path = Path(path)
+        manifest = read_manifest(path)
+        self._check_resume(manifest, path)
+        trainer = self._trainer
+        assert trainer is not None
+        problems = sharded.verify_in_parallel(path, list(manifest.files), trainer.global_rank, trainer.world_size)
+        if problems:
+            raise CheckpointCorruptError(f"checkpoint {path} failed verification:\n  " + "\n  ".join(problems))
+        checkpoint = sharded.load_through_strategy(load, path, weights_only)
+        return attach_rank_state(checkpoint, manifest, path, path, start)
+
     def _check_resume(self, manifest: Manifest, path: Path) -> None:
         """Called by the CheckpointIO before anything is unpickled."""
         if not manifest.recoverable:
@@ -792,6 +837,17 @@ class _SaveJob:
     shared_missing: list[str]
     start: float
     blocking_seconds: float = 0.0
+    shared_file: str = SHARED_STATE_FILE
+    shards: dict[str, Any] | None = None  # DTensor state for DCP, under sharding strategies
+    model_state: Any = None
+
+    @property
+    def shared_components_all(self) -> list[str]:
+        """Shared components plus those DCP holds on every rank."""
+        if self.shards is None:
+            return self.shared_components
+        with_optimizer = any(key.startswith("optimizer_") for key in self.shards)
+        return [*self.shared_components, "model", *(["optimizer"] if with_optimizer else [])]
 
 
 @dataclass

@@ -19,7 +19,7 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 from lightning_field import ManifestCheckpoint, latest_recoverable
 from lightning_field.checkpoint.object_store import ObjectStore
-from lightning_field.demo import DemoDataModule, DemoRegressor
+from lightning_field.demo import DemoDataModule, DemoRegressor, DemoShardedRegressor
 from lightning_field.state.rng import capture_rng_state, rng_digest
 
 
@@ -106,6 +106,7 @@ def main() -> None:
     p.add_argument("--endpoint-url", default=None, help="S3 endpoint for --ckpt-url")
     p.add_argument("--kill-before-commit-step", type=int, default=None)
     p.add_argument("--async-save", action="store_true")
+    p.add_argument("--sharded", action="store_true", help="FSDP2 under ModelParallelStrategy (DCP checkpoints)")
     args = p.parse_args()
 
     pl.seed_everything(1234, workers=False)
@@ -134,7 +135,7 @@ def main() -> None:
         default_root_dir=args.root,
         accelerator="cpu",
         devices=args.devices,
-        strategy="ddp" if args.devices > 1 else "auto",
+        strategy=_strategy(args),
         max_steps=args.max_steps,
         callbacks=callbacks,
         logger=False,
@@ -146,7 +147,7 @@ def main() -> None:
         check_val_every_n_epoch=None if args.val_every else 1,
         deterministic=True,
     )
-    model = DemoRegressor(hidden=args.hidden)
+    model = (DemoShardedRegressor if args.sharded else DemoRegressor)(hidden=args.hidden)
     data = DemoDataModule(size=args.size, num_workers=args.workers, stateful=bool(args.stateful))
     ckpt_path = None
     if args.resume:
@@ -157,16 +158,29 @@ def main() -> None:
     if args.checkpoint == "manifest" and checkpoint.preempted_checkpoint:
         print(f"PREEMPTED-CHECKPOINT {checkpoint.preempted_checkpoint} at step {trainer.global_step}")
         sys.exit(0)
+    state = _full_state(model, trainer, args.sharded)  # collective when sharded: every rank gathers
     if trainer.is_global_zero:
-        torch.save(
-            {
-                "state_dict": model.state_dict(),
-                "optimizer": trainer.optimizers[0].state_dict(),
-                "step": trainer.global_step,
-            },
-            args.out,
-        )
+        torch.save({**state, "step": trainer.global_step}, args.out)
     sys.exit(0)
+
+
+def _strategy(args: argparse.Namespace) -> object:
+    if args.sharded:
+        from lightning.pytorch.strategies import ModelParallelStrategy
+
+        return ModelParallelStrategy(data_parallel_size=args.devices, tensor_parallel_size=1)
+    return "ddp" if args.devices > 1 else "auto"
+
+
+def _full_state(model: torch.nn.Module, trainer: pl.Trainer, sharded: bool) -> dict:
+    optimizer = trainer.optimizers[0]
+    if not sharded:
+        return {"state_dict": model.state_dict(), "optimizer": optimizer.state_dict()}
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    weights, optim = get_state_dict(model, optimizer, options=options)
+    return {"state_dict": weights, "optimizer": optim}
 
 
 if __name__ == "__main__":
