@@ -18,6 +18,7 @@ from lightning_field.integrations import FieldWandbLogger, WandbReview, log_evid
 from lightning_field.integrations.hydra_configs import register_configs
 from lightning_field.profiling import ProfiledDDPStrategy, StragglerMonitor
 from lightning_field.quality import CheckpointCadence, TimeToQuality, goodput_ledger
+from lightning_field.state.samplers import JumpRandomSampler, JumpSequentialSampler
 
 __all__ = [
     "CheckpointCadence",
@@ -26,6 +27,8 @@ __all__ = [
     "EventLog",
     "EvidenceSettings",
     "FieldWandbLogger",
+    "JumpRandomSampler",
+    "JumpSequentialSampler",
     "Manifest",
     "ManifestCheckpoint",
     "ProfiledDDPStrategy",

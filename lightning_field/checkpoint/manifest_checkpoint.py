@@ -43,7 +43,7 @@ from lightning_field.core.events import EventLog
 from lightning_field.core.manifest import SHARED_STATE_FILE, Manifest, is_checkpoint_dir, rank_state_file, read_manifest
 from lightning_field.core.storage import Location, as_location, basename, fs_options, is_url, parent
 from lightning_field.state import provenance
-from lightning_field.state.data_position import capture_sampler_state
+from lightning_field.state.data_position import capture_sampler_state, describe_restore
 from lightning_field.state.rng import capture_rng_state, restore_rng_state
 
 log = logging.getLogger(__name__)
@@ -483,6 +483,7 @@ class ManifestCheckpoint(ModelCheckpoint):
             world_size=trainer.world_size,
             files=files,
             rank_missing=rank_missing,
+            data_restore=list(rank_state["data_position"]["restore"]),
             shared_components=shared_components,
             shared_missing=shared_missing,
             start=start,
@@ -508,11 +509,12 @@ class ManifestCheckpoint(ModelCheckpoint):
             outcome.error = outcome.error or written.error
         else:
             outcome = store.write(final, token, job.rank, job.files)
-        gathered: list[tuple[commit.RankOutcome, list[str]]] = all_gather_objects(
-            (outcome, job.rank_missing), group=group
+        gathered: list[tuple[commit.RankOutcome, list[str], list[str]]] = all_gather_objects(
+            (outcome, job.rank_missing, job.data_restore), group=group
         )
-        outcomes = [o for o, _ in gathered]
-        missing_all = [m for _, m in gathered]
+        outcomes = [o for o, _, _ in gathered]
+        missing_all = [m for _, m, _ in gathered]
+        restore_all = {str(o.rank): r for o, _, r in gathered}
         error = None
         failed = [o for o in outcomes if o.error]
         if failed:
@@ -522,6 +524,7 @@ class ManifestCheckpoint(ModelCheckpoint):
         elif job.is_global_zero:
             try:
                 manifest = self._build_manifest(job, outcomes, missing_all)
+                manifest.data_restore = restore_all
                 manifest.save_seconds = time.perf_counter() - job.start
                 store.publish(final, token, manifest)
             except Exception as err:
@@ -639,6 +642,7 @@ class ManifestCheckpoint(ModelCheckpoint):
                 "samples_seen": self._samples_seen,
                 "tokens_seen": self._tokens_seen,
                 "sampler_state": capture_sampler_state(loaders),
+                "restore": [describe_restore(dl) for dl in loaders],
             },
         }
         return state, missing
@@ -833,6 +837,7 @@ class _SaveJob:
     world_size: int
     files: dict[str, tuple[Any, list[str]]]
     rank_missing: list[str]
+    data_restore: list[str]
     shared_components: list[str]
     shared_missing: list[str]
     start: float

@@ -55,6 +55,8 @@ class Manifest:
     # Set by a passing restore drill (lightning_field.evidence.RestoreDrill), with the drill's record.
     restore_tested: bool = False
     restore_drill: dict[str, Any] | None = None
+    # Per rank, per train loader: how a resume restores the data position and what that costs.
+    data_restore: dict[str, list[str]] = field(default_factory=dict)
     format: str = FORMAT
     hash_algorithm: str = HASH_ALGORITHM
 
