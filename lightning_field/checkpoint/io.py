@@ -44,12 +44,17 @@ def torch_load_verified(path: Path, map_location: Any = None) -> Any:
     Only plain containers and tensors load under ``weights_only=True``. A checkpoint whose hparams
     hold arbitrary objects needs full unpickling, which is acceptable here because the bytes were
     just proven identical to what this library wrote.
+
+    The file is memory-mapped (``mmap=True``): verification has just read it into the page cache,
+    so tensors are backed by those pages instead of being copied out of them a second time, and the
+    copy into the model's own parameters is the only one. (Pages are private: writes to a loaded
+    tensor never reach the file, and the mapping outlives a later deletion of the checkpoint.)
     """
     try:
-        return torch.load(path, map_location=map_location, weights_only=True)
+        return torch.load(path, map_location=map_location, weights_only=True, mmap=True)
     except pickle.UnpicklingError as err:
         log.debug("%s needs full unpickling (%s); its hash was verified first", path, err)
-        return torch.load(path, map_location=map_location, weights_only=False)
+        return torch.load(path, map_location=map_location, weights_only=False, mmap=True)
 
 
 class ManifestCheckpointIO(CheckpointIO):
