@@ -27,6 +27,7 @@ from lightning_field.integrations.hydra_configs import register_configs
 from lightning_field.profiling import ProfiledDDPStrategy, StragglerMonitor
 from lightning_field.quality import CheckpointCadence, TimeToQuality, goodput_ledger
 from lightning_field.record import build_record, check_record
+from lightning_field.state.samplers import JumpRandomSampler, JumpSequentialSampler
 
 __all__ = [
     "CheckpointCadence",
@@ -35,6 +36,8 @@ __all__ = [
     "EventLog",
     "EvidenceSettings",
     "FieldWandbLogger",
+    "JumpRandomSampler",
+    "JumpSequentialSampler",
     "Manifest",
     "ManifestCheckpoint",
     "PreflightSettings",

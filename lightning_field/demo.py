@@ -92,3 +92,17 @@ class DemoRegressor(pl.LightningModule):
         optimizer = torch.optim.AdamW(self.parameters(), lr=self.hparams.lr)
         scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=10, gamma=0.9)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+class DemoShardedRegressor(DemoRegressor):
+    """The demo model with its parameters (and so its optimizer state) sharded by FSDP2 over the
+    ``data_parallel`` mesh dimension of Lightning's ``ModelParallelStrategy``; runs on CPU with gloo."""
+
+    def configure_model(self) -> None:
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = self.device_mesh["data_parallel"]
+        for layer in self.net:
+            if isinstance(layer, nn.Linear):
+                fully_shard(layer, mesh=mesh)
+        fully_shard(self.net, mesh=mesh)

@@ -107,3 +107,37 @@ def max_weight_difference(a: dict, b: dict) -> float:
 @pytest.fixture
 def quiet_lightning(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PYTHONWARNINGS", "ignore")
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint() -> object:
+    """A real S3 API on loopback (moto's server, threaded) for the whole session, with dummy
+    credentials in the environment; child processes inherit them. Yields the endpoint URL."""
+    pytest.importorskip("s3fs", reason="object-store tests need the [s3] extra (pip install -e .[dev])")
+    from moto.server import ThreadedMotoServer
+
+    with pytest.MonkeyPatch.context() as env:
+        for name, value in {
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_SESSION_TOKEN": "testing",
+            "AWS_DEFAULT_REGION": "us-east-1",
+        }.items():
+            env.setenv(name, value)
+        server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+        server.start()
+        try:
+            host, port = server.get_host_and_port()
+            yield f"http://{host}:{port}"
+        finally:
+            server.stop()
+
+
+@pytest.fixture
+def s3_bucket(s3_endpoint: str, request: pytest.FixtureRequest) -> tuple[str, dict[str, str]]:
+    """A fresh, empty bucket per test: (``s3://`` URL, fsspec storage options)."""
+    import boto3
+
+    name = "t-" + "".join(c if c.isalnum() else "-" for c in request.node.name.lower())[:50].strip("-")
+    boto3.client("s3", endpoint_url=s3_endpoint).create_bucket(Bucket=name)
+    return f"s3://{name}", {"endpoint_url": s3_endpoint}

@@ -51,18 +51,23 @@ def temp_dir_for(dirpath: Path, name: str, token: str) -> Path:
     return dirpath / f".tmp-{name}-{token}"
 
 
-def save_durably(obj: Any, path: Path) -> tuple[int, str]:
-    """``torch.save`` straight to disk through a hashing writer; returns (size, hash)."""
+def save_durably(obj: Any, path: Path, durable: bool = True) -> tuple[int, str]:
+    """``torch.save`` straight to disk through a hashing writer; returns (size, hash).
+
+    ``durable=False`` skips the fsync, for local staging copies whose durability is the upload's job.
+    """
     writer = HashingWriter(path)
     try:
         torch.save(obj, writer)
-        return writer.finish()
+        return writer.finish(sync=durable)
     except BaseException:
         writer.close()
         raise
 
 
-def write_rank_files(tmp: Path, rank: int, files: dict[str, tuple[Any, list[str]]]) -> RankOutcome:
+def write_rank_files(
+    tmp: Path, rank: int, files: dict[str, tuple[Any, list[str]]], durable: bool = True
+) -> RankOutcome:
     """Write this rank's files into ``tmp``; errors are returned, not raised, so every rank still
     reaches the receipt exchange and nobody waits forever on a rank that failed."""
     start = time.perf_counter()
@@ -70,9 +75,10 @@ def write_rank_files(tmp: Path, rank: int, files: dict[str, tuple[Any, list[str]
     try:
         tmp.mkdir(parents=True, exist_ok=True)
         for name, (obj, contents) in files.items():
-            size, digest = save_durably(obj, tmp / name)
+            size, digest = save_durably(obj, tmp / name, durable)
             receipts.append(Receipt(name, size, digest, rank, contents))
-        fsync_dir(tmp)
+        if durable:
+            fsync_dir(tmp)
     except Exception as err:
         return RankOutcome(rank, receipts, describe_error(err), time.perf_counter() - start)
     return RankOutcome(rank, receipts, None, time.perf_counter() - start)
@@ -135,3 +141,29 @@ def clean_leftovers(dirpath: Path) -> list[Path]:
             shutil.rmtree(child, ignore_errors=True)
             removed.append(child)
     return removed
+
+
+class LocalStore:
+    """The commit protocol on a POSIX filesystem: hidden temporary directory, fsync, atomic rename."""
+
+    def prepare(self, final: Path) -> None:
+        """Nothing to do: the rename in :meth:`publish` swaps out any checkpoint of the same name."""
+
+    def staging(self, final: Path, token: str) -> Path:
+        """The hidden directory this save's files are written into before the rename publishes it."""
+        return temp_dir_for(final.parent, final.name, token)
+
+    def write(self, final: Path, token: str, rank: int, files: dict[str, tuple[Any, list[str]]]) -> RankOutcome:
+        return write_rank_files(self.staging(final, token), rank, files)
+
+    def publish(self, final: Path, token: str, manifest: Manifest) -> None:
+        publish(temp_dir_for(final.parent, final.name, token), final, manifest)
+
+    def discard(self, final: Path, token: str) -> None:
+        discard(temp_dir_for(final.parent, final.name, token))
+
+    def remove(self, final: Path) -> None:
+        remove_committed(final)
+
+    def clean_leftovers(self, dirpath: Path) -> list[Path]:
+        return clean_leftovers(dirpath)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import pickle
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -19,7 +20,8 @@ import torch
 from lightning.fabric.plugins import CheckpointIO
 
 from lightning_field.checkpoint.commit import remove_committed
-from lightning_field.checkpoint.verify import require_intact
+from lightning_field.checkpoint.object_store import ObjectStore
+from lightning_field.checkpoint.verify import CheckpointCorruptError, LocalFiles, verify_against
 from lightning_field.core.distributed import global_rank
 from lightning_field.core.manifest import (
     SHARED_STATE_FILE,
@@ -28,6 +30,7 @@ from lightning_field.core.manifest import (
     rank_state_file,
     read_manifest,
 )
+from lightning_field.core.storage import is_url
 
 log = logging.getLogger(__name__)
 
@@ -41,30 +44,51 @@ def torch_load_verified(path: Path, map_location: Any = None) -> Any:
     Only plain containers and tensors load under ``weights_only=True``. A checkpoint whose hparams
     hold arbitrary objects needs full unpickling, which is acceptable here because the bytes were
     just proven identical to what this library wrote.
+
+    The file is memory-mapped (``mmap=True``): verification has just read it into the page cache,
+    so tensors are backed by those pages instead of being copied out of them a second time, and the
+    copy into the model's own parameters is the only one. (Pages are private: writes to a loaded
+    tensor never reach the file, and the mapping outlives a later deletion of the checkpoint.)
     """
     try:
-        return torch.load(path, map_location=map_location, weights_only=True)
+        return torch.load(path, map_location=map_location, weights_only=True, mmap=True)
     except pickle.UnpicklingError as err:
         log.debug("%s needs full unpickling (%s); its hash was verified first", path, err)
-        return torch.load(path, map_location=map_location, weights_only=False)
+        return torch.load(path, map_location=map_location, weights_only=False, mmap=True)
 
 
 class ManifestCheckpointIO(CheckpointIO):
-    def __init__(self, inner: CheckpointIO, on_manifest: Callable[[Manifest, Path], None] | None = None) -> None:
+    """Args:
+    inner: the CheckpointIO plain ``.ckpt`` files go through.
+    on_manifest: called with the manifest before anything is unpickled; may refuse by raising.
+    object_store: how checkpoints under fsspec URLs are read and removed (its storage options).
+    """
+
+    def __init__(
+        self,
+        inner: CheckpointIO,
+        on_manifest: Callable[[Manifest, Path], None] | None = None,
+        object_store: ObjectStore | None = None,
+    ) -> None:
         self.inner = inner
         self.on_manifest = on_manifest
+        self.object_store = object_store or ObjectStore()
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
         # ``trainer.save_checkpoint("x.ckpt")`` by the user keeps working as a plain export.
         self.inner.save_checkpoint(checkpoint, path, storage_options=storage_options)
 
     def load_checkpoint(self, path: Any, map_location: Any = None, weights_only: bool | None = None) -> dict[str, Any]:
-        if not is_checkpoint_dir(path):
+        if is_url(path) and is_checkpoint_dir(path, self.object_store.storage_options):
+            return load_object_checkpoint(str(path), self.object_store, map_location, self.on_manifest)
+        if is_url(path) or not is_checkpoint_dir(path):
             return self.inner.load_checkpoint(path, map_location=map_location, weights_only=weights_only)
         return load_manifest_checkpoint(Path(path), map_location, self.on_manifest)
 
     def remove_checkpoint(self, path: Any) -> None:
-        if is_checkpoint_dir(path) or Path(path).is_dir():
+        if is_url(path):
+            self.object_store.remove(str(path))
+        elif is_checkpoint_dir(path) or Path(path).is_dir():
             remove_committed(Path(path))
         else:
             self.inner.remove_checkpoint(path)
@@ -73,20 +97,59 @@ class ManifestCheckpointIO(CheckpointIO):
         self.inner.teardown()
 
 
-def load_manifest_checkpoint(
-    path: Path, map_location: Any = None, on_manifest: Callable[[Manifest, Path], None] | None = None
+def load_object_checkpoint(
+    url: str,
+    store: ObjectStore,
+    map_location: Any = None,
+    on_manifest: Callable[[Manifest, Path], None] | None = None,
 ) -> dict[str, Any]:
-    """Verify, check compatibility (``on_manifest`` may raise), then load shared and per-rank state."""
+    """A checkpoint under a URL: download this rank's files (multipart, parallel), verify the local
+    copies against the manifest, and load exactly those verified bytes."""
     start = time.perf_counter()
-    rank = global_rank()
-    manifest = read_manifest(path)
+    manifest = read_manifest(url, store.storage_options)
+    with tempfile.TemporaryDirectory(prefix="lightning-field-load-") as staging:
+        local = Path(staging)
+        store.download(url, local, _wanted_files(manifest))
+        checkpoint = load_manifest_checkpoint(local, map_location, on_manifest, manifest=manifest, source=url)
+    checkpoint[FIELD_KEY]["load_seconds"] = time.perf_counter() - start
+    return checkpoint
+
+
+def _wanted_files(manifest: Manifest) -> list[str]:
+    own = rank_state_file(global_rank())
+    return [SHARED_STATE_FILE] + ([own] if own in manifest.files else [])
+
+
+def load_manifest_checkpoint(
+    path: Path,
+    map_location: Any = None,
+    on_manifest: Callable[[Manifest, Path], None] | None = None,
+    manifest: Manifest | None = None,
+    source: str | None = None,
+) -> dict[str, Any]:
+    """Verify, check compatibility (``on_manifest`` may raise), then load shared and per-rank state.
+
+    ``manifest`` and ``source`` are given for a local copy of a remote checkpoint: the files in
+    ``path`` are checked against the remote manifest, and ``source`` is what is reported as loaded.
+    """
+    start = time.perf_counter()
+    shown: Any = source or path
+    manifest = manifest or read_manifest(path)
     if on_manifest is not None:
-        on_manifest(manifest, path)
-    own = rank_state_file(rank)
-    wanted = [SHARED_STATE_FILE] + ([own] if own in manifest.files else [])
-    require_intact(path, wanted)
+        on_manifest(manifest, shown)
+    wanted = _wanted_files(manifest)
+    report = verify_against(manifest, LocalFiles(path), wanted)
+    if not report.intact:
+        raise CheckpointCorruptError(f"checkpoint {shown} failed verification:\n  " + "\n  ".join(report.problems))
     # Like Lightning's own CheckpointIO: tensors land on the CPU and the strategy moves them.
     checkpoint = torch_load_verified(path / SHARED_STATE_FILE, map_location or "cpu")
+    return attach_rank_state(checkpoint, manifest, path, shown, start)
+
+
+def attach_rank_state(checkpoint: dict[str, Any], manifest: Manifest, path: Path, shown: Any, start: float) -> Any:
+    """Merge this rank's own RNG and data position (verified already) into a loaded checkpoint."""
+    rank = global_rank()
+    own = rank_state_file(rank)
     rank_state = torch_load_verified(path / own, map_location="cpu") if own in manifest.files else None
     if rank_state is not None:
         loader_states = rank_state.get("data_position", {}).get("loader_states")
@@ -95,10 +158,10 @@ def load_manifest_checkpoint(
             # Rank 0's copy in the shared file is replaced by this rank's own loader position.
             fit_loop["combined_loader"] = loader_states
     else:
-        log.warning("Checkpoint %s has no state for rank %d: its RNG and data position start fresh", path, rank)
+        log.warning("Checkpoint %s has no state for rank %d: its RNG and data position start fresh", shown, rank)
     checkpoint[FIELD_KEY] = {
         "manifest": manifest,
-        "path": str(path),
+        "path": str(shown),
         "rank_state": rank_state,
         "load_seconds": time.perf_counter() - start,
     }

@@ -10,12 +10,12 @@ they rely on.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import ModelCheckpoint
 
+from lightning_field.core.storage import Location, as_location
 from lightning_field.state.data_position import needs_replay, replaying_sampler_state, stale_epoch_samplers
 from lightning_field.state.rng import WorkerRngCapture
 
@@ -27,9 +27,25 @@ def dump_checkpoint(trainer: pl.Trainer, weights_only: bool) -> dict[str, Any]:
     return trainer._checkpoint_connector.dump_checkpoint(weights_only)
 
 
-def checkpoint_dir(callback: ModelCheckpoint, trainer: pl.Trainer) -> Path:
+def checkpoint_dir(callback: ModelCheckpoint, trainer: pl.Trainer) -> Location:
     """Where ``callback`` saves, resolvable before ``setup`` (as ``ckpt_path="last"`` needs)."""
-    return Path(callback._ModelCheckpoint__resolve_ckpt_dir(trainer))  # type: ignore[attr-defined]
+    return as_location(callback._ModelCheckpoint__resolve_ckpt_dir(trainer))  # type: ignore[attr-defined]
+
+
+def wrap_strategy_load(strategy: Any, hook: Callable[..., dict[str, Any]]) -> None:
+    """Route ``strategy.load_checkpoint(path, weights_only=...)`` through ``hook(original, path,
+    weights_only)``: sharding strategies load without the CheckpointIO, so verification has to sit
+    in front of their own loader. Idempotent per strategy instance."""
+    current = strategy.load_checkpoint
+    if getattr(current, _MARK, False):
+        return
+    original = current
+
+    def load_checkpoint(checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
+        return hook(original, checkpoint_path, weights_only)
+
+    setattr(load_checkpoint, _MARK, True)
+    strategy.load_checkpoint = load_checkpoint
 
 
 def is_last_batch_of_epoch(trainer: pl.Trainer) -> bool:

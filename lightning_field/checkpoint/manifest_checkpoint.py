@@ -15,9 +15,11 @@ import signal
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import fsspec
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
@@ -27,22 +29,27 @@ from lightning.pytorch.utilities.data import extract_batch_size
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
-from lightning_field.checkpoint import commit
+from lightning_field.checkpoint import commit, sharded
 from lightning_field.checkpoint import lightning_internals as internals
+from lightning_field.checkpoint.async_save import BackgroundSave, HostSnapshot, SaveOutcome
 from lightning_field.checkpoint.components import missing_components, present_components
-from lightning_field.checkpoint.io import FIELD_KEY, ManifestCheckpointIO
+from lightning_field.checkpoint.io import FIELD_KEY, ManifestCheckpointIO, attach_rank_state
+from lightning_field.checkpoint.object_store import DEFAULT_CONCURRENCY, DEFAULT_PART_BYTES, ObjectStore
 from lightning_field.checkpoint.preemption import DEFAULT_SIGNALS, PreemptionWatcher
 from lightning_field.checkpoint.resolver import committed_checkpoints, latest_recoverable
-from lightning_field.core.distributed import all_gather_objects, broadcast_object
+from lightning_field.checkpoint.verify import CheckpointCorruptError
+from lightning_field.core.distributed import all_gather_objects, broadcast_object, new_host_group
 from lightning_field.core.events import EventLog
-from lightning_field.core.manifest import SHARED_STATE_FILE, Manifest, rank_state_file
+from lightning_field.core.manifest import SHARED_STATE_FILE, Manifest, is_checkpoint_dir, rank_state_file, read_manifest
+from lightning_field.core.storage import Location, as_location, basename, fs_options, is_url, parent
 from lightning_field.state import provenance
-from lightning_field.state.data_position import capture_sampler_state
+from lightning_field.state.data_position import capture_sampler_state, describe_restore
 from lightning_field.state.rng import capture_rng_state, restore_rng_state
 
 log = logging.getLogger(__name__)
 
 _SUPPORTED_STRATEGIES = (SingleDeviceStrategy, DDPStrategy)
+_SAVE_ERROR_POLICIES = ("stop", "warn")
 
 
 class ResumeMismatchError(RuntimeError):
@@ -67,6 +74,17 @@ class ManifestCheckpoint(ModelCheckpoint):
         save_on_train_end: also commit the state training ends with, unless that step is already
             saved. Step-interval checkpoints otherwise leave the last steps unsaved, and rerunning a
             finished job (a requeue after the end) would redo them.
+        storage_options: fsspec options for a ``dirpath`` URL such as ``s3://bucket/run/ckpts``
+            (e.g. ``{"endpoint_url": ..., "key": ...}``). On object stores the manifest object is the
+            commit; see :mod:`lightning_field.checkpoint.object_store`.
+        upload_part_bytes, upload_concurrency: multipart part size and parts in flight per file for
+            uploads and downloads to an object store.
+        async_save: block the step only to copy the state into reusable host buffers (pinned where
+            CUDA is present); a background thread runs the commit. At most one save is in flight; a
+            checkpoint is advertised, resolvable and counted for retention only once committed.
+        on_save_error: what a failed background save does, once reported in the log, the
+            ``checkpoint/save_failures`` metric and the event log: ``"stop"`` (raise
+            :class:`CheckpointSaveError` on every rank) or ``"warn"`` (keep training).
     """
 
     FILE_EXTENSION = ""
@@ -81,8 +99,19 @@ class ManifestCheckpoint(ModelCheckpoint):
         preemption_check_every_n_steps: int | None = None,
         code_dir: str | os.PathLike[str] | None = None,
         save_on_train_end: bool = False,
+        storage_options: Mapping[str, Any] | None = None,
+        upload_part_bytes: int = DEFAULT_PART_BYTES,
+        upload_concurrency: int = DEFAULT_CONCURRENCY,
+        async_save: bool = False,
+        on_save_error: str = "stop",
         **kwargs: Any,
     ) -> None:
+        if on_save_error not in _SAVE_ERROR_POLICIES:
+            raise ValueError(f"on_save_error must be one of {_SAVE_ERROR_POLICIES}, got {on_save_error!r}")
+        # Set before ModelCheckpoint's __init__, whose first filesystem handle already needs them.
+        self.storage_options = dict(storage_options or {})
+        self._object_store = ObjectStore(self.storage_options, upload_part_bytes, upload_concurrency)
+        self._local_store = commit.LocalStore()
         super().__init__(*args, **kwargs)
         if preemption_check_every_n_steps is not None and preemption_check_every_n_steps < 1:
             raise ValueError(f"preemption_check_every_n_steps must be >= 1, got {preemption_check_every_n_steps}")
@@ -112,26 +141,44 @@ class ManifestCheckpoint(ModelCheckpoint):
         self._deferred_batch_end: tuple[Any, Any, int] | None = None
         self._loaded_loader_states: list[Any] | None = None
         self._loaded_sampler_state: list[dict[str, Any]] = []
+        self.async_save = async_save
+        self.on_save_error = on_save_error
+        self.save_failures = 0
+        self.last_save_error: str | None = None
+        self._background = BackgroundSave()
+        self._snapshot: HostSnapshot | None = None
+        self._pending: _PendingSave | None = None
+        self._host_group: Any = None
+        self._force_sync = False
 
     # ------------------------------------------------------------------ setup
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         super().setup(trainer, pl_module, stage)
-        if not isinstance(trainer.strategy, _SUPPORTED_STRATEGIES):
+        if sharded.is_sharded(trainer.strategy):
+            sharded.check_supported(trainer.strategy, str(self.dirpath), self.async_save)
+            # It loads without the CheckpointIO: verification must sit in front of its own loader.
+            internals.wrap_strategy_load(trainer.strategy, self._load_sharded)
+        elif not isinstance(trainer.strategy, _SUPPORTED_STRATEGIES):
             raise NotImplementedError(
-                f"ManifestCheckpoint supports single-device and DDP strategies; {type(trainer.strategy).__name__}"
-                " shards its state, which needs the distributed-checkpoint path (not built yet)."
+                f"ManifestCheckpoint supports single-device, DDP and ModelParallel strategies;"
+                f" {type(trainer.strategy).__name__} (FSDP, DeepSpeed) is not supported yet. For sharded state"
+                " use ModelParallelStrategy with torch's fully_shard, whose checkpoints go through DCP."
             )
         self._trainer = trainer
+        if self.async_save and trainer.world_size > 1 and self._host_group is None:
+            self._host_group = new_host_group()  # every rank runs setup: the group creation is collective
         if not isinstance(trainer.strategy.checkpoint_io, ManifestCheckpointIO):
-            trainer.strategy.checkpoint_io = ManifestCheckpointIO(trainer.strategy.checkpoint_io, self._check_resume)
+            trainer.strategy.checkpoint_io = ManifestCheckpointIO(
+                trainer.strategy.checkpoint_io, self._check_resume, self._object_store
+            )
         self._static_provenance = {
             "code": provenance.code_provenance(self.code_dir),
             "config": provenance.config_provenance(self._run_config(trainer, pl_module)),
             "environment": provenance.environment_provenance(trainer),
         }
         if trainer.is_global_zero:
-            for leftover in commit.clean_leftovers(Path(self.dirpath)):
+            for leftover in self._store.clean_leftovers(as_location(self.dirpath)):
                 log.info("Removed leftover from an interrupted save: %s", leftover)
             self._events = EventLog(trainer.default_root_dir, world_size=trainer.world_size)
         if stage == "fit":
@@ -146,6 +193,25 @@ class ManifestCheckpoint(ModelCheckpoint):
         if datamodule is not None and getattr(datamodule, "hparams", None):
             config["datamodule"] = dict(datamodule.hparams)
         return config
+
+    @property
+    def _store(self) -> commit.LocalStore | ObjectStore:
+        """How this callback's ``dirpath`` commits: rename on a local disk, manifest PUT on a URL."""
+        return self._object_store if is_url(self.dirpath or "") else self._local_store
+
+    @property
+    def _fs(self) -> Any:
+        return self._field_fs
+
+    @_fs.setter
+    def _fs(self, fs: Any) -> None:
+        # ModelCheckpoint re-creates its filesystem from the bare URL (in __init__ and setup); a URL
+        # needs this callback's storage options (an endpoint, credentials) on every access.
+        protocol = fs.protocol[0] if isinstance(fs.protocol, (tuple, list)) else fs.protocol
+        if protocol in ("file", "local"):
+            self._field_fs = fs
+            return
+        self._field_fs = fsspec.filesystem(protocol, **fs_options(self.storage_options))
 
     @property
     @override
@@ -225,6 +291,7 @@ class ManifestCheckpoint(ModelCheckpoint):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         self._count_batch(batch)
+        self._check_background_save(trainer)
         # Host-side copy (~50 µs, no device sync): validation may follow this batch, and its loader
         # draws from the global generators before any validation hook runs.
         self._rng_before_validation = capture_rng_state(self.generators)
@@ -256,6 +323,7 @@ class ManifestCheckpoint(ModelCheckpoint):
             self._save_checkpoint(
                 trainer, self.format_checkpoint_name(self._monitor_candidates(trainer), "final-{step}")
             )
+        self._settle_background_save(trainer)
         super().on_train_end(trainer, pl_module)
 
     def _count_batch(self, batch: Any) -> None:
@@ -280,6 +348,11 @@ class ManifestCheckpoint(ModelCheckpoint):
     @override
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         self._watcher.uninstall()
+        if self._pending is not None and trainer.world_size == 1:
+            # Its snapshot is consistent: let it commit. (With peers, they may be gone and its
+            # receipt exchange would wait on them; it stays uncommitted, which is safe.)
+            self._collect_background_save(trainer, block=True)
+            self._pending = None
         if self._events is not None:
             self._events.end(f"failed: {type(exception).__name__}", step=trainer.global_step)
             self._events = None
@@ -288,6 +361,9 @@ class ManifestCheckpoint(ModelCheckpoint):
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._watcher.uninstall()
+        if self._pending is not None:
+            self._collect_background_save(trainer, block=True)
+            self._pending = None
         if self._undo_loader_patch is not None:
             self._undo_loader_patch()
             self._undo_loader_patch = None
@@ -303,22 +379,32 @@ class ManifestCheckpoint(ModelCheckpoint):
         if launcher is not None and hasattr(launcher, "kill"):
             launcher.kill(signum)
 
+    def _is_agreement_step(self, trainer: pl.Trainer) -> bool:
+        """Whether ranks agree on pending signals (and background-save failures) at this step."""
+        every = self.preemption_check_every_n_steps
+        if every is None:
+            every = 1 if trainer.strategy.root_device.type == "cpu" else 10
+        return trainer.global_step % every == 0
+
     def _maybe_save_on_preemption(self, trainer: pl.Trainer) -> None:
         if trainer.world_size > 1:
-            every = self.preemption_check_every_n_steps
-            if every is None:
-                every = 1 if trainer.strategy.root_device.type == "cpu" else 10
-            if trainer.global_step % every != 0:
+            if not self._is_agreement_step(trainer):
                 return
             agreed = trainer.strategy.reduce_boolean_decision(self._watcher.requested, all=False)
         else:
             agreed = self._watcher.requested
         if not agreed:
             return
+        # An in-flight background save commits first; the final save then blocks until committed.
+        self._settle_background_save(trainer)
         if self._last_global_step_saved != trainer.global_step or not self._last_checkpoint_saved:
             candidates = self._monitor_candidates(trainer)
             filepath = self.format_checkpoint_name(candidates, "preempted-{step}")
-            self._save_checkpoint(trainer, filepath)
+            self._force_sync = True
+            try:
+                self._save_checkpoint(trainer, filepath)
+            finally:
+                self._force_sync = False
         self.preempted_checkpoint = self._last_checkpoint_saved
         trainer.should_stop = True
         sig = self._watcher.received
@@ -336,60 +422,197 @@ class ManifestCheckpoint(ModelCheckpoint):
     @override
     def _save_checkpoint(self, trainer: pl.Trainer, filepath: str) -> None:
         start = time.perf_counter()
-        final = Path(filepath)
+        # At most one save in flight: the previous one commits (and is advertised and pruned for)
+        # before this one snapshots into the same buffers. Every rank reaches this point together.
+        self._settle_background_save(trainer)
+        final = as_location(filepath)
         if self._events is not None:
             self._events.emit("ckpt_save_start", step=trainer.global_step, payload={"path": str(final)})
         if trainer.model is None:
             raise AttributeError("Saving a checkpoint is only possible if a model is attached to the Trainer.")
+        job = self._prepare_save(trainer, final, start)
+        if not self.async_save or self._force_sync:
+            error = self._commit(job, group=None)
+            if error is not None:
+                raise commit.CheckpointSaveError(self._not_saved_message(job.final, error))
+            self._last_global_step_saved = job.step
+            self._last_checkpoint_saved = str(final)
+            self._advertise(trainer, job, blocking=time.perf_counter() - start)
+            return
+        snapshot = self._snapshot or HostSnapshot()
+        self._snapshot = snapshot
+        job.files = snapshot.take(job.files)
+        job.blocking_seconds = time.perf_counter() - start
+        group = self._host_group
+        self._background.submit(str(final), job.step, lambda: self._commit(job, group))
+        self._pending = _PendingSave(job)
+        # ModelCheckpoint's own bookkeeping (no double save of a step, "last" as an alias of this
+        # step's save). What others see (events, loggers, last_committed, pruning) waits for the commit.
+        self._last_global_step_saved = job.step
+        self._last_checkpoint_saved = str(final)
+
+    def _prepare_save(self, trainer: pl.Trainer, final: Location, start: float) -> _SaveJob:
+        """Everything a commit needs, captured on the training thread: after this, the commit reads
+        nothing from the trainer, so it can run while training moves on."""
         checkpoint = internals.dump_checkpoint(trainer, self.save_weights_only)
         rng = capture_rng_state(self.generators)
         rank_state, rank_missing = self._rank_state(trainer, checkpoint, rng)
         rank = trainer.global_rank
         files: dict[str, tuple[Any, list[str]]] = {rank_state_file(rank): (rank_state, ["rng", "data_position"])}
         shared_components: list[str] = []
+        shared_missing: list[str] = []
         if trainer.is_global_zero:
             shared_components = present_components(checkpoint, trainer)
-            files[SHARED_STATE_FILE] = (checkpoint, shared_components)
-        token = broadcast_object(uuid.uuid4().hex[:8])
-        tmp = commit.temp_dir_for(final.parent, final.name, token)
-        outcome = commit.write_rank_files(tmp, rank, files)
-        gathered: list[tuple[commit.RankOutcome, list[str]]] = all_gather_objects((outcome, rank_missing))
-        outcomes = [o for o, _ in gathered]
-        missing_all = [m for _, m in gathered]
+            shared_missing = missing_components(checkpoint, trainer, shared_components, self.save_weights_only)
+        shards = None
+        shared_file = SHARED_STATE_FILE
+        if sharded.is_sharded(trainer.strategy):
+            # Every rank holds its own shards of the model and optimizer: they go through DCP.
+            shards = sharded.split_state(checkpoint)
+            shared_file = sharded.SHARDED_SHARED_FILE
+            shared_components = [c for c in shared_components if c not in sharded.DCP_COMPONENTS]
+        if trainer.is_global_zero:
+            files[shared_file] = (checkpoint, shared_components)
+        return _SaveJob(
+            final=final,
+            store=self._store,
+            rank=rank,
+            is_global_zero=trainer.is_global_zero,
+            step=trainer.global_step,
+            epoch=trainer.current_epoch,
+            world_size=trainer.world_size,
+            files=files,
+            rank_missing=rank_missing,
+            data_restore=list(rank_state["data_position"]["restore"]),
+            shared_components=shared_components,
+            shared_missing=shared_missing,
+            start=start,
+            shared_file=shared_file,
+            shards=shards,
+            model_state=shards["state_dict"] if shards is not None else checkpoint.get("state_dict", {}),
+        )
+
+    def _commit(self, job: _SaveJob, group: Any) -> str | None:
+        """The commit protocol for one prepared save; the error that stopped it, else None.
+        Collective over ``group``: every rank runs it for the same save."""
+        store, final = job.store, job.final
+        if job.is_global_zero:
+            store.prepare(final)
+        # The broadcast also orders every rank's writes after rank 0's preparation.
+        token = broadcast_object(uuid.uuid4().hex[:8], group=group)
+        referenced: list[str] = []
+        if job.shards is not None:
+            assert isinstance(store, commit.LocalStore)  # sharded.check_supported refused URLs at setup
+            outcome, referenced = sharded.write_shards(store.staging(final, token), job.rank, job.shards)
+            written = store.write(final, token, job.rank, job.files)
+            outcome.receipts += written.receipts
+            outcome.error = outcome.error or written.error
+        else:
+            outcome = store.write(final, token, job.rank, job.files)
+        gathered: list[tuple[commit.RankOutcome, list[str], list[str]]] = all_gather_objects(
+            (outcome, job.rank_missing, job.data_restore), group=group
+        )
+        outcomes = [o for o, _, _ in gathered]
+        missing_all = [m for _, m, _ in gathered]
+        restore_all = {str(o.rank): r for o, _, r in gathered}
         error = None
         failed = [o for o in outcomes if o.error]
         if failed:
             error = "; ".join(f"rank {o.rank}: {o.error}" for o in failed)
-        elif trainer.is_global_zero:
+        elif unreported := sharded.unreported_shards(referenced, outcomes):
+            error = f"rank 0 (commit): DCP metadata references files no rank reported: {', '.join(unreported)}"
+        elif job.is_global_zero:
             try:
-                manifest = self._build_manifest(trainer, final, checkpoint, outcomes, missing_all, shared_components)
-                manifest.save_seconds = time.perf_counter() - start
-                commit.publish(tmp, final, manifest)
+                manifest = self._build_manifest(job, outcomes, missing_all)
+                manifest.data_restore = restore_all
+                manifest.save_seconds = time.perf_counter() - job.start
+                store.publish(final, token, manifest)
             except Exception as err:
                 error = f"rank 0 (commit): {commit.describe_error(err)}"
-        if trainer.is_global_zero and error is not None:
-            commit.discard(tmp)
-        error = broadcast_object(error)
-        if error is not None:
-            committed = committed_checkpoints(final.parent)
-            kept = f"the previous checkpoint ({committed[0].path}) is intact" if committed else "no earlier one exists"
-            raise commit.CheckpointSaveError(
-                f"Checkpoint {final} was not saved: {error}. Nothing was committed; {kept}."
-            )
-        self._last_global_step_saved = trainer.global_step
-        self._last_checkpoint_saved = str(final)
-        self.last_committed = (str(final), trainer.global_step)
-        seconds = time.perf_counter() - start
-        self.last_blocking_seconds = seconds
+        if job.is_global_zero and error is not None:
+            store.discard(final, token)
+        return broadcast_object(error, group=group)
+
+    def _not_saved_message(self, final: Location, error: str) -> str:
+        committed = committed_checkpoints(parent(final), self.storage_options)
+        kept = f"the previous checkpoint ({committed[0].path}) is intact" if committed else "no earlier one exists"
+        return f"Checkpoint {final} was not saved: {error}. Nothing was committed; {kept}."
+
+    def _advertise(self, trainer: pl.Trainer, job: _SaveJob, blocking: float, commit_s: float | None = None) -> None:
+        """Only now, after its commit, does a checkpoint exist for anyone else."""
+        self.last_committed = (str(job.final), job.step)
+        self.last_blocking_seconds = blocking
         if self._events is not None:
-            self._events.emit(
-                "ckpt_committed", step=trainer.global_step, payload={"path": str(final), "blocking_s": seconds}
-            )
+            payload: dict[str, Any] = {"path": str(job.final), "blocking_s": blocking}
+            if commit_s is not None:
+                payload.update({"async": True, "commit_s": commit_s})
+            self._events.emit("ckpt_committed", step=job.step, payload=payload)
         if trainer.is_global_zero:
             from weakref import proxy
 
             for logger in trainer.loggers:
                 logger.after_save_checkpoint(proxy(self))
+
+    # ------------------------------------------------------------------ the background save's outcome
+    def _collect_background_save(self, trainer: pl.Trainer, block: bool) -> None:
+        """Take the finished background save's outcome (waiting for it if ``block``): advertise a
+        commit, or report a failure at once (log, metrics, event). Rank-local: no collectives."""
+        pending = self._pending
+        if pending is None or pending.outcome is not None:
+            return
+        outcome = self._background.wait() if block else self._background.poll()
+        if outcome is None:
+            return
+        pending.outcome = outcome
+        if outcome.error is None:
+            self._advertise(trainer, pending.job, pending.job.blocking_seconds, outcome.finished - outcome.started)
+            return
+        self.save_failures += 1
+        message = self._not_saved_message(pending.job.final, outcome.error)
+        self.last_save_error = message
+        if trainer.is_global_zero:
+            for logger in trainer.loggers:
+                logger.log_metrics({"checkpoint/save_failures": float(self.save_failures)}, step=trainer.global_step)
+        if self._events is not None:
+            self._events.emit("ckpt_save_failed", step=outcome.step, payload={"path": outcome.path, "error": message})
+        rank_zero_warn(f"Background checkpoint save failed: {message}")
+
+    def _settle_background_save(self, trainer: pl.Trainer) -> None:
+        """Wait for the in-flight save, then prune for it (a commit) or apply ``on_save_error``.
+        Every rank calls this at the same point (a save, the end of training): removals broadcast."""
+        pending = self._pending
+        if pending is None:
+            return
+        self._collect_background_save(trainer, block=True)
+        self._pending = None
+        assert pending.outcome is not None
+        if pending.outcome.error is None:
+            for filepath in pending.removals:
+                self._remove_checkpoint(trainer, filepath)
+            return
+        if pending.removals:
+            rank_zero_info(f"Keeping {', '.join(pending.removals)}: the save that would replace them failed")
+        if self.on_save_error == "stop":
+            raise commit.CheckpointSaveError(self.last_save_error or pending.outcome.error)
+
+    def _check_background_save(self, trainer: pl.Trainer) -> None:
+        """At each batch end: surface a finished background save without blocking; under
+        ``on_save_error="stop"`` every rank stops together at the step where any rank saw a failure."""
+        if not self.async_save:
+            return
+        self._collect_background_save(trainer, block=False)
+        failed = self._pending is not None and self._pending.outcome is not None and self._pending.outcome.error
+        if self.on_save_error != "stop":
+            return
+        if trainer.world_size > 1:
+            if not self._is_agreement_step(trainer):
+                return
+            failed = trainer.strategy.reduce_boolean_decision(bool(failed), all=False)
+        if failed:
+            self._settle_background_save(trainer)  # raises: the save failed on every rank
+            raise commit.CheckpointSaveError(
+                f"a background checkpoint save failed on a peer rank at step {trainer.global_step}"
+            )
 
     def _rank_state(
         self, trainer: pl.Trainer, checkpoint: dict[str, Any], rng: dict[str, Any]
@@ -419,20 +642,15 @@ class ManifestCheckpoint(ModelCheckpoint):
                 "samples_seen": self._samples_seen,
                 "tokens_seen": self._tokens_seen,
                 "sampler_state": capture_sampler_state(loaders),
+                "restore": [describe_restore(dl) for dl in loaders],
             },
         }
         return state, missing
 
     def _build_manifest(
-        self,
-        trainer: pl.Trainer,
-        final: Path,
-        checkpoint: dict[str, Any],
-        outcomes: list[commit.RankOutcome],
-        missing_all: list[list[str]],
-        shared_components: list[str],
+        self, job: _SaveJob, outcomes: list[commit.RankOutcome], missing_all: list[list[str]]
     ) -> Manifest:
-        components: dict[str, list[int]] = {c: [0] for c in shared_components}
+        components: dict[str, list[int]] = {c: [0] for c in job.shared_components}
         components["rng"] = sorted(o.rank for o in outcomes)
         components["data_position"] = sorted(
             o.rank
@@ -440,13 +658,15 @@ class ManifestCheckpoint(ModelCheckpoint):
             if not any(m.startswith("data_position") for m in missing)
         )
         missing = sorted({m for ranks in missing_all for m in ranks})
-        missing += missing_components(checkpoint, trainer, shared_components, self.save_weights_only)
-        model_state = checkpoint.get("state_dict", {})
+        missing += job.shared_missing
+        if job.shards is not None:
+            holders = sorted({r.rank for o in outcomes for r in o.receipts if r.file.endswith(".distcp")})
+            components.update({c: holders for c in sharded.DCP_COMPONENTS if c in job.shared_components_all})
         return Manifest(
-            name=final.name,
-            step=trainer.global_step,
-            epoch=trainer.current_epoch,
-            world_size=trainer.world_size,
+            name=basename(job.final),
+            step=job.step,
+            epoch=job.epoch,
+            world_size=job.world_size,
             files=commit.manifest_files(outcomes),
             components=components,
             recoverable=not missing,
@@ -455,8 +675,8 @@ class ManifestCheckpoint(ModelCheckpoint):
             provenance={
                 **self._static_provenance,
                 "data": self._data_fingerprint,
-                "model": provenance.model_provenance(model_state),
-                "world_size": trainer.world_size,
+                "model": provenance.model_provenance(job.model_state),
+                "world_size": job.world_size,
             },
         )
 
@@ -489,6 +709,11 @@ class ManifestCheckpoint(ModelCheckpoint):
 
     @override
     def _remove_checkpoint(self, trainer: pl.Trainer, filepath: str) -> None:
+        if self._pending is not None:
+            # Retention counts only committed checkpoints: prune once the save that displaces this
+            # one has committed (and not at all if it fails).
+            self._pending.removals.append(filepath)
+            return
         reason = None
         if trainer.is_global_zero:
             reason = self._protection_reason(filepath)
@@ -499,19 +724,44 @@ class ManifestCheckpoint(ModelCheckpoint):
         super()._remove_checkpoint(trainer, filepath)
 
     def _protection_reason(self, filepath: str) -> str | None:
-        target = Path(filepath).resolve()
-        entries = committed_checkpoints(Path(filepath).parent)
+        target = _identity(filepath)
+        entries = committed_checkpoints(parent(filepath), self.storage_options)
         recoverable = [e for e in entries if e.manifest is not None and e.manifest.recoverable]
-        if any(e.path.resolve() == target for e in recoverable) and len(recoverable) == 1:
+        if any(_identity(e.path) == target for e in recoverable) and len(recoverable) == 1:
             return "it is the only recoverable checkpoint"
         return None
 
     @override
     def _find_last_checkpoints(self, trainer: pl.Trainer) -> set[str]:
-        found = latest_recoverable(internals.checkpoint_dir(self, trainer))
+        where = internals.checkpoint_dir(self, trainer)
+        if is_url(where):
+            # Lightning would re-open the found URL without the storage options and read a prefix's
+            # modification time, which object stores do not have: resolve it explicitly instead.
+            raise ValueError(
+                f'ckpt_path="last" cannot be resolved by Lightning for the object-store dirpath {where}. Pass'
+                f" ckpt_path=lightning_field.latest_recoverable({str(where)!r}, storage_options) instead."
+            )
+        found = latest_recoverable(where)
         return {str(found)} if found is not None else set()
 
     # ------------------------------------------------------------------ resuming
+    def _load_sharded(self, load: Callable[..., dict[str, Any]], path: Any, weights_only: bool | None) -> Any:
+        """A sharding strategy's ``load_checkpoint``, behind the same checks as the CheckpointIO's:
+        compatibility, then every file verified (split across ranks) before DCP reads a byte."""
+        if not is_checkpoint_dir(path):
+            return load(path, weights_only=weights_only)
+        start = time.perf_counter()
+        path = Path(path)
+        manifest = read_manifest(path)
+        self._check_resume(manifest, path)
+        trainer = self._trainer
+        assert trainer is not None
+        problems = sharded.verify_in_parallel(path, list(manifest.files), trainer.global_rank, trainer.world_size)
+        if problems:
+            raise CheckpointCorruptError(f"checkpoint {path} failed verification:\n  " + "\n  ".join(problems))
+        checkpoint = sharded.load_through_strategy(load, path, weights_only)
+        return attach_rank_state(checkpoint, manifest, path, path, start)
+
     def _check_resume(self, manifest: Manifest, path: Path) -> None:
         """Called by the CheckpointIO before anything is unpickled."""
         if not manifest.recoverable:
@@ -572,6 +822,51 @@ class ManifestCheckpoint(ModelCheckpoint):
                 step=field["manifest"].step,
                 payload={"path": field["path"], "seconds": field["load_seconds"]},
             )
+
+
+@dataclass
+class _SaveJob:
+    """One save, captured on the training thread: the commit needs nothing else."""
+
+    final: Location
+    store: commit.LocalStore | ObjectStore
+    rank: int
+    is_global_zero: bool
+    step: int
+    epoch: int
+    world_size: int
+    files: dict[str, tuple[Any, list[str]]]
+    rank_missing: list[str]
+    data_restore: list[str]
+    shared_components: list[str]
+    shared_missing: list[str]
+    start: float
+    blocking_seconds: float = 0.0
+    shared_file: str = SHARED_STATE_FILE
+    shards: dict[str, Any] | None = None  # DTensor state for DCP, under sharding strategies
+    model_state: Any = None
+
+    @property
+    def shared_components_all(self) -> list[str]:
+        """Shared components plus those DCP holds on every rank."""
+        if self.shards is None:
+            return self.shared_components
+        with_optimizer = any(key.startswith("optimizer_") for key in self.shards)
+        return [*self.shared_components, "model", *(["optimizer"] if with_optimizer else [])]
+
+
+@dataclass
+class _PendingSave:
+    """A background save not yet settled, with the removals that wait for its commit."""
+
+    job: _SaveJob
+    outcome: SaveOutcome | None = None
+    removals: list[str] = field(default_factory=list)
+
+
+def _identity(location: str | os.PathLike[str]) -> str:
+    loc = as_location(location)
+    return str(loc.resolve()) if isinstance(loc, Path) else loc
 
 
 def _allowed(key: str, allowed: Iterable[str]) -> bool:

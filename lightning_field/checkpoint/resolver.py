@@ -9,7 +9,8 @@ from pathlib import Path
 
 from lightning_field.checkpoint.verify import verify_checkpoint
 from lightning_field.core.fsio import atomic_write_bytes
-from lightning_field.core.manifest import Manifest, ManifestError, is_checkpoint_dir, read_manifest
+from lightning_field.core.manifest import MANIFEST_NAME, Manifest, ManifestError, is_checkpoint_dir, read_manifest
+from lightning_field.core.storage import Location, StorageOptions, as_location, basename, is_url, open_fs, to_url
 
 log = logging.getLogger(__name__)
 
@@ -19,18 +20,24 @@ TEMP_PREFIXES = (".tmp-", ".trash-")
 
 @dataclass
 class CheckpointEntry:
-    path: Path
+    path: Location
     manifest: Manifest | None
     error: str | None = None
 
 
-def committed_checkpoints(dirpath: str | os.PathLike[str]) -> list[CheckpointEntry]:
+def committed_checkpoints(
+    dirpath: str | os.PathLike[str], storage_options: StorageOptions | None = None
+) -> list[CheckpointEntry]:
     """Every committed checkpoint directory under ``dirpath``, newest first.
 
     Hidden directories (in-flight ``.tmp-*`` writes, ``.trash-*`` removals) are never candidates:
-    their manifest, if any, was not published by the commit rename.
+    their manifest, if any, was not published by the commit rename. Under a URL, a prefix is a
+    candidate only if its manifest object exists: that object is written last, so a prefix without
+    it is an interrupted or half-removed save.
     """
-    root = Path(dirpath)
+    root = as_location(dirpath)
+    if not isinstance(root, Path):
+        return _committed_objects(root, storage_options)
     if not root.is_dir():
         return []
     entries = []
@@ -41,7 +48,26 @@ def committed_checkpoints(dirpath: str | os.PathLike[str]) -> list[CheckpointEnt
             entries.append(CheckpointEntry(child, read_manifest(child)))
         except ManifestError as err:
             entries.append(CheckpointEntry(child, None, str(err)))
+    return _newest_first(entries)
 
+
+def _committed_objects(url: str, storage_options: StorageOptions | None) -> list[CheckpointEntry]:
+    # One listing of the committed manifests, never a pointer object: a pointer would be a second,
+    # separately written truth that a crash could leave naming a checkpoint that does not exist.
+    fs, prefix = open_fs(url, storage_options)
+    entries = []
+    for manifest_path in fs.glob(f"{prefix}/*/{MANIFEST_NAME}"):
+        checkpoint = to_url(fs, manifest_path.rsplit("/", 1)[0])
+        if basename(checkpoint).startswith("."):
+            continue
+        try:
+            entries.append(CheckpointEntry(checkpoint, read_manifest(checkpoint, storage_options)))
+        except ManifestError as err:
+            entries.append(CheckpointEntry(checkpoint, None, str(err)))
+    return _newest_first(entries)
+
+
+def _newest_first(entries: list[CheckpointEntry]) -> list[CheckpointEntry]:
     def order(entry: CheckpointEntry) -> tuple[int, float]:
         m = entry.manifest
         return (m.step, m.created_unix) if m else (-1, 0.0)
@@ -49,14 +75,16 @@ def committed_checkpoints(dirpath: str | os.PathLike[str]) -> list[CheckpointEnt
     return sorted(entries, key=order, reverse=True)
 
 
-def latest_recoverable(dirpath: str | os.PathLike[str]) -> Path | None:
+def latest_recoverable(
+    dirpath: str | os.PathLike[str], storage_options: StorageOptions | None = None
+) -> Location | None:
     """The newest checkpoint under ``dirpath`` that is recoverable and passes full verification.
 
     A newer checkpoint that fails verification is skipped with a warning naming the bad file, so a
     corrupt save costs only the progress since the previous one. So is one whose restore drill
     failed: it verifiably does not continue the run it came from.
     """
-    for entry in committed_checkpoints(dirpath):
+    for entry in committed_checkpoints(dirpath, storage_options):
         if entry.manifest is None:
             log.warning("Skipping %s: %s", entry.path, entry.error)
             continue
@@ -71,7 +99,7 @@ def latest_recoverable(dirpath: str | os.PathLike[str]) -> Path | None:
                 entry.manifest.restore_drill.get("log"),
             )
             continue
-        report = verify_checkpoint(entry.path)
+        report = verify_checkpoint(entry.path, storage_options=storage_options)
         if report.recoverable:
             tested = "restore-tested by a drill" if entry.manifest.restore_tested else "not restore-tested"
             log.info("Latest recoverable checkpoint: %s (step %d, %s)", entry.path, entry.manifest.step, tested)
@@ -90,6 +118,9 @@ def write_last_pointer(dirpath: str | os.PathLike[str], checkpoint: str | os.Pat
 
 
 def read_last_pointer(dirpath: str | os.PathLike[str]) -> Path | None:
+    """The local ``LAST`` pointer; object stores have none (``latest_recoverable`` lists manifests)."""
+    if is_url(dirpath):
+        return None
     pointer = Path(dirpath) / LAST_POINTER
     if not pointer.is_file():
         return None

@@ -18,19 +18,27 @@ def global_rank() -> int:
     return int(os.environ.get("RANK", 0))
 
 
-def all_gather_objects(obj: Any) -> list[Any]:
-    """Every rank's ``obj``, in rank order. Collective: all ranks must call it."""
+def all_gather_objects(obj: Any, group: Any = None) -> list[Any]:
+    """Every rank's ``obj``, in rank order. Collective: all ranks (of ``group``) must call it."""
     if not is_distributed():
         return [obj]
-    out: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(out, obj)
+    out: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(out, obj, group=group)
     return out
 
 
-def broadcast_object(obj: Any, src: int = 0) -> Any:
-    """Rank ``src``'s ``obj`` on every rank. Collective: all ranks must call it."""
+def broadcast_object(obj: Any, src: int = 0, group: Any = None) -> Any:
+    """Rank ``src``'s ``obj`` on every rank. Collective: all ranks (of ``group``) must call it."""
     if not is_distributed():
         return obj
     box = [obj]
-    dist.broadcast_object_list(box, src=src)
+    dist.broadcast_object_list(box, src=src, group=group)
     return box[0]
+
+
+def new_host_group() -> Any:
+    """A gloo group of all ranks, for collectives that run off the training thread (a background
+    checkpoint commit) without interleaving with the training backend's own. Collective."""
+    if not is_distributed():
+        return None
+    return dist.new_group(backend="gloo")

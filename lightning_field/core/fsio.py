@@ -128,10 +128,11 @@ class HashingWriter(io.RawIOBase):
             self._writeback = False  # unsupported here (e.g. some network filesystems): fsync does it all
         self._kicked = self.size
 
-    def finish(self) -> tuple[int, str]:
-        """fsync and close; return (size, hex digest)."""
+    def finish(self, sync: bool = True) -> tuple[int, str]:
+        """fsync (unless ``sync=False``) and close; return (size, hex digest)."""
         self._file.flush()
-        os.fsync(self._file.fileno())
+        if sync:
+            os.fsync(self._file.fileno())
         self.close()
         return self.size, self._hasher.hexdigest()
 
@@ -168,19 +169,24 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
 
 def hash_file(path: str | os.PathLike[str], progress: Any = None) -> tuple[int, str]:
     """Stream a file through the manifest hash; ``progress(n_bytes)`` is called per chunk."""
+    with open(path, "rb", buffering=0) as f:
+        return hash_stream(f, progress)
+
+
+def hash_stream(f: Any, progress: Any = None) -> tuple[int, str]:
+    """Hash a binary file object (local or fsspec) to its end; returns (size, hex digest)."""
     hasher = new_hasher()
     size = 0
-    with open(path, "rb", buffering=0) as f:
-        buf = bytearray(_CHUNK)
-        view = memoryview(buf)
-        while True:
-            n = f.readinto(buf)
-            if not n:
-                break
-            hasher.update(view[:n])
-            size += n
-            if progress is not None:
-                progress(n)
+    buf = bytearray(_CHUNK)
+    view = memoryview(buf)
+    while True:
+        n = f.readinto(buf)
+        if not n:
+            break
+        hasher.update(view[:n])
+        size += n
+        if progress is not None:
+            progress(n)
     return size, hasher.hexdigest()
 
 

@@ -8,12 +8,14 @@ through this module rather than by looking at files.
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from lightning_field.core.fsio import HASH_ALGORITHM, atomic_write_bytes
+from lightning_field.core.storage import StorageOptions, is_url, join, open_fs
 
 FORMAT = "lightning_field.checkpoint/1"
 MANIFEST_NAME = "manifest.json"
@@ -53,6 +55,8 @@ class Manifest:
     # Set by a passing restore drill (lightning_field.evidence.RestoreDrill), with the drill's record.
     restore_tested: bool = False
     restore_drill: dict[str, Any] | None = None
+    # Per rank, per train loader: how a resume restores the data position and what that costs.
+    data_restore: dict[str, list[str]] = field(default_factory=dict)
     format: str = FORMAT
     hash_algorithm: str = HASH_ALGORITHM
 
@@ -75,10 +79,14 @@ class Manifest:
         atomic_write_bytes(directory / MANIFEST_NAME, self.to_json().encode())
 
 
-def read_manifest(checkpoint_dir: str | Path) -> Manifest:
-    path = Path(checkpoint_dir) / MANIFEST_NAME
+def read_manifest(checkpoint_dir: str | os.PathLike[str], storage_options: StorageOptions | None = None) -> Manifest:
+    path = join(checkpoint_dir, MANIFEST_NAME)
     try:
-        raw = path.read_text()
+        if isinstance(path, Path):
+            raw = path.read_text()
+        else:
+            fs, inner = open_fs(path, storage_options)
+            raw = fs.cat_file(inner).decode()
     except FileNotFoundError as err:
         raise ManifestError(f"{path}: no manifest, so this is not a committed checkpoint") from err
     try:
@@ -91,5 +99,8 @@ def read_manifest(checkpoint_dir: str | Path) -> Manifest:
         raise ManifestError(f"{path}: manifest lacks a required field ({err})") from err
 
 
-def is_checkpoint_dir(path: str | Path) -> bool:
+def is_checkpoint_dir(path: str | os.PathLike[str], storage_options: StorageOptions | None = None) -> bool:
+    if is_url(path):
+        fs, inner = open_fs(os.fspath(path), storage_options)
+        return bool(fs.isfile(f"{inner.rstrip('/')}/{MANIFEST_NAME}"))
     return (Path(path) / MANIFEST_NAME).is_file()

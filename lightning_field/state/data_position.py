@@ -119,3 +119,33 @@ def stale_epoch_samplers(loaders: Iterable[Any], epoch: int) -> list[Any]:
             if callable(getattr(sampler, "set_epoch", None)) and getattr(sampler, "epoch", epoch) != epoch:
                 stale.append(sampler)
     return stale
+
+
+def describe_restore(loader: Any) -> str:
+    """How a resume brings ``loader`` back to its saved position, in words for the manifest.
+
+    What it costs matters at scale: a jump costs the same at batch 10 and batch 1,000,000, an index
+    fast-forward grows with the position (without loading data), a replay re-reads the data.
+    """
+    from torch.utils.data import IterableDataset
+
+    from lightning_field.state.samplers import JumpRandomSampler, JumpSequentialSampler
+
+    if not callable(getattr(loader, "state_dict", None)):
+        return "not restored: the loader has no state_dict"
+    dataset = getattr(loader, "dataset", None)
+    if isinstance(dataset, IterableDataset):
+        if callable(getattr(dataset, "state_dict", None)) and callable(getattr(dataset, "load_state_dict", None)):
+            return "iterable, dataset state: the dataset's own load_state_dict restores its position (in each worker)"
+        return "iterable, replay: the loader re-reads every sample before the position (cost grows with it)"
+    batch_sampler = getattr(loader, "batch_sampler", None)
+    sampler = getattr(batch_sampler, "sampler", None) or getattr(loader, "sampler", None)
+    name = type(sampler).__name__
+    if isinstance(sampler, (JumpRandomSampler, JumpSequentialSampler)):
+        return f"map-style, jump: {name} restarts at the saved sample offset (cost independent of the position)"
+    if name == "StatefulDistributedSampler":
+        return f"map-style, skip: {name} skips the indices before the position with islice (no data is read)"
+    return (
+        f"map-style, index fast-forward: {name}'s indices before the position are drawn and dropped one by one"
+        " (no data is read, but the cost grows with the position; JumpRandomSampler jumps instead)"
+    )

@@ -17,8 +17,9 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
-from lightning_field import ManifestCheckpoint
-from lightning_field.demo import DemoDataModule, DemoRegressor
+from lightning_field import ManifestCheckpoint, latest_recoverable
+from lightning_field.checkpoint.object_store import ObjectStore
+from lightning_field.demo import DemoDataModule, DemoRegressor, DemoShardedRegressor
 from lightning_field.state.rng import capture_rng_state, rng_digest
 
 
@@ -31,6 +32,20 @@ class KillAfterStep(Callback):
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         if trainer.global_step == self.step:
             os.kill(os.getpid(), signal.SIGKILL)
+
+
+class KillBeforeCommit(ObjectStore):
+    """SIGKILL this process after every rank uploaded the save of ``step`` but before its manifest
+    PUT: the prefix then holds that save's objects and no commit."""
+
+    def __init__(self, step: int, **options) -> None:
+        super().__init__(**options)
+        self.step = step
+
+    def publish(self, final, token, manifest) -> None:
+        if manifest.step == self.step:
+            os.kill(os.getpid(), signal.SIGKILL)
+        super().publish(final, token, manifest)
 
 
 class SignalAtStep(Callback):
@@ -87,10 +102,16 @@ def main() -> None:
     p.add_argument("--signal-after-step", type=int, default=None)
     p.add_argument("--signal", default="SIGTERM")
     p.add_argument("--signal-rank", type=int, default=0)
+    p.add_argument("--ckpt-url", default=None, help="save to this fsspec URL instead of <root>/checkpoints")
+    p.add_argument("--endpoint-url", default=None, help="S3 endpoint for --ckpt-url")
+    p.add_argument("--kill-before-commit-step", type=int, default=None)
+    p.add_argument("--async-save", action="store_true")
+    p.add_argument("--sharded", action="store_true", help="FSDP2 under ModelParallelStrategy (DCP checkpoints)")
     args = p.parse_args()
 
     pl.seed_everything(1234, workers=False)
-    ckpt_dir = os.path.join(args.root, "checkpoints")
+    ckpt_dir = args.ckpt_url or os.path.join(args.root, "checkpoints")
+    storage_options = {"endpoint_url": args.endpoint_url} if args.endpoint_url else {}
     if args.checkpoint == "manifest":
         checkpoint = ManifestCheckpoint(
             dirpath=ckpt_dir,
@@ -98,7 +119,11 @@ def main() -> None:
             save_top_k=-1,
             save_last=True,
             save_weights_only=args.weights_only,
+            storage_options=storage_options,
+            async_save=args.async_save,
         )
+        if args.kill_before_commit_step is not None:
+            checkpoint._object_store = KillBeforeCommit(args.kill_before_commit_step, storage_options=storage_options)
     else:
         checkpoint = ModelCheckpoint(dirpath=ckpt_dir, every_n_train_steps=args.every, save_top_k=-1, save_last=True)
     callbacks = [checkpoint, StepTrace(args.out + ".trace")]
@@ -110,7 +135,7 @@ def main() -> None:
         default_root_dir=args.root,
         accelerator="cpu",
         devices=args.devices,
-        strategy="ddp" if args.devices > 1 else "auto",
+        strategy=_strategy(args),
         max_steps=args.max_steps,
         callbacks=callbacks,
         logger=False,
@@ -122,22 +147,40 @@ def main() -> None:
         check_val_every_n_epoch=None if args.val_every else 1,
         deterministic=True,
     )
-    model = DemoRegressor(hidden=args.hidden)
+    model = (DemoShardedRegressor if args.sharded else DemoRegressor)(hidden=args.hidden)
     data = DemoDataModule(size=args.size, num_workers=args.workers, stateful=bool(args.stateful))
-    trainer.fit(model, datamodule=data, ckpt_path="last" if args.resume else None)
+    ckpt_path = None
+    if args.resume:
+        # Lightning cannot resolve "last" under a URL (it has no storage options): ask the resolver.
+        ckpt_path = latest_recoverable(ckpt_dir, storage_options) if args.ckpt_url else "last"
+        print(f"RESUME-FROM {ckpt_path}")
+    trainer.fit(model, datamodule=data, ckpt_path=ckpt_path)
     if args.checkpoint == "manifest" and checkpoint.preempted_checkpoint:
         print(f"PREEMPTED-CHECKPOINT {checkpoint.preempted_checkpoint} at step {trainer.global_step}")
         sys.exit(0)
+    state = _full_state(model, trainer, args.sharded)  # collective when sharded: every rank gathers
     if trainer.is_global_zero:
-        torch.save(
-            {
-                "state_dict": model.state_dict(),
-                "optimizer": trainer.optimizers[0].state_dict(),
-                "step": trainer.global_step,
-            },
-            args.out,
-        )
+        torch.save({**state, "step": trainer.global_step}, args.out)
     sys.exit(0)
+
+
+def _strategy(args: argparse.Namespace) -> object:
+    if args.sharded:
+        from lightning.pytorch.strategies import ModelParallelStrategy
+
+        return ModelParallelStrategy(data_parallel_size=args.devices, tensor_parallel_size=1)
+    return "ddp" if args.devices > 1 else "auto"
+
+
+def _full_state(model: torch.nn.Module, trainer: pl.Trainer, sharded: bool) -> dict:
+    optimizer = trainer.optimizers[0]
+    if not sharded:
+        return {"state_dict": model.state_dict(), "optimizer": optimizer.state_dict()}
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    weights, optim = get_state_dict(model, optimizer, options=options)
+    return {"state_dict": weights, "optimizer": optim}
 
 
 if __name__ == "__main__":

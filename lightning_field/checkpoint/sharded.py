@@ -1,0 +1,121 @@
+"""Sharded state (FSDP2 / DTensor under Lightning's ModelParallelStrategy) through
+``torch.distributed.checkpoint`` (DCP), inside the same commit protocol.
+
+The checkpoint directory is Lightning's own sharded layout plus this library's files:
+
+* ``__<rank>_<n>.distcp`` (every rank) and ``.metadata`` (rank 0): DCP's shards of the model
+  (``state_dict``) and optimizer (``optimizer_<i>``) state, written with fsync by DCP;
+* ``meta.pt`` (rank 0): everything else of the Lightning checkpoint, under Lightning's name for it,
+  so ``ModelParallelStrategy.load_checkpoint`` reads the directory unchanged;
+* ``rank-NNNNN.pt`` (every rank) and ``manifest.json``, as for unsharded checkpoints.
+
+DCP writes ``.metadata`` last as its own commit marker but checksums nothing, so each rank hashes the
+files it wrote and the manifest lists every one of them; rank 0 checks the list against DCP's
+metadata, so a shard DCP references but nobody reported fails the save instead of the resume.
+Per-rank RNG and data position stay in ``rank-NNNNN.pt`` files, outside DCP: DCP deduplicates
+identical entries across ranks, and two ranks' RNG states must never collapse into one.
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from lightning_field.checkpoint.commit import RankOutcome, Receipt, describe_error
+from lightning_field.core.distributed import all_gather_objects
+from lightning_field.core.fsio import hash_file
+from lightning_field.core.storage import is_url
+
+SHARDED_SHARED_FILE = "meta.pt"
+"""The non-tensor rest of a sharded checkpoint; Lightning's ``_METADATA_FILENAME``."""
+
+DCP_METADATA = ".metadata"
+DCP_COMPONENTS = ["model", "optimizer"]
+
+
+def is_sharded(strategy: Any) -> bool:
+    """Whether ``strategy`` holds DTensor-sharded model and optimizer state that DCP must write."""
+    from lightning.pytorch.strategies import ModelParallelStrategy
+
+    return isinstance(strategy, ModelParallelStrategy)
+
+
+def check_supported(strategy: Any, dirpath: str, async_save: bool) -> None:
+    """Refuse, by name, the sharded configurations this path does not handle."""
+    name = type(strategy).__name__
+    if not getattr(strategy, "_save_distributed_checkpoint", True):
+        raise NotImplementedError(
+            f"ManifestCheckpoint with {name}(save_distributed_checkpoint=False) is not supported: it gathers the"
+            " full state on rank 0. Keep the default save_distributed_checkpoint=True (sharded DCP checkpoints)."
+        )
+    if async_save:
+        raise NotImplementedError(
+            f"async_save=True is not supported under {name} yet: sharded state is written by DCP synchronously."
+        )
+    if is_url(dirpath):
+        raise NotImplementedError(f"Sharded checkpoints under {name} need a local dirpath, got {dirpath!r}.")
+
+
+def split_state(checkpoint: dict[str, Any]) -> dict[str, Any]:
+    """Pop the DTensor parts out of a dumped checkpoint, keyed as Lightning's loader expects them."""
+    shards = {"state_dict": checkpoint.pop("state_dict")}
+    for index, optimizer_state in enumerate(checkpoint.pop("optimizer_states", [])):
+        shards[f"optimizer_{index}"] = optimizer_state
+    return shards
+
+
+def write_shards(tmp: Path, rank: int, shards: dict[str, Any]) -> tuple[RankOutcome, list[str]]:
+    """Collective: DCP-save ``shards`` into ``tmp``, then hash the files this rank wrote.
+
+    Returns this rank's outcome (errors returned, not raised: DCP already raised on every rank
+    alike, and the receipt exchange must still happen) and, on rank 0, every file DCP's metadata
+    references.
+    """
+    import torch.distributed.checkpoint as dcp
+
+    receipts: list[Receipt] = []
+    referenced: list[str] = []
+    try:
+        tmp.mkdir(parents=True, exist_ok=True)
+        metadata = dcp.save(shards, storage_writer=dcp.FileSystemWriter(tmp, sync_files=True))
+        own = sorted(p.name for p in tmp.glob(f"__{rank}_*.distcp"))
+        if rank == 0:
+            own.append(DCP_METADATA)
+            referenced = sorted({info.relative_path for info in (metadata.storage_data or {}).values()})
+        for name in own:
+            size, digest = hash_file(tmp / name)
+            receipts.append(Receipt(name, size, digest, rank, list(DCP_COMPONENTS)))
+    except Exception as err:
+        return RankOutcome(rank, receipts, f"distributed checkpoint save failed: {describe_error(err)}"), referenced
+    return RankOutcome(rank, receipts), referenced
+
+
+def unreported_shards(referenced: list[str], outcomes: list[RankOutcome]) -> list[str]:
+    """Files DCP's metadata needs that no rank reported: a manifest without them would be incomplete."""
+    reported = {r.file for o in outcomes for r in o.receipts}
+    return [name for name in referenced if name not in reported]
+
+
+def verify_in_parallel(path: Path, names: list[str], rank: int, world_size: int) -> list[str]:
+    """Collective: each rank hashes every ``world_size``-th file, and all ranks get all problems, so
+    a sharded checkpoint is read once in total, not once per rank, and every rank decides alike."""
+    from lightning_field.checkpoint.verify import verify_checkpoint
+
+    mine = sorted(names)[rank::world_size]
+    report = verify_checkpoint(path, mine)
+    return [p for problems in all_gather_objects(report.problems) for p in problems]
+
+
+def load_through_strategy(load: Callable[..., dict[str, Any]], path: Path, weights_only: bool | None) -> dict[str, Any]:
+    """Lightning's own sharded load (DCP into the live model and optimizers, then ``meta.pt``).
+
+    The bytes were verified first, so a ``meta.pt`` that needs full unpickling (hparams holding
+    arbitrary objects) is loaded with it, as for unsharded checkpoints. Every rank reads the same
+    ``meta.pt``, so every rank takes the same branch and DCP's collectives stay matched.
+    """
+    try:
+        return load(path, weights_only=True if weights_only is None else weights_only)
+    except pickle.UnpicklingError:
+        return load(path, weights_only=False)
