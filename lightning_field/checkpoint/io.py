@@ -22,7 +22,7 @@ from lightning.fabric.plugins import CheckpointIO
 from lightning_field.checkpoint.commit import remove_committed
 from lightning_field.checkpoint.object_store import ObjectStore
 from lightning_field.checkpoint.verify import CheckpointCorruptError, LocalFiles, verify_against
-from lightning_field.core.distributed import global_rank
+from lightning_field.core.distributed import global_rank, world_size
 from lightning_field.core.manifest import (
     SHARED_STATE_FILE,
     Manifest,
@@ -31,6 +31,7 @@ from lightning_field.core.manifest import (
     read_manifest,
 )
 from lightning_field.core.storage import is_url
+from lightning_field.state import reshard
 
 log = logging.getLogger(__name__)
 
@@ -116,8 +117,10 @@ def load_object_checkpoint(
 
 
 def _wanted_files(manifest: Manifest) -> list[str]:
-    own = rank_state_file(global_rank())
-    return [SHARED_STATE_FILE] + ([own] if own in manifest.files else [])
+    own = {rank_state_file(global_rank())}
+    if manifest.world_size != world_size():
+        own.add(rank_state_file(0))  # a resharded resume takes the data position from rank 0
+    return [SHARED_STATE_FILE, *sorted(f for f in own if f in manifest.files)]
 
 
 def load_manifest_checkpoint(
@@ -147,16 +150,19 @@ def load_manifest_checkpoint(
 
 
 def attach_rank_state(checkpoint: dict[str, Any], manifest: Manifest, path: Path, shown: Any, start: float) -> Any:
-    """Merge this rank's own RNG and data position (verified already) into a loaded checkpoint."""
+    """Merge this rank's own RNG and data position (verified already) into a loaded checkpoint; from a
+    different world size, the remapping of :mod:`lightning_field.state.reshard` instead."""
     rank = global_rank()
     own = rank_state_file(rank)
     rank_state = torch_load_verified(path / own, map_location="cpu") if own in manifest.files else None
+    if manifest.world_size != world_size():
+        rank_state = _resharded_rank_state(checkpoint, manifest, path, shown, rank, rank_state)
     if rank_state is not None:
         loader_states = rank_state.get("data_position", {}).get("loader_states")
         fit_loop = checkpoint.get("loops", {}).get("fit_loop", {}).get("state_dict")
-        if loader_states and fit_loop is not None:
+        if fit_loop is not None and (loader_states or manifest.world_size != world_size()):
             # Rank 0's copy in the shared file is replaced by this rank's own loader position.
-            fit_loop["combined_loader"] = loader_states
+            fit_loop["combined_loader"] = loader_states or []
     else:
         log.warning("Checkpoint %s has no state for rank %d: its RNG and data position start fresh", shown, rank)
     checkpoint[FIELD_KEY] = {
@@ -166,3 +172,20 @@ def attach_rank_state(checkpoint: dict[str, Any], manifest: Manifest, path: Path
         "load_seconds": time.perf_counter() - start,
     }
     return checkpoint
+
+
+def _resharded_rank_state(
+    checkpoint: dict[str, Any], manifest: Manifest, path: Path, shown: Any, rank: int, own: Any
+) -> dict[str, Any] | None:
+    """This rank's state from a checkpoint of another world size (the resume policy allowed it)."""
+    zero = rank_state_file(0)
+    if zero not in manifest.files:
+        return own
+    rank_zero = own if rank == 0 and own is not None else torch_load_verified(path / zero, map_location="cpu")
+    state, warnings = reshard.remap_rank_state(own, rank_zero, manifest.world_size, world_size(), rank)
+    for warning in warnings:
+        log.warning("Resharded resume from %s: %s", shown, warning)
+    # The epoch's batch counters follow the loader: rescaled with it, or back to 0 when it restarts.
+    batches = state["data_position"].get("resharded_batches") if state["data_position"]["loader_states"] else 0
+    reshard.rescale_fit_loop(checkpoint.get("loops", {}), batches or 0)
+    return state

@@ -130,6 +130,7 @@ class ManifestCheckpoint(ModelCheckpoint):
         self._static_provenance: dict[str, Any] = {}
         self._data_fingerprint: dict[str, Any] | None = None
         self._resumed_manifest: Manifest | None = None
+        self._resharded_from: dict[str, Any] | None = None
         self._events: EventLog | None = None
         self._prefetch_hook_installed = False
         self.preempted_checkpoint: str | None = None
@@ -677,6 +678,7 @@ class ManifestCheckpoint(ModelCheckpoint):
                 "data": self._data_fingerprint,
                 "model": provenance.model_provenance(job.model_state),
                 "world_size": job.world_size,
+                **({"resharded_from": self._resharded_from} if self._resharded_from else {}),
             },
         )
 
@@ -782,6 +784,15 @@ class ManifestCheckpoint(ModelCheckpoint):
         }
         self._refuse_on_differences(saved, current, manifest, path)
         self._resumed_manifest = manifest
+        if current["world_size"] != manifest.world_size:
+            # Allowed by the policy (it raised otherwise): every later manifest of this run says
+            # which checkpoint it was resharded from, so its lineage stays readable.
+            self._resharded_from = {
+                "checkpoint": str(path),
+                "step": manifest.step,
+                "world_size": manifest.world_size,
+                "to_world_size": current["world_size"],
+            }
 
     def _refuse_on_differences(
         self, saved: Mapping[str, Any], current: Mapping[str, Any], manifest: Manifest, path: Path | None = None

@@ -18,6 +18,12 @@ def global_rank() -> int:
     return int(os.environ.get("RANK", 0))
 
 
+def world_size() -> int:
+    if is_distributed():
+        return dist.get_world_size()
+    return int(os.environ.get("WORLD_SIZE", 1))
+
+
 def all_gather_objects(obj: Any, group: Any = None) -> list[Any]:
     """Every rank's ``obj``, in rank order. Collective: all ranks (of ``group``) must call it."""
     if not is_distributed():

@@ -59,6 +59,19 @@ class SignalAtStep(Callback):
             os.kill(os.getpid(), self.signum)
 
 
+class DumpLoadedState(Callback):
+    """Gather the full weights and optimizer state right after the resume's load, before any step:
+    what a resharded load put into the model, in the same form as the job's final state."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        state = _full_state(pl_module, trainer, sharded=True)  # collective: every rank gathers
+        if trainer.is_global_zero:
+            torch.save({**state, "step": trainer.global_step}, self.path)
+
+
 class StepTrace(Callback):
     """Per-step loss, batch digest and RNG digest, so a failing comparison names its first divergence."""
 
@@ -107,6 +120,8 @@ def main() -> None:
     p.add_argument("--kill-before-commit-step", type=int, default=None)
     p.add_argument("--async-save", action="store_true")
     p.add_argument("--sharded", action="store_true", help="FSDP2 under ModelParallelStrategy (DCP checkpoints)")
+    p.add_argument("--allow-mismatch", action="append", default=[], help="ManifestCheckpoint(allow_resume_mismatch)")
+    p.add_argument("--dump-loaded", default=None, help="save the full state right after the resume's load here")
     args = p.parse_args()
 
     pl.seed_everything(1234, workers=False)
@@ -121,6 +136,7 @@ def main() -> None:
             save_weights_only=args.weights_only,
             storage_options=storage_options,
             async_save=args.async_save,
+            allow_resume_mismatch=args.allow_mismatch,
         )
         if args.kill_before_commit_step is not None:
             checkpoint._object_store = KillBeforeCommit(args.kill_before_commit_step, storage_options=storage_options)
@@ -129,6 +145,8 @@ def main() -> None:
     callbacks = [checkpoint, StepTrace(args.out + ".trace")]
     if args.signal_after_step is not None:
         callbacks.append(SignalAtStep(args.signal_after_step, signal.Signals[args.signal], args.signal_rank))
+    if args.dump_loaded is not None:
+        callbacks.append(DumpLoadedState(args.dump_loaded))
     if args.kill_after_step is not None:
         callbacks.append(KillAfterStep(args.kill_after_step))
     trainer = pl.Trainer(
