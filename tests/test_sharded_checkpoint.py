@@ -1,16 +1,17 @@
 """Sharded state (FSDP2 under ModelParallelStrategy, 2 gloo ranks on CPU) through DCP: every shard
-in the manifest with its hash, per-rank RNG and data position, bitwise-exact resume after SIGKILL,
-and a corrupted shard named by ``field ckpt verify``."""
+in the manifest with its hash, per-rank RNG and data position, bitwise-exact resume after SIGKILL
+(with synchronous and with async saves), and a corrupted shard named by ``field ckpt verify``."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 import torch
 from conftest import assert_bitwise_equal, run_train_job
 
-from lightning_field import latest_recoverable, load_weights, verify_checkpoint
+from lightning_field import latest_recoverable, load_weights, read_events, verify_checkpoint
 from lightning_field.cli.main import main as field_main
 from lightning_field.core.manifest import read_manifest
 
@@ -58,3 +59,42 @@ def test_sharded_resume_after_sigkill_is_bitwise_identical_and_every_shard_is_in
     assert "__1_0.distcp: content hash" in capsys.readouterr().out
     assert not verify_checkpoint(newest).intact
     assert latest_recoverable(checkpoints) == checkpoints / "epoch=2-step=15"
+
+
+def test_async_sharded_save_blocks_only_for_the_snapshot_and_a_sigkill_mid_write_resumes_bitwise_identically(
+    tmp_path: Path,
+) -> None:
+    run_train_job(tmp_path / "uninterrupted", tmp_path / "u.pt", *SHARDED)  # synchronous reference
+    root, out = tmp_path / "interrupted", tmp_path / "r.pt"
+    # The writer of step 10 is held before DCP writes a byte; both ranks are killed at the next batch.
+    run_train_job(
+        root, out, *SHARDED, "--async-save", "--hold-writer-step", "10", "--kill-after-step", "10", expect_rc=-9
+    )
+    seen = json.loads((tmp_path / "r.pt.seen.json").read_text())
+    assert seen == {"latest": "epoch=0-step=5", "names": ["LAST", "epoch=0-step=5"], "last_committed": 5}, (
+        "training went on past the save of step 10, which nobody could see before its commit"
+    )
+    checkpoints = root / "checkpoints"
+    assert latest_recoverable(checkpoints) == checkpoints / "epoch=0-step=5"
+    assert not (checkpoints / "epoch=1-step=10").exists()
+
+    log = run_train_job(root, out, *SHARDED, "--async-save", "--resume")
+    assert "step=5" in log
+    expected, resumed = torch.load(tmp_path / "u.pt"), torch.load(out)
+    assert resumed["step"] == expected["step"] == 20
+    assert_bitwise_equal(expected["state_dict"], resumed["state_dict"], "weights")
+    assert_bitwise_equal(expected["optimizer"], resumed["optimizer"], "optimizer")
+
+    committed = [e for e in read_events(root) if e["event"] == "ckpt_committed" and e["attempt"] == 2]
+    assert [e["step"] for e in committed] == [10, 15, 20] and all(e["payload"]["async"] for e in committed)
+    for step in (10, 15, 20):
+        checkpoint = next(checkpoints.glob(f"epoch=*-step={step}"))
+        manifest = read_manifest(checkpoint)
+        assert set(manifest.files) == {p.name for p in checkpoint.iterdir()} - {"manifest.json"}
+        assert sorted(e.rank for n, e in manifest.files.items() if n.endswith(".distcp")) == [0, 1]
+        assert verify_checkpoint(checkpoint).recoverable
+        # Training moved on while the writer ran, yet every shard holds exactly the snapshot: the
+        # same bytes as the synchronous run's save of that step.
+        reference = read_manifest(tmp_path / "uninterrupted" / "checkpoints" / checkpoint.name).files
+        shards = [name for name in manifest.files if name.endswith(".distcp")]
+        assert [manifest.files[n].hash for n in shards] == [reference[n].hash for n in shards]

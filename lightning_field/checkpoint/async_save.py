@@ -85,6 +85,10 @@ class HostSnapshot:
         return copy.deepcopy(obj, memo)
 
     def _copy_tensor(self, tensor: torch.Tensor, path: tuple[Any, ...], used: set[tuple[Any, ...]]) -> torch.Tensor:
+        from torch.distributed.tensor import DTensor
+
+        if isinstance(tensor, DTensor):
+            return _host_dtensor(tensor, self._copy_tensor(tensor.to_local(), (*path, "local"), used))
         if tensor.is_sparse or tensor.layout != torch.strided or tensor.is_quantized:
             return tensor.detach().to("cpu", copy=True)
         key = (path, tuple(tensor.shape), tensor.dtype)
@@ -97,6 +101,18 @@ class HostSnapshot:
         if isinstance(tensor, torch.nn.Parameter):
             return torch.nn.Parameter(buffer, requires_grad=tensor.requires_grad)
         return buffer
+
+
+def _host_dtensor(tensor: Any, local: torch.Tensor) -> Any:
+    """A DTensor with ``tensor``'s sharding whose local shard is the host copy ``local``.
+
+    Built like DCP's own async staging (which swaps the local tensor of a DTensor copy): the public
+    ``DTensor.from_local`` would move the host copy back onto the mesh's device, and DCP's planner
+    needs only the sharding metadata plus this rank's bytes.
+    """
+    from torch.distributed.tensor import DTensor
+
+    return DTensor(local, tensor._spec, requires_grad=False)
 
 
 def _tensors(obj: Any) -> list[torch.Tensor]:

@@ -157,7 +157,7 @@ class ManifestCheckpoint(ModelCheckpoint):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         super().setup(trainer, pl_module, stage)
         if sharded.is_sharded(trainer.strategy):
-            sharded.check_supported(trainer.strategy, str(self.dirpath), self.async_save)
+            sharded.check_supported(trainer.strategy, str(self.dirpath))
             # It loads without the CheckpointIO: verification must sit in front of its own loader.
             internals.wrap_strategy_load(trainer.strategy, self._load_sharded)
         elif not isinstance(trainer.strategy, _SUPPORTED_STRATEGIES):
@@ -442,7 +442,10 @@ class ManifestCheckpoint(ModelCheckpoint):
             return
         snapshot = self._snapshot or HostSnapshot()
         self._snapshot = snapshot
-        job.files = snapshot.take(job.files)
+        # One take for both: its buffers are keyed by position in what it copies.
+        job.files, shards = snapshot.take((job.files, job.shards))
+        if shards is not None:
+            job.shards, job.model_state = shards, shards["state_dict"]
         job.blocking_seconds = time.perf_counter() - start
         group = self._host_group
         self._background.submit(str(final), job.step, lambda: self._commit(job, group))
@@ -504,7 +507,7 @@ class ManifestCheckpoint(ModelCheckpoint):
         referenced: list[str] = []
         if job.shards is not None:
             assert isinstance(store, commit.LocalStore)  # sharded.check_supported refused URLs at setup
-            outcome, referenced = sharded.write_shards(store.staging(final, token), job.rank, job.shards)
+            outcome, referenced = sharded.write_shards(store.staging(final, token), job.rank, job.shards, group)
             written = store.write(final, token, job.rank, job.files)
             outcome.receipts += written.receipts
             outcome.error = outcome.error or written.error

@@ -42,17 +42,13 @@ def is_sharded(strategy: Any) -> bool:
     return isinstance(strategy, ModelParallelStrategy)
 
 
-def check_supported(strategy: Any, dirpath: str, async_save: bool) -> None:
+def check_supported(strategy: Any, dirpath: str) -> None:
     """Refuse, by name, the sharded configurations this path does not handle."""
     name = type(strategy).__name__
     if not getattr(strategy, "_save_distributed_checkpoint", True):
         raise NotImplementedError(
             f"ManifestCheckpoint with {name}(save_distributed_checkpoint=False) is not supported: it gathers the"
             " full state on rank 0. Keep the default save_distributed_checkpoint=True (sharded DCP checkpoints)."
-        )
-    if async_save:
-        raise NotImplementedError(
-            f"async_save=True is not supported under {name} yet: sharded state is written by DCP synchronously."
         )
     if is_url(dirpath):
         raise NotImplementedError(f"Sharded checkpoints under {name} need a local dirpath, got {dirpath!r}.")
@@ -66,8 +62,11 @@ def split_state(checkpoint: dict[str, Any]) -> dict[str, Any]:
     return shards
 
 
-def write_shards(tmp: Path, rank: int, shards: dict[str, Any]) -> tuple[RankOutcome, list[str]]:
-    """Collective: DCP-save ``shards`` into ``tmp``, then hash the files this rank wrote.
+def write_shards(tmp: Path, rank: int, shards: dict[str, Any], group: Any = None) -> tuple[RankOutcome, list[str]]:
+    """Collective over ``group``: DCP-save ``shards`` into ``tmp``, then hash the files this rank wrote.
+
+    An async save runs this on the writer thread with host copies of the shards and the commit's
+    own gloo group, so DCP's planning collectives never interleave with training's.
 
     Returns this rank's outcome (errors returned, not raised: DCP already raised on every rank
     alike, and the receipt exchange must still happen) and, on rank 0, every file DCP's metadata
@@ -79,7 +78,8 @@ def write_shards(tmp: Path, rank: int, shards: dict[str, Any]) -> tuple[RankOutc
     referenced: list[str] = []
     try:
         tmp.mkdir(parents=True, exist_ok=True)
-        metadata = dcp.save(shards, storage_writer=dcp.FileSystemWriter(tmp, sync_files=True))
+        writer = dcp.FileSystemWriter(tmp, sync_files=True)
+        metadata = dcp.save(shards, storage_writer=writer, process_group=group)
         own = sorted(p.name for p in tmp.glob(f"__{rank}_*.distcp"))
         if rank == 0:
             own.append(DCP_METADATA)

@@ -12,12 +12,14 @@ import json
 import os
 import signal
 import sys
+import threading
 
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 from lightning_field import ManifestCheckpoint, latest_recoverable
+from lightning_field.checkpoint.commit import LocalStore
 from lightning_field.checkpoint.object_store import ObjectStore
 from lightning_field.demo import DemoDataModule, DemoRegressor, DemoShardedRegressor
 from lightning_field.state.rng import capture_rng_state, rng_digest
@@ -46,6 +48,42 @@ class KillBeforeCommit(ObjectStore):
         if manifest.step == self.step:
             os.kill(os.getpid(), signal.SIGKILL)
         super().publish(final, token, manifest)
+
+
+class HoldWriter(LocalStore):
+    """The real local commit, except that the background writer of the save of ``step`` stops
+    before DCP writes a byte and stays there (until the process is killed)."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+        self.holding = threading.Event()
+
+    def staging(self, final, token):
+        if final.name.endswith(f"step={self.step}"):
+            self.holding.set()
+            threading.Event().wait()
+        return super().staging(final, token)
+
+
+class SeenWhileHeld(Callback):
+    """At the batch after the held save (training went on: the step blocked only for the snapshot),
+    record on rank 0 what anyone else could see of that save."""
+
+    def __init__(self, store: HoldWriter, ckpts: str, path: str) -> None:
+        self.store, self.ckpts, self.path = store, ckpts, path
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if trainer.global_step != self.store.step or not trainer.is_global_zero:
+            return
+        assert self.store.holding.wait(60), "the writer never reached the held save"
+        latest = latest_recoverable(self.ckpts)
+        seen = {
+            "latest": latest.name if latest else None,
+            "names": sorted(p for p in os.listdir(self.ckpts) if not p.startswith(".")),
+            "last_committed": trainer.checkpoint_callback.last_committed[1],
+        }
+        with open(self.path, "w") as f:
+            json.dump(seen, f)
 
 
 class SignalAtStep(Callback):
@@ -121,6 +159,7 @@ def main() -> None:
     p.add_argument("--async-save", action="store_true")
     p.add_argument("--sharded", action="store_true", help="FSDP2 under ModelParallelStrategy (DCP checkpoints)")
     p.add_argument("--allow-mismatch", action="append", default=[], help="ManifestCheckpoint(allow_resume_mismatch)")
+    p.add_argument("--hold-writer-step", type=int, default=None, help="the async writer of this save never finishes")
     p.add_argument("--dump-loaded", default=None, help="save the full state right after the resume's load here")
     args = p.parse_args()
 
@@ -143,6 +182,9 @@ def main() -> None:
     else:
         checkpoint = ModelCheckpoint(dirpath=ckpt_dir, every_n_train_steps=args.every, save_top_k=-1, save_last=True)
     callbacks = [checkpoint, StepTrace(args.out + ".trace")]
+    if args.hold_writer_step is not None:
+        checkpoint._local_store = HoldWriter(args.hold_writer_step)
+        callbacks.append(SeenWhileHeld(checkpoint._local_store, ckpt_dir, args.out + ".seen.json"))
     if args.signal_after_step is not None:
         callbacks.append(SignalAtStep(args.signal_after_step, signal.Signals[args.signal], args.signal_rank))
     if args.dump_loaded is not None:
