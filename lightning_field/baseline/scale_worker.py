@@ -43,6 +43,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset, Sampler, default_collate
 from typing_extensions import override
 
+from lightning_field.core.distributed import end_process_groups
 from lightning_field.demo import NoisyRegressionDataset
 from lightning_field.profiling.comm import CommTimer, ProfiledDDPStrategy
 from lightning_field.profiling.throughput import batch_counts
@@ -333,12 +334,7 @@ def run(spec: ScaleRunSpec) -> int:
         callbacks=[ScaleClock(spec, dropped), GradientCapture(out / GRADIENT_FILE)],
     )
     trainer.fit(model, datamodule=StudyData(workload_data, spec))
-    # Lightning leaves the gloo group up; torn down by interpreter exit instead, its threads can
-    # abort the process ("terminate called without an active exception", exit -6) after the work
-    # is done. Every rank reaches this line, so the collective teardown is safe.
-    if torch.distributed.is_initialized():
-        torch.distributed.barrier()
-        torch.distributed.destroy_process_group()
+    end_process_groups()  # every rank is past its collectives; gloo torn down at exit can abort (-6)
     return 0
 
 

@@ -284,10 +284,9 @@ def _end_distributed_job(environment_before: dict[str, str]) -> None:
     """Leave the process as the job found it. Lightning keeps the process group up and its launcher
     variables (LOCAL_RANK, ...) set after fit; under -m the next job in this process would then take
     itself for a started rank, start no peers, and wait for them forever."""
-    import torch.distributed as dist
+    from lightning_field.core.distributed import end_process_groups
 
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
+    end_process_groups()
     for name in LAUNCHER_VARIABLES:
         if name in environment_before:
             os.environ[name] = environment_before[name]

@@ -48,3 +48,14 @@ def new_host_group() -> Any:
     if not is_distributed():
         return None
     return dist.new_group(backend="gloo")
+
+
+def end_process_groups() -> None:
+    """Destroy every process group once a job's collectives are done.
+
+    Lightning leaves its groups up after ``fit``. Torn down by interpreter exit instead, gloo's
+    threads can abort the process ("terminate called without an active exception", exit -6) after
+    the work is done, which a launcher reads as a failed rank. Call it where every rank has finished
+    its collectives: destroying is then local."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

@@ -24,6 +24,7 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from lightning_field.checkpoint.resolver import latest_recoverable
+from lightning_field.core.distributed import end_process_groups
 from lightning_field.evidence.faults import KillAtStep, kill_during_save
 from lightning_field.evidence.trace import StepTracer
 
@@ -123,6 +124,7 @@ def run(spec: RunSpec) -> int:
             },
             run_dir / FINAL_STATE,
         )
+    end_process_groups()  # every rank is past its collectives; gloo torn down at exit can abort (-6)
     return 0
 
 

@@ -13,6 +13,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 
 from lightning_field import CheckpointCadence, ManifestCheckpoint, StragglerMonitor, TimeToQuality
+from lightning_field.core.distributed import end_process_groups
 from lightning_field.demo import DemoDataModule, DemoRegressor
 
 
@@ -80,6 +81,7 @@ def main() -> None:
         # One file per rank: ranks share the launcher's stdout, where their lines can interleave mid-line.
         with open(os.path.join(args.root, f"cadence-rank{trainer.global_rank}.json"), "w") as f:
             json.dump({"decisions": intervals, "every": callbacks[2].every_n_train_steps}, f)
+    end_process_groups()  # after every rank's collectives: gloo torn down at exit can abort
 
 
 if __name__ == "__main__":

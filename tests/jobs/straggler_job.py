@@ -17,6 +17,7 @@ from torch.utils.data import default_collate
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from lightning_field import ManifestCheckpoint
+from lightning_field.core.distributed import end_process_groups
 from lightning_field.demo import DemoDataModule, DemoRegressor
 from lightning_field.profiling import ProfiledDDPStrategy, StragglerMonitor
 
@@ -90,6 +91,7 @@ def main() -> None:
     if trainer.is_global_zero:
         with open(os.path.join(args.root, "reports.json"), "w") as f:
             json.dump([r.to_dict() for r in monitor.reports], f, default=str)
+    end_process_groups()  # after every rank's collectives: gloo torn down at exit can abort
 
 
 if __name__ == "__main__":
