@@ -49,8 +49,19 @@ def conditions(evidence: dict) -> dict[str, bool]:
     return {c["name"]: c["passed"] for c in evidence["critical_conditions"]}
 
 
-def test_demo_model_resumes_exactly_after_a_sigkill_and_the_bundle_holds_everything(user_dir: Path) -> None:
-    rc, out, ev = run_field_evidence(user_dir, STEPS)
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int, str, dict | None]:
+    """One protocol run on the demo model with its checkpoints kept, shared by the tests that only read
+    it (the bundle's contents, and what `field evidence check` says about it): one run less for the suite."""
+    cwd = tmp_path_factory.mktemp("demo_evidence")
+    shutil.copy(TESTS_DIR / "evidence_models.py", cwd / "evidence_models.py")
+    return cwd, *run_field_evidence(cwd, STEPS, "evidence.keep_checkpoints=true")
+
+
+def test_demo_model_resumes_exactly_after_a_sigkill_and_the_bundle_holds_everything(
+    demo_run: tuple[Path, int, str, dict | None],
+) -> None:
+    user_dir, rc, out, ev = demo_run
     assert rc == 0, out[-3000:]
     assert ev is not None and ev["verdict"] == "exact" and ev["gate"]["passed"]
     assert ev["reproducible_without_interruption"] is True
@@ -78,8 +89,6 @@ def test_demo_model_resumes_exactly_after_a_sigkill_and_the_bundle_holds_everyth
         assert (bundle / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     md = (bundle / "evidence.md").read_text()
     assert "EXACT" in md and "](runs/interrupted-1/trace/rank-00000.jsonl)" in md and "manifests/" in md
-    # checkpoint tensors are not kept by default: the manifests are the artifact
-    assert not (bundle / "runs" / "control-1" / "checkpoints").exists()
 
 
 def test_three_interruptions_one_of_them_inside_a_save_are_exact(user_dir: Path) -> None:
@@ -92,6 +101,8 @@ def test_three_interruptions_one_of_them_inside_a_save_are_exact(user_dir: Path)
     # killed with its files written but the manifest not committed: the resume used an earlier checkpoint
     assert saved_kill["kill_mode"] == "save" and saved_kill["resumed_step"] < saved_kill["kill_step"]
     assert not any("inside a save" in item for item in ev["limitations"])
+    # checkpoint tensors are not kept by default: the manifests are the artifact
+    assert not (user_dir / "bundle" / "runs" / "control-1" / "checkpoints").exists()
 
 
 def test_state_outside_every_state_dict_fails_naming_the_first_divergent_step(user_dir: Path) -> None:
@@ -163,12 +174,15 @@ def test_bad_settings_fail_before_any_run_with_a_message_naming_them(
 
 
 def test_evidence_check_accepts_a_matching_checkpoint_and_rejects_stale_or_missing_evidence(
-    user_dir: Path, capsys: pytest.CaptureFixture[str]
+    demo_run: tuple[Path, int, str, dict | None], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    rc, out, ev = run_field_evidence(user_dir, "evidence.steps=10", "evidence.keep_checkpoints=true")
-    assert rc == 0, out[-3000:]
-    bundle = user_dir / "bundle"
-    same = bundle / "runs" / "control-1" / "checkpoints" / "epoch=0-step=10"
+    run_dir, rc, out, ev = demo_run
+    assert rc == 0 and ev is not None, out[-3000:]
+    same = run_dir / "bundle" / "runs" / "control-1" / "checkpoints" / "epoch=0-step=10"
+    # A copy: the last part of this test damages it, and the shared run must stay whole.
+    bundle = tmp_path / "bundle"
+    shutil.copytree(run_dir / "bundle", bundle)
+    user_dir = tmp_path
     assert field_main(["evidence", "check", str(bundle), "--checkpoint", str(same)]) == 0
     assert "SUPPORTED" in capsys.readouterr().out
 
