@@ -58,6 +58,14 @@ class Context:
                 return figure, []
         return None, self.reasons(figures[0]) if figures else []
 
+    def fresh(self, found: Sequence[Mapping[str, Any]], missing: str, what: str) -> Mapping[str, Any] | Outcome:
+        """The newest fresh figure of ``found``, or the outcome saying there is none (``missing``) or that
+        every one is stale (naming ``what``): the common start of a check."""
+        if not found:
+            return Outcome(MISSING, missing)
+        figure, reasons = self.freshest(found)
+        return _stale(found[0], reasons, what) if figure is None else figure
+
 
 @dataclass
 class Check:
@@ -167,11 +175,11 @@ def _restore_tested(params: Mapping[str, Any], ctx: Context) -> Outcome:
 
 def _no_stragglers(params: Mapping[str, Any], ctx: Context) -> Outcome:
     found = ctx.named("straggler_reports", released_only=True) or ctx.named("straggler_reports")
-    if not found:
-        return Outcome(MISSING, "no straggler reports (StragglerMonitor writes field/profile/reports.jsonl)")
-    figure, reasons = ctx.freshest(found)
-    if figure is None:
-        return _stale(found[0], reasons, "the straggler reports")
+    figure = ctx.fresh(
+        found, "no straggler reports (StragglerMonitor writes field/profile/reports.jsonl)", "the straggler reports"
+    )
+    if isinstance(figure, Outcome):
+        return figure
     total, n = figure["value"]["reports"], int(params["last_n_reports"])
     recent = [r for r in figure["value"]["flagged"] if r["index"] >= total - n]
     if recent:
@@ -186,11 +194,11 @@ def _no_stragglers(params: Mapping[str, Any], ctx: Context) -> Outcome:
 
 def _time_to_quality(params: Mapping[str, Any], ctx: Context) -> Outcome:
     found = ctx.named("time_to_quality", released_only=True) or ctx.named("time_to_quality")
-    if not found:
-        return Outcome(MISSING, "no time-to-quality summary (TimeToQuality writes field/time_to_quality.json)")
-    figure, reasons = ctx.freshest(found)
-    if figure is None:
-        return _stale(found[0], reasons, "time to quality")
+    figure = ctx.fresh(
+        found, "no time-to-quality summary (TimeToQuality writes field/time_to_quality.json)", "time to quality"
+    )
+    if isinstance(figure, Outcome):
+        return figure
     v, ids = figure["value"], [figure["id"]]
     if v.get("deadline_s") is None:
         return Outcome(MISSING, "no deadline set (callbacks.time_to_quality.deadline_hours)", ids)
@@ -210,11 +218,9 @@ def _time_to_quality(params: Mapping[str, Any], ctx: Context) -> Outcome:
 
 def _goodput(params: Mapping[str, Any], ctx: Context) -> Outcome:
     found = ctx.named("goodput", released_only=True) or ctx.named("goodput")
-    if not found:
-        return Outcome(MISSING, "no event log to compute goodput from")
-    figure, reasons = ctx.freshest(found)
-    if figure is None:
-        return _stale(found[0], reasons, "goodput")
+    figure = ctx.fresh(found, "no event log to compute goodput from", "goodput")
+    if isinstance(figure, Outcome):
+        return figure
     value = figure["value"]
     verdict = PASS if value >= params["min_goodput"] else FAIL
     return Outcome(verdict, f"goodput {value:.1%} (minimum {params['min_goodput']:.0%}); {figure['population']}",
@@ -223,11 +229,11 @@ def _goodput(params: Mapping[str, Any], ctx: Context) -> Outcome:
 
 def _preflight(params: Mapping[str, Any], ctx: Context) -> Outcome:
     found = ctx.named("preflight")
-    if not found:
-        return Outcome(MISSING, "no preflight record (field preflight writes field/preflight/preflight.json)")
-    figure, reasons = ctx.freshest(found)
-    if figure is None:
-        return _stale(found[0], reasons, "the preflight")
+    figure = ctx.fresh(
+        found, "no preflight record (field preflight writes field/preflight/preflight.json)", "the preflight"
+    )
+    if isinstance(figure, Outcome):
+        return figure
     v = figure["value"]
     if not v["passed"]:
         return Outcome(FAIL, f"preflight failed: {', '.join(v['failed'])}", [figure["id"]])
@@ -236,11 +242,9 @@ def _preflight(params: Mapping[str, Any], ctx: Context) -> Outcome:
 
 def _scaling(params: Mapping[str, Any], ctx: Context) -> Outcome:
     found = ctx.named("scaling")
-    if not found:
-        return Outcome(MISSING, "no scaling record (field scale writes scale.json)")
-    figure, reasons = ctx.freshest(found)
-    if figure is None:
-        return _stale(found[0], reasons, "the scaling study")
+    figure = ctx.fresh(found, "no scaling record (field scale writes scale.json)", "the scaling study")
+    if isinstance(figure, Outcome):
+        return figure
     v = figure["value"]
     problems = []
     if v["max_ranks"] < params["min_ranks"]:
