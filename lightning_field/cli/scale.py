@@ -77,15 +77,11 @@ def validate(config: StudyConfig) -> None:
 
 
 def cmd_scale(args: argparse.Namespace) -> int:
-    try:
-        config = study_config(args)
-        validate(config)
-    except ScaleInputError as err:
-        print(f"field scale: {err}", file=sys.stderr)
-        return 2
     from lightning_field.baseline.scale import render_report, run_study
 
     try:
+        config = study_config(args)
+        validate(config)  # before any process starts
         record = run_study(config)
     except ScaleInputError as err:
         print(f"field scale: {err}", file=sys.stderr)
