@@ -17,6 +17,7 @@ from conftest import assert_bitwise_equal, make_trainer, run_train_job
 from lightning_field import CheckpointCorruptError, latest_recoverable, verify_checkpoint
 from lightning_field.checkpoint import committed_checkpoints
 from lightning_field.checkpoint.object_store import ObjectStore
+from lightning_field.cli.main import main as field_main
 from lightning_field.core.manifest import SHARED_STATE_FILE, read_manifest
 from lightning_field.demo import DemoDataModule, DemoRegressor
 
@@ -55,7 +56,7 @@ def _train_to_s3(root: Path, url: str, options: dict[str, str], max_steps: int) 
 
 
 def test_corrupted_s3_object_is_named_by_verify_skipped_by_the_resolver_and_refused_on_load(
-    tmp_path: Path, s3_bucket: tuple[str, dict[str, str]], quiet_lightning: None
+    tmp_path: Path, s3_bucket: tuple[str, dict[str, str]], quiet_lightning: None, capsys: pytest.CaptureFixture[str]
 ) -> None:
     bucket, options = s3_bucket
     url = f"{bucket}/ckpts"
@@ -72,6 +73,15 @@ def test_corrupted_s3_object_is_named_by_verify_skipped_by_the_resolver_and_refu
     assert not report.intact
     assert len(report.problems) == 1 and state in report.problems[0] and "content hash" in report.problems[0]
     assert latest_recoverable(url, options) == older
+
+    # The command line reaches the same store through --storage-option.
+    endpoint = f"endpoint_url={options['endpoint_url']}"
+    capsys.readouterr()
+    assert field_main(["ckpt", "verify", "-q", newest, "--storage-option", endpoint]) == 1
+    assert f"CORRUPT  {newest} (step 4)" in capsys.readouterr().out
+    assert field_main(["ckpt", "list", url, "--verify", "--storage-option", endpoint]) == 0
+    rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()}
+    assert "corrupt" in rows["epoch=0-step=4"] and rows["epoch=0-step=2"].endswith("<- resume")
     trainer = make_trainer(tmp_path / "again", 6, dirpath=url, storage_options=options)  # type: ignore[arg-type]
     with pytest.raises(CheckpointCorruptError, match=r"state\.pt: content hash"):
         trainer.fit(DemoRegressor(), datamodule=DemoDataModule(size=48), ckpt_path=newest)

@@ -7,11 +7,12 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from lightning_field.checkpoint.resolver import committed_checkpoints, latest_recoverable, read_last_pointer
 from lightning_field.checkpoint.verify import verify_checkpoint
 from lightning_field.core.manifest import Manifest, ManifestError, read_manifest
+from lightning_field.core.storage import StorageOptions, basename, is_url, open_fs
 
 _PROGRESS_MIN_BYTES = 64 << 20
 
@@ -51,8 +52,42 @@ class _Progress:
         self.stream.flush()
 
 
+def parse_storage_options(pairs: list[str]) -> dict[str, Any]:
+    """``KEY=VALUE`` pairs as fsspec storage options. A value is read as JSON where it parses
+    (``anon=true``, ``default_block_size=8388608``) and kept as text otherwise; a dotted key nests
+    (``client_kwargs.region_name=eu-west-1``), as s3fs expects its botocore arguments."""
+    options: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, text = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--storage-option takes KEY=VALUE, got {pair!r}")
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError:
+            value = text
+        *parents, leaf = key.split(".")
+        target = options
+        for name in parents:
+            nested = target.setdefault(name, {})
+            if not isinstance(nested, dict):
+                raise ValueError(f"--storage-option {pair!r}: {name!r} is already set to a value, not a group")
+            target = nested
+        target[leaf] = value
+    return options
+
+
+def _storage_options(args: argparse.Namespace) -> StorageOptions | None:
+    try:
+        return parse_storage_options(args.storage_option) or None
+    except ValueError as err:
+        print(f"field ckpt: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
 def cmd_verify(args: argparse.Namespace) -> int:
-    report = verify_checkpoint(args.path, progress=None if args.quiet else _Progress(sys.stderr))
+    report = verify_checkpoint(
+        args.path, progress=None if args.quiet else _Progress(sys.stderr), storage_options=_storage_options(args)
+    )
     if report.manifest is None:
         print(f"NOT A CHECKPOINT  {args.path}\n  " + "\n  ".join(report.problems))
         return 1
@@ -82,33 +117,42 @@ def _drill_mark(m: Manifest) -> str:
     return {"mismatch": "FAILED", "error": "error"}.get(outcome, "-")
 
 
+def _exists(location: str, storage_options: StorageOptions | None) -> bool:
+    if not is_url(location):
+        return Path(location).is_dir()
+    fs, prefix = open_fs(location, storage_options)
+    return bool(fs.exists(prefix))
+
+
 def cmd_list(args: argparse.Namespace) -> int:
-    root = Path(args.dir)
-    if not root.is_dir():
-        print(f"field ckpt list: {root} is not a directory", file=sys.stderr)
+    options = _storage_options(args)
+    root = args.dir
+    if not _exists(root, options):
+        print(f"field ckpt list: {root} is not a directory or an existing prefix", file=sys.stderr)
         return 2
-    entries = committed_checkpoints(root)
+    entries = committed_checkpoints(root, options)
     last = read_last_pointer(root)
-    resume = latest_recoverable(root) if args.verify else None
+    resume = latest_recoverable(root, options) if args.verify else None
     now = time.time()
     print(f"{'name':<36} {'step':>8} {'status':<16} {'drill':<6} {'size':>10} {'age':>7}")
     for entry in entries:
         m = entry.manifest
         if m is None:
-            print(f"{entry.path.name:<36} {'?':>8} {'unreadable':<16} {'':<6} {'':>10} {'':>7}  {entry.error}")
+            print(f"{basename(entry.path):<36} {'?':>8} {'unreadable':<16} {'':<6} {'':>10} {'':>7}  {entry.error}")
             continue
         if args.verify:
-            report = verify_checkpoint(entry.path)
+            report = verify_checkpoint(entry.path, storage_options=options)
             status = "recoverable" if report.recoverable else ("corrupt" if report.problems else "not recoverable")
         else:
             status = "recoverable*" if m.recoverable else f"{m.kind}, incomplete" if m.kind == "recovery" else m.kind
-        marks = (" <- LAST" if last and last.name == entry.path.name else "") + (
-            " <- resume" if resume and resume.name == entry.path.name else ""
+        name = basename(entry.path)
+        marks = (" <- LAST" if last and last.name == name else "") + (
+            " <- resume" if resume and basename(resume) == name else ""
         )
         size = sum(f.size for f in m.files.values())
         drill = _drill_mark(m)
         print(
-            f"{entry.path.name:<36} {m.step:>8} {status:<16} {drill:<6} {_human_bytes(size):>10}"
+            f"{name:<36} {m.step:>8} {status:<16} {drill:<6} {_human_bytes(size):>10}"
             f" {_human_age(now - m.created_unix):>7}{marks}"
         )
     if not args.verify and entries:
@@ -122,7 +166,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def cmd_inspect(args: argparse.Namespace) -> int:
     try:
-        m = read_manifest(args.path)
+        m = read_manifest(args.path, _storage_options(args))
     except ManifestError as err:
         print(f"field ckpt inspect: {err}", file=sys.stderr)
         return 1
@@ -185,6 +229,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     inspect.add_argument("path")
     inspect.add_argument("--json", action="store_true", help="the raw manifest")
     inspect.set_defaults(func=cmd_inspect)
+    for command in (verify, listing, inspect):
+        command.add_argument(
+            "--storage-option",
+            action="append",
+            default=[],
+            metavar="KEY=VALUE",
+            help="fsspec storage option for a URL path, repeatable (endpoint_url=http://..., anon=true)",
+        )
 
 
 __all__ = ["add_parser"]
