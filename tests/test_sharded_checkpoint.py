@@ -1,12 +1,14 @@
 """Sharded state (FSDP2 under ModelParallelStrategy, 2 gloo ranks on CPU) through DCP: every shard
 in the manifest with its hash, per-rank RNG and data position, bitwise-exact resume after SIGKILL
-(with synchronous and with async saves), and a corrupted shard named by ``field ckpt verify``."""
+(with synchronous and with async saves, on local disk and on S3), and a corrupted shard named by
+``field ckpt verify`` and skipped by the resolver."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import fsspec
 import pytest
 import torch
 from conftest import assert_bitwise_equal, run_train_job
@@ -18,10 +20,25 @@ from lightning_field.core.manifest import read_manifest
 SHARDED = ["--sharded", "--devices", "2", "--max-steps", "20"]
 
 
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One uninterrupted synchronous run to step 20, which every interrupted run must match: its
+    final state is ``<dir>/u.pt`` and its checkpoints are under ``<dir>/uninterrupted``."""
+    where = tmp_path_factory.mktemp("sharded-reference")
+    run_train_job(where / "uninterrupted", where / "u.pt", *SHARDED)
+    return where
+
+
+def _assert_same_final_state(reference: Path, out: Path) -> None:
+    expected, resumed = torch.load(reference / "u.pt"), torch.load(out)
+    assert resumed["step"] == expected["step"] == 20
+    assert_bitwise_equal(expected["state_dict"], resumed["state_dict"], "weights")
+    assert_bitwise_equal(expected["optimizer"], resumed["optimizer"], "optimizer")
+
+
 def test_sharded_resume_after_sigkill_is_bitwise_identical_and_every_shard_is_in_the_manifest(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, reference: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    run_train_job(tmp_path / "uninterrupted", tmp_path / "u.pt", *SHARDED)
     root = tmp_path / "interrupted"
     run_train_job(root, tmp_path / "r.pt", *SHARDED, "--kill-after-step", "13", expect_rc=-9)
     checkpoints = root / "checkpoints"
@@ -43,10 +60,7 @@ def test_sharded_resume_after_sigkill_is_bitwise_identical_and_every_shard_is_in
 
     log = run_train_job(root, tmp_path / "r.pt", *SHARDED, "--resume")
     assert "step=10" in log
-    expected, resumed = torch.load(tmp_path / "u.pt"), torch.load(tmp_path / "r.pt")
-    assert resumed["step"] == expected["step"] == 20
-    assert_bitwise_equal(expected["state_dict"], resumed["state_dict"], "weights")
-    assert_bitwise_equal(expected["optimizer"], resumed["optimizer"], "optimizer")
+    _assert_same_final_state(reference, tmp_path / "r.pt")
 
     # A flipped byte in one rank's shard: named by `field ckpt verify`, skipped by the resolver.
     newest = latest_recoverable(checkpoints)
@@ -62,9 +76,8 @@ def test_sharded_resume_after_sigkill_is_bitwise_identical_and_every_shard_is_in
 
 
 def test_async_sharded_save_blocks_only_for_the_snapshot_and_a_sigkill_mid_write_resumes_bitwise_identically(
-    tmp_path: Path,
+    tmp_path: Path, reference: Path
 ) -> None:
-    run_train_job(tmp_path / "uninterrupted", tmp_path / "u.pt", *SHARDED)  # synchronous reference
     root, out = tmp_path / "interrupted", tmp_path / "r.pt"
     # The writer of step 10 is held before DCP writes a byte; both ranks are killed at the next batch.
     run_train_job(
@@ -80,10 +93,7 @@ def test_async_sharded_save_blocks_only_for_the_snapshot_and_a_sigkill_mid_write
 
     log = run_train_job(root, out, *SHARDED, "--async-save", "--resume")
     assert "step=5" in log
-    expected, resumed = torch.load(tmp_path / "u.pt"), torch.load(out)
-    assert resumed["step"] == expected["step"] == 20
-    assert_bitwise_equal(expected["state_dict"], resumed["state_dict"], "weights")
-    assert_bitwise_equal(expected["optimizer"], resumed["optimizer"], "optimizer")
+    _assert_same_final_state(reference, out)
 
     committed = [e for e in read_events(root) if e["event"] == "ckpt_committed" and e["attempt"] == 2]
     assert [e["step"] for e in committed] == [10, 15, 20] and all(e["payload"]["async"] for e in committed)
@@ -95,6 +105,42 @@ def test_async_sharded_save_blocks_only_for_the_snapshot_and_a_sigkill_mid_write
         assert verify_checkpoint(checkpoint).recoverable
         # Training moved on while the writer ran, yet every shard holds exactly the snapshot: the
         # same bytes as the synchronous run's save of that step.
-        reference = read_manifest(tmp_path / "uninterrupted" / "checkpoints" / checkpoint.name).files
+        synchronous = read_manifest(reference / "uninterrupted" / "checkpoints" / checkpoint.name).files
         shards = [name for name in manifest.files if name.endswith(".distcp")]
-        assert [manifest.files[n].hash for n in shards] == [reference[n].hash for n in shards]
+        assert [manifest.files[n].hash for n in shards] == [synchronous[n].hash for n in shards]
+
+
+def test_sharded_checkpoints_on_s3_resume_bitwise_identically_after_a_sigkill_and_a_corrupt_shard_is_skipped(
+    tmp_path: Path, reference: Path, s3_bucket: tuple[str, dict[str, str]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    bucket, options = s3_bucket
+    url = f"{bucket}/run/checkpoints"
+    s3 = [*SHARDED, "--ckpt-url", url, "--endpoint-url", options["endpoint_url"]]
+    root, out = tmp_path / "run", tmp_path / "r.pt"
+    run_train_job(root, out, *s3, "--kill-after-step", "13", expect_rc=-9)
+    step10 = f"{url}/epoch=1-step=10"
+    assert latest_recoverable(url, options) == step10
+    manifest = read_manifest(step10, options)
+    fs = fsspec.filesystem("s3", **options)
+    uploaded = {p.rsplit("/", 1)[-1] for p in fs.ls(step10, refresh=True)} - {"manifest.json"}
+    assert set(manifest.files) == uploaded, "each rank uploaded exactly what it wrote, all of it in the manifest"
+    assert {"__0_0.distcp", "__1_0.distcp", ".metadata", "meta.pt", "rank-00000.pt", "rank-00001.pt"} == uploaded
+    # The same shard bytes as the local disk's checkpoint of the same step.
+    local = read_manifest(reference / "uninterrupted" / "checkpoints" / "epoch=1-step=10").files
+    assert {n: e.hash for n, e in manifest.files.items() if n.endswith(".distcp")} == {
+        n: e.hash for n, e in local.items() if n.endswith(".distcp")
+    }
+
+    log = run_train_job(root, out, *s3, "--resume")
+    assert f"RESUME-FROM {step10}" in log
+    _assert_same_final_state(reference, out)
+
+    newest = f"{url}/epoch=3-step=20"
+    shard = f"{newest}/__0_0.distcp"
+    data = bytearray(fs.cat_file(shard))
+    data[len(data) // 2] ^= 0xFF
+    fs.pipe_file(shard, bytes(data))
+    capsys.readouterr()
+    assert field_main(["ckpt", "verify", "-q", newest, "--storage-option", f"endpoint_url={options['endpoint_url']}"])
+    assert "__0_0.distcp: content hash" in capsys.readouterr().out
+    assert latest_recoverable(url, options) == f"{url}/epoch=2-step=15"

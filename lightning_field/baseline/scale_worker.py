@@ -43,7 +43,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset, Sampler, default_collate
 from typing_extensions import override
 
-from lightning_field.core.distributed import end_process_groups
+from lightning_field.core.distributed import end_process_groups, exit_finished_process
 from lightning_field.demo import NoisyRegressionDataset
 from lightning_field.profiling.comm import CommTimer, ProfiledDDPStrategy
 from lightning_field.profiling.throughput import batch_counts
@@ -347,4 +347,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_finished_process(main())

@@ -117,10 +117,16 @@ def load_object_checkpoint(
 
 
 def _wanted_files(manifest: Manifest) -> list[str]:
+    return [SHARED_STATE_FILE, *rank_files_to_load(manifest)]
+
+
+def rank_files_to_load(manifest: Manifest) -> list[str]:
+    """The per-rank state files this rank reads: its own, and rank 0's on a resharded resume,
+    which takes the data position from rank 0."""
     own = {rank_state_file(global_rank())}
     if manifest.world_size != world_size():
-        own.add(rank_state_file(0))  # a resharded resume takes the data position from rank 0
-    return [SHARED_STATE_FILE, *sorted(f for f in own if f in manifest.files)]
+        own.add(rank_state_file(0))
+    return sorted(f for f in own if f in manifest.files)
 
 
 def load_manifest_checkpoint(

@@ -157,7 +157,7 @@ class ManifestCheckpoint(ModelCheckpoint):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         super().setup(trainer, pl_module, stage)
         if sharded.is_sharded(trainer.strategy):
-            sharded.check_supported(trainer.strategy, str(self.dirpath))
+            sharded.check_supported(trainer.strategy)
             # It loads without the CheckpointIO: verification must sit in front of its own loader.
             internals.wrap_strategy_load(trainer.strategy, self._load_sharded)
         elif not isinstance(trainer.strategy, _SUPPORTED_STRATEGIES):
@@ -506,11 +506,7 @@ class ManifestCheckpoint(ModelCheckpoint):
         token = broadcast_object(uuid.uuid4().hex[:8], group=group)
         referenced: list[str] = []
         if job.shards is not None:
-            assert isinstance(store, commit.LocalStore)  # sharded.check_supported refused URLs at setup
-            outcome, referenced = sharded.write_shards(store.staging(final, token), job.rank, job.shards, group)
-            written = store.write(final, token, job.rank, job.files)
-            outcome.receipts += written.receipts
-            outcome.error = outcome.error or written.error
+            outcome, referenced = self._write_sharded(job, token, group)
         else:
             outcome = store.write(final, token, job.rank, job.files)
         gathered: list[tuple[commit.RankOutcome, list[str], list[str]]] = all_gather_objects(
@@ -536,6 +532,30 @@ class ManifestCheckpoint(ModelCheckpoint):
         if job.is_global_zero and error is not None:
             store.discard(final, token)
         return broadcast_object(error, group=group)
+
+    @staticmethod
+    def _write_sharded(job: _SaveJob, token: str, group: Any) -> tuple[commit.RankOutcome, list[str]]:
+        """DCP's shards and this rank's files, with the files DCP's metadata references (rank 0).
+        Locally both go straight into the hidden directory the rename publishes; under a URL into
+        a private staging directory first, uploaded only when everything in it was written."""
+        assert job.shards is not None
+        store = job.store
+        if isinstance(store, commit.LocalStore):
+            outcome, referenced = sharded.write_shards(store.staging(job.final, token), job.rank, job.shards, group)
+            written = store.write(job.final, token, job.rank, job.files)
+            outcome.receipts += written.receipts
+            outcome.error = outcome.error or written.error
+            return outcome, referenced
+        with store.staged(token) as staging:
+            outcome, referenced = sharded.write_shards(staging, job.rank, job.shards, group, durable=False)
+            written = commit.write_rank_files(staging, job.rank, job.files, durable=False)
+            outcome.receipts += written.receipts
+            outcome.error = (
+                outcome.error
+                or written.error
+                or store.upload(str(job.final), staging, [receipt.file for receipt in outcome.receipts])
+            )
+            return outcome, referenced
 
     def _not_saved_message(self, final: Location, error: str) -> str:
         committed = committed_checkpoints(parent(final), self.storage_options)
@@ -752,22 +772,26 @@ class ManifestCheckpoint(ModelCheckpoint):
     # ------------------------------------------------------------------ resuming
     def _load_sharded(self, load: Callable[..., dict[str, Any]], path: Any, weights_only: bool | None) -> Any:
         """A sharding strategy's ``load_checkpoint``, behind the same checks as the CheckpointIO's:
-        compatibility, then every file verified (split across ranks) before DCP reads a byte."""
-        if not is_checkpoint_dir(path):
+        compatibility, then every file verified (split across ranks, or the downloaded copies of a
+        URL's) before DCP reads a byte."""
+        if not is_checkpoint_dir(path, self.storage_options):
             return load(path, weights_only=weights_only)
         start = time.perf_counter()
-        path = Path(path)
-        manifest = read_manifest(path)
-        self._check_resume(manifest, path)
+        location = as_location(path)
+        manifest = read_manifest(location, self.storage_options)
+        self._check_resume(manifest, location)
+        if not isinstance(location, Path):
+            return sharded.load_from_object_store(load, location, manifest, self._object_store, weights_only)
         trainer = self._trainer
         assert trainer is not None
-        problems = sharded.verify_in_parallel(path, list(manifest.files), trainer.global_rank, trainer.world_size)
+        names = list(manifest.files)
+        problems = sharded.verify_in_parallel(location, names, trainer.global_rank, trainer.world_size)
         if problems:
-            raise CheckpointCorruptError(f"checkpoint {path} failed verification:\n  " + "\n  ".join(problems))
-        checkpoint = sharded.load_through_strategy(load, path, weights_only)
-        return attach_rank_state(checkpoint, manifest, path, path, start)
+            raise CheckpointCorruptError(f"checkpoint {location} failed verification:\n  " + "\n  ".join(problems))
+        checkpoint = sharded.load_through_strategy(load, location, weights_only)
+        return attach_rank_state(checkpoint, manifest, location, location, start)
 
-    def _check_resume(self, manifest: Manifest, path: Path) -> None:
+    def _check_resume(self, manifest: Manifest, path: Location) -> None:
         """Called by the CheckpointIO before anything is unpickled."""
         if not manifest.recoverable:
             raise ResumeMismatchError(

@@ -18,6 +18,7 @@ import contextlib
 import logging
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -74,23 +75,36 @@ class ObjectStore:
         no reader ever sees its manifest over a mix of old and new objects."""
         self.remove(final)
 
+    @contextlib.contextmanager
+    def staged(self, token: str) -> Iterator[Path]:
+        """A private local directory for one rank's files of one save, removed afterwards: an
+        object store has no temporary prefix a crash could not leave behind, the local disk does."""
+        staging = Path(tempfile.mkdtemp(prefix=f"lightning-field-stage-{token}-"))
+        try:
+            yield staging
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
     def write(self, final: str, token: str, rank: int, files: dict[str, tuple[Any, list[str]]]) -> RankOutcome:
         """Stage this rank's files locally (hashing while writing), then upload them under ``final``.
         Errors are returned, not raised, so every rank still reaches the receipt exchange."""
-        staging = Path(tempfile.mkdtemp(prefix=f"lightning-field-stage-{token}-"))
-        try:
+        with self.staged(token) as staging:
             outcome = write_rank_files(staging, rank, files, durable=False)
             if outcome.error is None:
-                try:
-                    fs, prefix = self._fs(final)
-                    options = self.transfer_options(fs)
-                    for receipt in outcome.receipts:
-                        fs.put_file(str(staging / receipt.file), f"{prefix}/{receipt.file}", **options)
-                except Exception as err:
-                    outcome.error = f"upload to {final} failed: {describe_error(err)}"
+                outcome.error = self.upload(final, staging, [r.file for r in outcome.receipts])
             return outcome
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
+
+    def upload(self, final: str, staging: Path, names: list[str]) -> str | None:
+        """Put the staged files ``names`` under ``final`` (large ones as parallel multipart uploads);
+        the error that stopped it, else None."""
+        try:
+            fs, prefix = self._fs(final)
+            options = self.transfer_options(fs)
+            for name in names:
+                fs.put_file(str(staging / name), f"{prefix}/{name}", **options)
+        except Exception as err:
+            return f"upload to {final} failed: {describe_error(err)}"
+        return None
 
     def download(self, url: str, local: Path, names: list[str]) -> None:
         """Copy ``names`` from the checkpoint at ``url`` into ``local`` (large ones in parallel parts)."""

@@ -14,19 +14,28 @@ files it wrote and the manifest lists every one of them; rank 0 checks the list 
 metadata, so a shard DCP references but nobody reported fails the save instead of the resume.
 Per-rank RNG and data position stay in ``rank-NNNNN.pt`` files, outside DCP: DCP deduplicates
 identical entries across ranks, and two ranks' RNG states must never collapse into one.
+
+Under an fsspec URL each rank has DCP write into a private local staging directory and uploads what
+it wrote; the manifest PUT still commits. Loading downloads the DCP files, verifies the copies and
+has the strategy read those.
 """
 
 from __future__ import annotations
 
 import pickle
+import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from lightning_field.checkpoint.commit import RankOutcome, Receipt, describe_error
+from lightning_field.checkpoint.io import attach_rank_state, rank_files_to_load
+from lightning_field.checkpoint.object_store import ObjectStore
+from lightning_field.checkpoint.verify import CheckpointCorruptError, LocalFiles, verify_against
 from lightning_field.core.distributed import all_gather_objects
 from lightning_field.core.fsio import hash_file
-from lightning_field.core.storage import is_url
+from lightning_field.core.manifest import Manifest
 
 SHARDED_SHARED_FILE = "meta.pt"
 """The non-tensor rest of a sharded checkpoint; Lightning's ``_METADATA_FILENAME``."""
@@ -42,7 +51,7 @@ def is_sharded(strategy: Any) -> bool:
     return isinstance(strategy, ModelParallelStrategy)
 
 
-def check_supported(strategy: Any, dirpath: str) -> None:
+def check_supported(strategy: Any) -> None:
     """Refuse, by name, the sharded configurations this path does not handle."""
     name = type(strategy).__name__
     if not getattr(strategy, "_save_distributed_checkpoint", True):
@@ -50,8 +59,6 @@ def check_supported(strategy: Any, dirpath: str) -> None:
             f"ManifestCheckpoint with {name}(save_distributed_checkpoint=False) is not supported: it gathers the"
             " full state on rank 0. Keep the default save_distributed_checkpoint=True (sharded DCP checkpoints)."
         )
-    if is_url(dirpath):
-        raise NotImplementedError(f"Sharded checkpoints under {name} need a local dirpath, got {dirpath!r}.")
 
 
 def split_state(checkpoint: dict[str, Any]) -> dict[str, Any]:
@@ -62,8 +69,14 @@ def split_state(checkpoint: dict[str, Any]) -> dict[str, Any]:
     return shards
 
 
-def write_shards(tmp: Path, rank: int, shards: dict[str, Any], group: Any = None) -> tuple[RankOutcome, list[str]]:
+def write_shards(
+    tmp: Path, rank: int, shards: dict[str, Any], group: Any = None, durable: bool = True
+) -> tuple[RankOutcome, list[str]]:
     """Collective over ``group``: DCP-save ``shards`` into ``tmp``, then hash the files this rank wrote.
+
+    ``tmp`` may be private to this rank (a local staging directory before an upload): DCP names
+    every rank's files apart and only rank 0 writes ``.metadata``. ``durable=False`` skips the fsync
+    for such staging copies, whose durability is the upload's.
 
     An async save runs this on the writer thread with host copies of the shards and the commit's
     own gloo group, so DCP's planning collectives never interleave with training's.
@@ -78,7 +91,7 @@ def write_shards(tmp: Path, rank: int, shards: dict[str, Any], group: Any = None
     referenced: list[str] = []
     try:
         tmp.mkdir(parents=True, exist_ok=True)
-        writer = dcp.FileSystemWriter(tmp, sync_files=True)
+        writer = dcp.FileSystemWriter(tmp, sync_files=durable)
         metadata = dcp.save(shards, storage_writer=writer, process_group=group)
         own = sorted(p.name for p in tmp.glob(f"__{rank}_*.distcp"))
         if rank == 0:
@@ -106,6 +119,39 @@ def verify_in_parallel(path: Path, names: list[str], rank: int, world_size: int)
     mine = sorted(names)[rank::world_size]
     report = verify_checkpoint(path, mine)
     return [p for problems in all_gather_objects(report.problems) for p in problems]
+
+
+def dcp_files(manifest: Manifest) -> list[str]:
+    """Every DCP file of a sharded checkpoint: a rank's shards may sit in any rank's file (DCP
+    deduplicates replicated entries into one of them, and resharding mixes them), so a rank loading
+    from copies needs them all."""
+    return sorted(name for name in manifest.files if name == DCP_METADATA or name.endswith(".distcp"))
+
+
+def load_from_object_store(
+    load: Callable[..., dict[str, Any]], url: str, manifest: Manifest, store: ObjectStore, weights_only: bool | None
+) -> dict[str, Any]:
+    """Collective: a sharded checkpoint under a URL, downloaded into a local directory of this rank,
+    verified there and loaded through the strategy from exactly those verified bytes.
+
+    Every rank downloads every DCP file (see :func:`dcp_files`), ``meta.pt`` and its rank state.
+    Download and verification problems are gathered so every rank raises alike: a rank that went on
+    into DCP's collectives alone would hang the others.
+    """
+    start = time.perf_counter()
+    names = [*dcp_files(manifest), SHARDED_SHARED_FILE, *rank_files_to_load(manifest)]
+    with tempfile.TemporaryDirectory(prefix="lightning-field-load-") as staging:
+        local = Path(staging)
+        try:
+            store.download(url, local, names)
+            problems = verify_against(manifest, LocalFiles(local), names).problems
+        except Exception as err:
+            problems = [f"download from {url} failed: {describe_error(err)}"]
+        problems = [p for rank_problems in all_gather_objects(problems) for p in rank_problems]
+        if problems:
+            raise CheckpointCorruptError(f"checkpoint {url} failed verification:\n  " + "\n  ".join(problems))
+        checkpoint = load_through_strategy(load, local, weights_only)
+        return attach_rank_state(checkpoint, manifest, local, url, start)
 
 
 def load_through_strategy(load: Callable[..., dict[str, Any]], path: Path, weights_only: bool | None) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from lightning_field.checkpoint.resolver import latest_recoverable
-from lightning_field.core.distributed import end_process_groups
+from lightning_field.core.distributed import end_process_groups, exit_finished_process
 from lightning_field.evidence.faults import KillAtStep, kill_during_save
 from lightning_field.evidence.trace import StepTracer
 
@@ -137,4 +137,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_finished_process(main())

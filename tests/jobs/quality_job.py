@@ -13,7 +13,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 
 from lightning_field import CheckpointCadence, ManifestCheckpoint, StragglerMonitor, TimeToQuality
-from lightning_field.core.distributed import end_process_groups
+from lightning_field.core.distributed import end_process_groups, exit_finished_process
 from lightning_field.demo import DemoDataModule, DemoRegressor
 
 
@@ -86,3 +86,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    exit_finished_process(0)

@@ -17,7 +17,7 @@ from torch.utils.data import default_collate
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from lightning_field import ManifestCheckpoint
-from lightning_field.core.distributed import end_process_groups
+from lightning_field.core.distributed import end_process_groups, exit_finished_process
 from lightning_field.demo import DemoDataModule, DemoRegressor
 from lightning_field.profiling import ProfiledDDPStrategy, StragglerMonitor
 
@@ -96,3 +96,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    exit_finished_process(0)

@@ -11,7 +11,6 @@ import argparse
 import json
 import os
 import signal
-import sys
 import threading
 
 import lightning.pytorch as pl
@@ -21,7 +20,7 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning_field import ManifestCheckpoint, latest_recoverable
 from lightning_field.checkpoint.commit import LocalStore
 from lightning_field.checkpoint.object_store import ObjectStore
-from lightning_field.core.distributed import end_process_groups
+from lightning_field.core.distributed import exit_finished_process
 from lightning_field.demo import DemoDataModule, DemoRegressor, DemoShardedRegressor
 from lightning_field.state.rng import capture_rng_state, rng_digest
 
@@ -218,13 +217,11 @@ def main() -> None:
     trainer.fit(model, datamodule=data, ckpt_path=ckpt_path)
     if args.checkpoint == "manifest" and checkpoint.preempted_checkpoint:
         print(f"PREEMPTED-CHECKPOINT {checkpoint.preempted_checkpoint} at step {trainer.global_step}")
-        end_process_groups()
-        sys.exit(0)
+        exit_finished_process(0)
     state = _full_state(model, trainer, args.sharded)  # collective when sharded: every rank gathers
     if trainer.is_global_zero:
         torch.save({**state, "step": trainer.global_step}, args.out)
-    end_process_groups()
-    sys.exit(0)
+    exit_finished_process(0)
 
 
 def _strategy(args: argparse.Namespace) -> object:
