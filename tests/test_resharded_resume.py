@@ -5,13 +5,15 @@ position carried over from rank 0 and the change recorded in the next manifest."
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import torch
 from conftest import assert_bitwise_equal, run_train_job
+from torch.utils.data import DataLoader, DistributedSampler
 
 from lightning_field.core.manifest import read_manifest
-from lightning_field.state.reshard import remap_rank_state
+from lightning_field.state.reshard import order_warnings, remap_rank_state
 
 # 96 samples, batch 8: an epoch is 6 steps on 2 ranks and 12 on 1; step 10 is 4 batches into epoch 1.
 SAVED_ON_TWO = ["--sharded", "--devices", "2", "--max-steps", "10"]
@@ -87,6 +89,49 @@ def test_resume_from_one_rank_on_two_reshards_exactly_and_the_new_rank_starts_fr
     assert len(set(before + after)) == 96
     manifest = read_manifest(root / "checkpoints" / "epoch=1-step=15")
     assert manifest.world_size == 2 and manifest.provenance["resharded_from"]["world_size"] == 1
+
+
+def test_an_unsharded_ddp_checkpoint_resumes_on_one_rank_with_the_saved_state_and_the_rest_of_its_epoch(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "run"
+    run_train_job(root, tmp_path / "saved.pt", "--devices", "2", "--max-steps", "10")
+    refused = run_train_job(root, tmp_path / "refused.pt", "--devices", "1", "--max-steps", "15", "--resume",
+                            expect_rc=None)  # fmt: skip
+    assert "world_size: 2 (checkpoint) != 1 (this run)" in refused
+    # Lightning's default strategy for one device adds no DistributedSampler: the rest of the epoch
+    # would come from a RandomSampler's own order, and the allowed resume says so (in a copy of the
+    # run, whose final save would otherwise become the next resume's starting point).
+    shutil.copytree(root, tmp_path / "default-strategy")
+    warned = run_train_job(tmp_path / "default-strategy", tmp_path / "warned.pt", "--devices", "1", "--max-steps",
+                           "11", "--resume", "--allow-mismatch", "world_size")  # fmt: skip
+    assert "draws from RandomSampler, not the DistributedSampler order of the 2-rank run it resumes" in warned
+
+    loaded = tmp_path / "loaded.pt"
+    run_train_job(root, tmp_path / "resumed.pt", "--devices", "1", "--strategy", "ddp", "--max-steps", "15",
+                  "--resume", "--allow-mismatch", "world_size", "--dump-loaded", str(loaded))  # fmt: skip
+    saved, after_load = torch.load(tmp_path / "saved.pt"), torch.load(loaded)
+    assert after_load["step"] == saved["step"] == 10
+    assert_bitwise_equal(saved["state_dict"], after_load["state_dict"], "weights")
+    assert_bitwise_equal(saved["optimizer"], after_load["optimizer"], "optimizer")
+    # The same epoch arithmetic as the sharded case: DDP's sampler splits the epoch the same way.
+    before, after = _samples(tmp_path / "saved.pt.trace", 7, 10), _samples(tmp_path / "resumed.pt.trace", 11, 14)
+    every_sample = _samples(tmp_path / "saved.pt.trace", 1, 6)
+    assert len(before) + len(after) == len(every_sample) == 96
+    assert sorted(before + after) == sorted(every_sample)
+    manifest = read_manifest(root / "checkpoints" / "epoch=2-step=15")
+    assert manifest.world_size == 1 and manifest.provenance["resharded_from"]["world_size"] == 2
+
+
+def test_a_resharded_resume_warns_when_the_new_loader_does_not_draw_a_distributed_samplers_order() -> None:
+    data = list(range(16))
+    shuffled = DataLoader(data, batch_size=4, shuffle=True)
+    distributed = DataLoader(data, batch_size=4, sampler=DistributedSampler(data, num_replicas=1, rank=0))
+    in_order = DataLoader(data, batch_size=4)
+    assert order_warnings([distributed, in_order], old=2, new=1) == []
+    (warning,) = order_warnings([in_order, shuffled], old=2, new=1)
+    assert warning.startswith("train loader 1 draws from RandomSampler, not the DistributedSampler order of the 2-rank")
+    assert "strategy='ddp' with devices=1" in warning
 
 
 def _saved_rank(rank: int, samples_yielded: int, batches: int) -> dict:

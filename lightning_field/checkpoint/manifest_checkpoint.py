@@ -42,7 +42,7 @@ from lightning_field.core.distributed import all_gather_objects, broadcast_objec
 from lightning_field.core.events import EventLog
 from lightning_field.core.manifest import SHARED_STATE_FILE, Manifest, is_checkpoint_dir, rank_state_file, read_manifest
 from lightning_field.core.storage import Location, as_location, basename, fs_options, is_url, parent
-from lightning_field.state import provenance
+from lightning_field.state import provenance, reshard
 from lightning_field.state.data_position import capture_sampler_state, describe_restore
 from lightning_field.state.rng import capture_rng_state, restore_rng_state
 
@@ -260,6 +260,11 @@ class ManifestCheckpoint(ModelCheckpoint):
             saved = self._resumed_manifest.provenance.get("data")
             if saved is not None:
                 self._refuse_on_differences({"data": saved}, {"data": self._data_fingerprint}, self._resumed_manifest)
+        if self._resharded_from is not None:
+            old, new = self._resharded_from["world_size"], self._resharded_from["to_world_size"]
+            # Logged like the RNG and position notes of the remap itself (a warnings filter must not hide it).
+            for warning in reshard.order_warnings(loaders, old, new) if trainer.is_global_zero else []:
+                log.warning("Resharded resume from %s: %s", self._resharded_from["checkpoint"], warning)
         resumed_at_epoch_end = trainer.fit_loop.restarted_on_epoch_end
         internals.undo_epoch_end_double_count(trainer)
         states, self._loaded_loader_states = self._loaded_loader_states, None

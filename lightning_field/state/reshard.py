@@ -12,7 +12,8 @@ cannot map 1:1 onto a different number of ranks. What this module defines instea
   permutation are consumed. Every new rank resumes ``k * old / new`` samples into its own share,
   replaying rank 0's epoch order, and the fit loop's batch counters of the epoch are rescaled to
   match. When ``k * old`` is not a whole number of new batches per rank the position rounds down, so
-  a few samples are seen twice (never skipped), with a warning.
+  a few samples are seen twice (never skipped), with a warning. That holds while the new run's
+  loader draws from the same kind of order; :func:`order_warnings` says when it does not.
 """
 
 from __future__ import annotations
@@ -111,3 +112,25 @@ def remap_rank_state(
     if position.get("tokens_seen") is not None:
         position["tokens_seen"] = int(position["tokens_seen"]) * old // new
     return {"rank": rank, "rng": (own or {}).get("rng"), "data_position": position}, warnings
+
+
+def order_warnings(loaders: list[Any], old: int, new: int) -> list[str]:
+    """Why the rescaled position will not continue the interrupted epoch, for each train loader whose
+    sampler does not follow a distributed sampler's epoch order: Lightning adds a
+    ``DistributedSampler`` only under a distributed strategy, so the same job on one device with the
+    default strategy draws from a ``RandomSampler``'s own order instead (a sequential order is the
+    same either way)."""
+    from torch.utils.data import DistributedSampler, SequentialSampler
+
+    warnings = []
+    for index, loader in enumerate(loaders):
+        sampler = getattr(getattr(loader, "batch_sampler", None), "sampler", None) or getattr(loader, "sampler", None)
+        if sampler is None or isinstance(sampler, (DistributedSampler, SequentialSampler)):
+            continue
+        warnings.append(
+            f"train loader {index} draws from {type(sampler).__name__}, not the DistributedSampler order of the"
+            f" {old}-rank run it resumes: the rest of the interrupted epoch comes in another order, so some of its"
+            f" samples repeat and others are skipped. Keep a distributed strategy (e.g. strategy='ddp' with"
+            f" devices={new}) for the same order."
+        )
+    return warnings

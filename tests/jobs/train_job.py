@@ -101,11 +101,12 @@ class DumpLoadedState(Callback):
     """Gather the full weights and optimizer state right after the resume's load, before any step:
     what a resharded load put into the model, in the same form as the job's final state."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, sharded: bool) -> None:
         self.path = path
+        self.sharded = sharded
 
     def on_train_start(self, trainer, pl_module) -> None:
-        state = _full_state(pl_module, trainer, sharded=True)  # collective: every rank gathers
+        state = _full_state(pl_module, trainer, self.sharded)  # collective when sharded: every rank gathers
         if trainer.is_global_zero:
             torch.save({**state, "step": trainer.global_step}, self.path)
 
@@ -157,6 +158,7 @@ def main() -> None:
     p.add_argument("--endpoint-url", default=None, help="S3 endpoint for --ckpt-url")
     p.add_argument("--kill-before-commit-step", type=int, default=None)
     p.add_argument("--async-save", action="store_true")
+    p.add_argument("--strategy", default=None, help="Lightning strategy name (default: ddp for >1 device, else auto)")
     p.add_argument("--sharded", action="store_true", help="FSDP2 under ModelParallelStrategy (DCP checkpoints)")
     p.add_argument("--allow-mismatch", action="append", default=[], help="ManifestCheckpoint(allow_resume_mismatch)")
     p.add_argument("--hold-writer-step", type=int, default=None, help="the async writer of this save never finishes")
@@ -188,7 +190,7 @@ def main() -> None:
     if args.signal_after_step is not None:
         callbacks.append(SignalAtStep(args.signal_after_step, signal.Signals[args.signal], args.signal_rank))
     if args.dump_loaded is not None:
-        callbacks.append(DumpLoadedState(args.dump_loaded))
+        callbacks.append(DumpLoadedState(args.dump_loaded, args.sharded))
     if args.kill_after_step is not None:
         callbacks.append(KillAfterStep(args.kill_after_step))
     trainer = pl.Trainer(
@@ -229,6 +231,8 @@ def _strategy(args: argparse.Namespace) -> object:
         from lightning.pytorch.strategies import ModelParallelStrategy
 
         return ModelParallelStrategy(data_parallel_size=args.devices, tensor_parallel_size=1)
+    if args.strategy is not None:
+        return args.strategy
     return "ddp" if args.devices > 1 else "auto"
 
 
