@@ -51,6 +51,10 @@ class Context:
             found = [f for f in found if f["source"]["path"].startswith(str(run_dir).rstrip("/") + "/")]
         return sorted(found, key=lambda f: f.get("date_unix") or 0.0, reverse=True)
 
+    def released_or_any(self, name: str) -> list[Mapping[str, Any]]:
+        """Figures called ``name`` from the released run's directory if it has any, else from anywhere."""
+        return self.named(name, released_only=True) or self.named(name)
+
     def freshest(self, figures: Sequence[Mapping[str, Any]]) -> tuple[Mapping[str, Any] | None, list[str]]:
         """The newest fresh figure, or (None, why the newest one is stale)."""
         for figure in figures:
@@ -174,7 +178,7 @@ def _restore_tested(params: Mapping[str, Any], ctx: Context) -> Outcome:
 
 
 def _no_stragglers(params: Mapping[str, Any], ctx: Context) -> Outcome:
-    found = ctx.named("straggler_reports", released_only=True) or ctx.named("straggler_reports")
+    found = ctx.released_or_any("straggler_reports")
     figure = ctx.fresh(
         found, "no straggler reports (StragglerMonitor writes field/profile/reports.jsonl)", "the straggler reports"
     )
@@ -193,7 +197,7 @@ def _no_stragglers(params: Mapping[str, Any], ctx: Context) -> Outcome:
 
 
 def _time_to_quality(params: Mapping[str, Any], ctx: Context) -> Outcome:
-    found = ctx.named("time_to_quality", released_only=True) or ctx.named("time_to_quality")
+    found = ctx.released_or_any("time_to_quality")
     figure = ctx.fresh(
         found, "no time-to-quality summary (TimeToQuality writes field/time_to_quality.json)", "time to quality"
     )
@@ -217,7 +221,7 @@ def _time_to_quality(params: Mapping[str, Any], ctx: Context) -> Outcome:
 
 
 def _goodput(params: Mapping[str, Any], ctx: Context) -> Outcome:
-    found = ctx.named("goodput", released_only=True) or ctx.named("goodput")
+    found = ctx.released_or_any("goodput")
     figure = ctx.fresh(found, "no event log to compute goodput from", "goodput")
     if isinstance(figure, Outcome):
         return figure
