@@ -52,7 +52,9 @@ def test_plain_model_checkpoint_resume_diverges_so_the_comparison_can_fail(tmp_p
     assert max_weight_difference(expected["state_dict"], resumed["state_dict"]) > 1e-3
 
 
-def test_every_committed_checkpoint_of_a_ddp_run_verifies_and_holds_both_ranks(tmp_path: Path) -> None:
+def test_every_committed_checkpoint_of_a_ddp_run_verifies_holds_both_ranks_and_a_bad_rank_file_fails_every_rank(
+    tmp_path: Path,
+) -> None:
     run_train_job(tmp_path / "run", tmp_path / "run.pt", "--devices", "2", "--max-steps", "10")
     checkpoints = tmp_path / "run" / "checkpoints"
     latest = latest_recoverable(checkpoints)
@@ -63,3 +65,16 @@ def test_every_committed_checkpoint_of_a_ddp_run_verifies_and_holds_both_ranks(t
     assert manifest is not None and manifest.world_size == 2
     assert manifest.components["rng"] == [0, 1] and manifest.components["data_position"] == [0, 1]
     assert {"state.pt", "rank-00000.pt", "rank-00001.pt"} == set(manifest.files)
+
+    # One rank's file damaged: only rank 1 reads it, yet every rank refuses the resume and names it,
+    # instead of rank 0 failing later in DDP's setup with "connection closed by peer".
+    own = latest / "rank-00001.pt"
+    data = bytearray(own.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    own.write_bytes(bytes(data))
+    log = run_train_job(tmp_path / "run", tmp_path / "resumed.pt", "--devices", "2", "--max-steps", "15",
+                        "--ckpt-path", str(latest), expect_rc=1)  # fmt: skip
+    rank_zero = "\n".join(line for line in log.splitlines() if line.startswith("[rank0]:"))
+    assert "could not be loaded on every rank" in rank_zero
+    assert "rank 1: CheckpointCorruptError" in rank_zero and "rank-00001.pt: content hash" in rank_zero
+    assert "Connection closed by peer" not in log

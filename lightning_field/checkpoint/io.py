@@ -19,10 +19,10 @@ from typing import Any
 import torch
 from lightning.fabric.plugins import CheckpointIO
 
-from lightning_field.checkpoint.commit import remove_committed
+from lightning_field.checkpoint.commit import describe_error, remove_committed
 from lightning_field.checkpoint.object_store import ObjectStore
 from lightning_field.checkpoint.verify import CheckpointCorruptError, LocalFiles, verify_against
-from lightning_field.core.distributed import global_rank, world_size
+from lightning_field.core.distributed import all_gather_objects, global_rank, world_size
 from lightning_field.core.manifest import (
     SHARED_STATE_FILE,
     Manifest,
@@ -81,10 +81,11 @@ class ManifestCheckpointIO(CheckpointIO):
 
     def load_checkpoint(self, path: Any, map_location: Any = None, weights_only: bool | None = None) -> dict[str, Any]:
         if is_url(path) and is_checkpoint_dir(path, self.object_store.storage_options):
-            return load_object_checkpoint(str(path), self.object_store, map_location, self.on_manifest)
+            return _on_every_rank(path, lambda: load_object_checkpoint(str(path), self.object_store, map_location,
+                                                                       self.on_manifest))  # fmt: skip
         if is_url(path) or not is_checkpoint_dir(path):
             return self.inner.load_checkpoint(path, map_location=map_location, weights_only=weights_only)
-        return load_manifest_checkpoint(Path(path), map_location, self.on_manifest)
+        return _on_every_rank(path, lambda: load_manifest_checkpoint(Path(path), map_location, self.on_manifest))
 
     def remove_checkpoint(self, path: Any) -> None:
         if is_url(path):
@@ -96,6 +97,30 @@ class ManifestCheckpointIO(CheckpointIO):
 
     def teardown(self) -> None:
         self.inner.teardown()
+
+
+def _on_every_rank(path: Any, load: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """Collective (Lightning loads a resume's checkpoint on every rank): ``load()``, with a failure
+    on any rank raised on all of them, naming it.
+
+    Each rank verifies its own rank file, so one corrupt file fails one rank. Alone, that rank's
+    exit leaves the others to fail later in an unrelated collective ("connection closed by peer"
+    under gloo) or to wait in one until its timeout (NCCL).
+    """
+    checkpoint, error = None, None
+    try:
+        checkpoint = load()
+    except Exception as err:
+        error = err
+    own = None if error is None else f"rank {global_rank()}: {describe_error(error)}"
+    problems = [problem for problem in all_gather_objects(own) if problem is not None]
+    if error is not None:
+        raise error
+    if problems:
+        listed = "\n  ".join(problems)
+        raise CheckpointCorruptError(f"checkpoint {path} could not be loaded on every rank:\n  {listed}")
+    assert checkpoint is not None
+    return checkpoint
 
 
 def load_object_checkpoint(

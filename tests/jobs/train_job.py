@@ -144,6 +144,7 @@ def main() -> None:
     p.add_argument("--every", type=int, default=5)
     p.add_argument("--kill-after-step", type=int, default=None)
     p.add_argument("--resume", action="store_true")
+    p.add_argument("--ckpt-path", default=None, help="resume from exactly this checkpoint")
     p.add_argument("--workers", type=int, default=0)
     p.add_argument("--devices", type=int, default=1)
     p.add_argument("--size", type=int, default=96)
@@ -211,7 +212,7 @@ def main() -> None:
     )
     model = (DemoShardedRegressor if args.sharded else DemoRegressor)(hidden=args.hidden)
     data = DemoDataModule(size=args.size, num_workers=args.workers, stateful=bool(args.stateful))
-    ckpt_path = None
+    ckpt_path = args.ckpt_path
     if args.resume:
         # Lightning cannot resolve "last" under a URL (it has no storage options): ask the resolver.
         ckpt_path = latest_recoverable(ckpt_dir, storage_options) if args.ckpt_url else "last"
