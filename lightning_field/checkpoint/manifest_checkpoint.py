@@ -9,6 +9,7 @@ needed for an exact continuation are marked recoverable, and only those are resu
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -541,25 +542,19 @@ class ManifestCheckpoint(ModelCheckpoint):
     @staticmethod
     def _write_sharded(job: _SaveJob, token: str, group: Any) -> tuple[commit.RankOutcome, list[str]]:
         """DCP's shards and this rank's files, with the files DCP's metadata references (rank 0).
-        Locally both go straight into the hidden directory the rename publishes; under a URL into
-        a private staging directory first, uploaded only when everything in it was written."""
+        Locally both go straight (durably) into the hidden directory the rename publishes; under a
+        URL into a private staging directory, uploaded only when everything in it was written."""
         assert job.shards is not None
         store = job.store
-        if isinstance(store, commit.LocalStore):
-            outcome, referenced = sharded.write_shards(store.staging(job.final, token), job.rank, job.shards, group)
-            written = store.write(job.final, token, job.rank, job.files)
+        local = isinstance(store, commit.LocalStore)
+        directory = contextlib.nullcontext(store.staging(job.final, token)) if local else store.staged(token)
+        with directory as staging:
+            outcome, referenced = sharded.write_shards(staging, job.rank, job.shards, group, durable=local)
+            written = commit.write_rank_files(staging, job.rank, job.files, durable=local)
             outcome.receipts += written.receipts
             outcome.error = outcome.error or written.error
-            return outcome, referenced
-        with store.staged(token) as staging:
-            outcome, referenced = sharded.write_shards(staging, job.rank, job.shards, group, durable=False)
-            written = commit.write_rank_files(staging, job.rank, job.files, durable=False)
-            outcome.receipts += written.receipts
-            outcome.error = (
-                outcome.error
-                or written.error
-                or store.upload(str(job.final), staging, [receipt.file for receipt in outcome.receipts])
-            )
+            if outcome.error is None and not local:
+                outcome.error = store.upload(str(job.final), staging, [receipt.file for receipt in outcome.receipts])
             return outcome, referenced
 
     def _not_saved_message(self, final: Location, error: str) -> str:
