@@ -392,12 +392,32 @@ def test_bad_input_fails_with_the_problem_named(offline: Path) -> None:
         trainer.fit(DemoRegressor(), datamodule=DemoDataModule(size=16))
 
 
+def _record_spans(data: bytes, block: int = 32768, header: int = 7) -> list[tuple[int, int]]:
+    """(offset, payload length) of every record in a .wandb log: LevelDB's log format, 7-byte record
+    headers in 32 KiB blocks whose tails (under a header's size, or zero-filled) are padding."""
+    spans, pos = [], header  # past the file header (":W&B", magic, version)
+    while pos + header <= len(data):
+        if block - pos % block < header:
+            pos += block - pos % block
+            continue
+        length = int.from_bytes(data[pos + 4 : pos + 6], "little")
+        if data[pos : pos + header] == bytes(header):
+            pos += block - pos % block
+            continue
+        spans.append((pos, length))
+        pos += header + length
+    return spans
+
+
 def test_a_log_cut_off_by_a_kill_reads_back_up_to_the_damage(requeued: dict[str, Any], tmp_path: Path) -> None:
     source = Path(requeued["runs"][1]["path"])
     whole = read_offline_run(source)
     cut = tmp_path / source.name
     data = source.read_bytes()
-    cut.write_bytes(data[: len(data) * 2 // 3])
+    # Cut inside a record about two thirds in: a cut that happened to fall between two records
+    # would be a clean (if early) end, not a tear.
+    start, length = next((o, n) for o, n in _record_spans(data) if o >= len(data) * 2 // 3 and n >= 2)
+    cut.write_bytes(data[: start + 7 + length // 2])
     partial = read_offline_run(cut)
     assert partial["torn"] and not whole["torn"] and not partial["complete"]
     assert 0 < len(partial["history"]) < len(whole["history"])
