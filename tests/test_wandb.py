@@ -36,6 +36,7 @@ from lightning_field.integrations import (
 )
 from lightning_field.profiling import StragglerMonitor
 from lightning_field.quality.ledger import BUCKETS
+from lightning_field.state.secrets import is_redacted, redact
 
 pytest.importorskip("wandb", reason="the optional wandb extra is not installed")
 
@@ -213,7 +214,7 @@ def test_the_summary_reports_time_to_quality_goodput_and_the_interruption(requeu
 
 def test_secrets_never_reach_wandb(requeued: dict[str, Any]) -> None:
     for run in requeued["runs"]:
-        assert run["config"]["api_key"] == "<redacted>" and run["config"]["wandb"]["password"] == "<redacted>"
+        assert is_redacted(run["config"]["api_key"]) and is_redacted(run["config"]["wandb"]["password"])
         assert run["config"]["optim"] == {"lr": 0.01} and run["config"]["hidden"] == 32  # hparams logged too
     for file in (requeued["root"] / "wandb").rglob("*"):
         if file.is_file():
@@ -285,10 +286,14 @@ def test_restoring_a_checkpoint_of_another_wandb_run_warns_with_both_ids(offline
 
 def test_hyperparameters_logged_later_are_redacted_too(offline: Path) -> None:
     logger = FieldWandbLogger(run_dir=offline / "run", config={"db": {"password": "pw-1"}}, offline=True)
-    logger.log_hyperparams({"model": {"auth_token": "t0k3n-value"}, "width": 8})
+    logger.log_hyperparams({"model": {"auth_token": "t0k3n-value", "tokenizer": "gpt2", "max_tokens": 128}, "width": 8})
     close_wandb()
     run = read_offline_run(offline_segments(offline / "run")[0])
-    assert run["config"] == {"db": {"password": "<redacted>"}, "model": {"auth_token": "<redacted>"}, "width": 8}
+    assert run["config"] == {
+        "db": {"password": redact("pw-1")},
+        "model": {"auth_token": redact("t0k3n-value"), "tokenizer": "gpt2", "max_tokens": 128},
+        "width": 8,
+    }
 
 
 def test_only_global_rank_zero_creates_the_identity(offline: Path, monkeypatch: pytest.MonkeyPatch) -> None:

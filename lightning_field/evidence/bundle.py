@@ -33,6 +33,7 @@ from lightning_field.evidence import compare, plots
 from lightning_field.evidence.identity import identity_differences, identity_of
 from lightning_field.evidence.protocol import EvidenceSettings, RunResult
 from lightning_field.state.provenance import stable_hash
+from lightning_field.state.secrets import scrub_secrets
 
 FORMAT = "lightning_field.evidence/1"
 RECOVERY_PHASES = {
@@ -200,6 +201,8 @@ def build_evidence(
     controls = [r for r in results if r.is_control]
     interrupted = [r for r in results if not r.is_control]
     conditions: list[Condition] = []
+    # The composed config holds secrets in full (a logger's API key); the bundle is shared and copied.
+    shared_config = scrub_secrets(config)
 
     done = [r.name for r in controls if _completed(r, settings.steps)]
     conditions.append(
@@ -376,8 +379,8 @@ def build_evidence(
             ),
         },
         "tested_configuration": {
-            "resolved": config,
-            "config_hash": stable_hash(config),
+            "resolved": shared_config,
+            "config_hash": stable_hash(shared_config),
             "identity": identity,
             "settings": asdict(settings),
             "manifests": [

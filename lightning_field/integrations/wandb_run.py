@@ -51,7 +51,7 @@ from lightning_field.core.manifest import MANIFEST_NAME, Manifest, ManifestError
 from lightning_field.profiling.straggler import PROFILE_RELPATH, StragglerMonitor
 from lightning_field.quality.ledger import BUCKETS, goodput_ledger
 from lightning_field.quality.time_to_quality import TimeToQuality, quality_summary
-from lightning_field.state.provenance import scrub_secrets
+from lightning_field.state.secrets import scrub_secrets
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +127,7 @@ def _write_identity(run_dir: Path, identity: Mapping[str, Any]) -> None:
 
 
 def scrub_config(config: Any) -> dict[str, Any]:
-    """The config as plain data with secrets redacted (``state.provenance.scrub_secrets``, the same rule
+    """The config as plain data with secrets redacted (``state.secrets.scrub_secrets``, the same rule
     the manifests use), so nothing secret reaches W&B, whose config is visible to everyone on the project."""
     if config is None:
         return {}

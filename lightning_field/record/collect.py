@@ -32,6 +32,7 @@ from lightning_field.record.identity import (
     identity_from_provenance,
     project_config,
 )
+from lightning_field.state.secrets import scrub_secrets
 
 PLAN_RELPATH = Path("field") / "plan.json"
 RECORD_JSON = "record.json"
@@ -177,7 +178,8 @@ def _hydra_config(run_dir: Path, keys: Sequence[str]) -> dict[str, Any] | None:
             projected[key] = OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
         except Exception:  # unresolvable here: compared as written, which names it if it differs
             projected[key] = OmegaConf.to_container(cfg[key], resolve=False) if OmegaConf.is_config(cfg[key]) else None
-    return projected
+    # A Hydra config holds secrets in full; the record gets them as the manifests do (project_config).
+    return scrub_secrets(projected)
 
 
 def _unknown_identity(projection: dict[str, Any] | None) -> dict[str, Any]:

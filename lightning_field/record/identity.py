@@ -15,16 +15,22 @@ from typing import Any
 
 from lightning_field.evidence.identity import IDENTITY_FIELDS, identity_differences, identity_of
 from lightning_field.state.provenance import diff_provenance, stable_hash
+from lightning_field.state.secrets import scrub_secrets
 
 CONFIG_HASH = "config.hash"
 GROUP_OF_FIELD = {name: name.split(".", 1)[0] for name, _ in IDENTITY_FIELDS}
 
 
 def project_config(resolved: Mapping[str, Any] | None, keys: Sequence[str]) -> dict[str, Any] | None:
-    """The sections of a resolved configuration that define the released workload (None: unknown)."""
+    """The sections of a resolved configuration that define the released workload (None: unknown).
+
+    Scrubbed with the manifests' secret filter: an evidence bundle or a Hydra config may hold a secret
+    in full, which must not reach the record, and a manifest's already scrubbed config then compares
+    equal to the same config scrubbed here (the filter is idempotent and its digests deterministic).
+    """
     if not isinstance(resolved, Mapping):
         return None
-    return {key: resolved.get(key) for key in keys}
+    return scrub_secrets({key: resolved.get(key) for key in keys})
 
 
 def comparable_identity(identity: Mapping[str, Any], projection: Mapping[str, Any] | None) -> dict[str, Any]:

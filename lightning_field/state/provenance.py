@@ -11,7 +11,6 @@ import json
 import os
 import platform
 import random
-import re
 import socket
 import subprocess
 import sys
@@ -24,23 +23,7 @@ import numpy as np
 import torch
 
 from lightning_field.state.rng import capture_rng_state, restore_rng_state
-
-_SECRET_KEY = re.compile(r"(api[_-]?key|token|secret|password|passwd|credential|auth|private[_-]?key)", re.IGNORECASE)
-_SECRET_VALUE = re.compile(r"^(sk-|ghp_|gho_|xox[bap]-|AKIA)[A-Za-z0-9_\-]{8,}|^[0-9a-f]{40}$")
-REDACTED = "<redacted>"
-
-
-def scrub_secrets(value: Any) -> Any:
-    """A copy of ``value`` with secret-looking keys and values redacted."""
-    if isinstance(value, Mapping):
-        return {str(k): (REDACTED if _SECRET_KEY.search(str(k)) else scrub_secrets(v)) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [scrub_secrets(v) for v in value]
-    if isinstance(value, str) and _SECRET_VALUE.match(value):
-        return REDACTED
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    return repr(value)
+from lightning_field.state.secrets import scrub_secrets
 
 
 def stable_hash(value: Any) -> str:
