@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -32,16 +33,71 @@ def test_verify_exits_one_for_a_directory_that_is_not_a_checkpoint(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert field_main(["ckpt", "verify", str(tmp_path)]) == 1
-    assert "NOT A CHECKPOINT" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert out.startswith("NOT A CHECKPOINT") and "without manifest.json" in out
 
 
-def test_list_shows_step_status_size_age_and_marks_last(ckpts: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_verify_tells_a_missing_path_a_checkpoints_folder_and_a_file_from_a_checkpoint_without_manifest(
+    ckpts: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert field_main(["ckpt", "verify", str(tmp_path / "nope")]) == 1
+    out = capsys.readouterr().out
+    assert out.startswith("DOES NOT EXIST") and "manifest" not in out
+    assert field_main(["ckpt", "verify", str(ckpts)]) == 1
+    out = capsys.readouterr().out
+    assert "is a folder of 2 checkpoint(s)" in out and f"field ckpt list {ckpts}" in out and "epoch=0-step=4" in out
+    assert field_main(["ckpt", "verify", str(ckpts / "epoch=0-step=4" / "manifest.json")]) == 1
+    assert f"field ckpt verify {ckpts / 'epoch=0-step=4'}" in capsys.readouterr().out
+    assert field_main(["ckpt", "verify", str(ckpts / "epoch=0-step=4" / "state.pt")]) == 1
+    assert "is a file" in capsys.readouterr().out
+
+
+def test_list_shows_step_status_size_age_and_marks_the_resume_pick(
+    ckpts: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert field_main(["ckpt", "list", str(ckpts), "--verify"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split() == ["name", "step", "status", "drill", "size", "age"]
     newest = lines[1].split()
-    assert newest[:4] == ["epoch=0-step=4", "4", "recoverable", "-"] and "LAST" in lines[1] and "resume" in lines[1]
-    assert lines[2].split()[:3] == ["epoch=0-step=2", "2", "recoverable"]
+    assert newest[:4] == ["epoch=0-step=4", "4", "recoverable", "-"] and lines[1].endswith("<- resume")
+    assert lines[2].split()[:3] == ["epoch=0-step=2", "2", "recoverable"] and "<-" not in lines[2]
+    assert "resumes from epoch=0-step=4" in lines[-1]
+
+
+def _corrupt(checkpoint: Path) -> None:
+    state = checkpoint / "state.pt"
+    data = bytearray(state.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    state.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("verify", [[], ["--verify"]])
+def test_list_marks_the_checkpoint_a_restart_resumes_not_the_newest_commit(
+    ckpts: Path, tmp_path: Path, verify: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = tmp_path / "ckpts"
+    shutil.copytree(ckpts, root)
+    _corrupt(root / "epoch=0-step=4")  # still the newest commit, and what LAST names
+    assert (root / "LAST").read_text().strip() == "epoch=0-step=4"
+    assert field_main(["ckpt", "list", str(root), *verify]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].startswith("epoch=0-step=4") and "<-" not in lines[1]
+    assert lines[2].startswith("epoch=0-step=2") and lines[2].endswith("<- resume")
+
+
+def test_list_says_plainly_when_nothing_is_recoverable(
+    ckpts: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = tmp_path / "ckpts"
+    shutil.copytree(ckpts, root)
+    for checkpoint in ("epoch=0-step=4", "epoch=0-step=2"):
+        _corrupt(root / checkpoint)
+    assert field_main(["ckpt", "list", str(root)]) == 0
+    out = capsys.readouterr().out
+    assert "<-" not in out and "NOTHING RECOVERABLE" in out and "starts from step 0" in out
+    (root.parent / "empty").mkdir()
+    assert field_main(["ckpt", "list", str(root.parent / "empty")]) == 0
+    assert "NOTHING RECOVERABLE: no committed checkpoints" in capsys.readouterr().out
 
 
 def test_inspect_prints_components_files_and_provenance(ckpts: Path, capsys: pytest.CaptureFixture[str]) -> None:

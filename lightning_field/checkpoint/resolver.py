@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from lightning_field.checkpoint.verify import verify_checkpoint
+from lightning_field.checkpoint.verify import VerifyReport, verify_checkpoint
 from lightning_field.core.fsio import atomic_write_bytes
 from lightning_field.core.manifest import MANIFEST_NAME, Manifest, ManifestError, is_checkpoint_dir, read_manifest
 from lightning_field.core.storage import Location, StorageOptions, as_location, basename, is_url, open_fs, to_url
@@ -76,13 +77,18 @@ def _newest_first(entries: list[CheckpointEntry]) -> list[CheckpointEntry]:
 
 
 def latest_recoverable(
-    dirpath: str | os.PathLike[str], storage_options: StorageOptions | None = None
+    dirpath: str | os.PathLike[str],
+    storage_options: StorageOptions | None = None,
+    reports: Mapping[Location, VerifyReport] | None = None,
 ) -> Location | None:
     """The newest checkpoint under ``dirpath`` that is recoverable and passes full verification.
 
     A newer checkpoint that fails verification is skipped with a warning naming the bad file, so a
     corrupt save costs only the progress since the previous one. So is one whose restore drill
     failed: it verifiably does not continue the run it came from.
+
+    ``reports``: verifications already made, by checkpoint path (``field ckpt list --verify`` has
+    hashed every file once; the pick must not hash them again, nor differ from what it showed).
     """
     for entry in committed_checkpoints(dirpath, storage_options):
         if entry.manifest is None:
@@ -99,7 +105,7 @@ def latest_recoverable(
                 entry.manifest.restore_drill.get("log"),
             )
             continue
-        report = verify_checkpoint(entry.path, storage_options=storage_options)
+        report = (reports or {}).get(entry.path) or verify_checkpoint(entry.path, storage_options=storage_options)
         if report.recoverable:
             tested = "restore-tested by a drill" if entry.manifest.restore_tested else "not restore-tested"
             log.info("Latest recoverable checkpoint: %s (step %d, %s)", entry.path, entry.manifest.step, tested)

@@ -9,10 +9,10 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from lightning_field.checkpoint.resolver import committed_checkpoints, latest_recoverable, read_last_pointer
-from lightning_field.checkpoint.verify import verify_checkpoint
-from lightning_field.core.manifest import Manifest, ManifestError, read_manifest
-from lightning_field.core.storage import StorageOptions, basename, is_url, open_fs
+from lightning_field.checkpoint.resolver import committed_checkpoints, latest_recoverable
+from lightning_field.checkpoint.verify import VerifyReport, verify_checkpoint
+from lightning_field.core.manifest import MANIFEST_NAME, Manifest, ManifestError, read_manifest
+from lightning_field.core.storage import Location, StorageOptions, as_location, basename, is_url, open_fs, parent
 
 _PROGRESS_MIN_BYTES = 64 << 20
 
@@ -84,12 +84,49 @@ def _storage_options(args: argparse.Namespace) -> StorageOptions | None:
         raise SystemExit(2) from None
 
 
+def _not_a_checkpoint(path: str, options: StorageOptions | None, problems: list[str]) -> str:
+    """Why ``path`` has no readable manifest, in the words that tell the user what to do next: a typo'd
+    path, the checkpoints folder given for one checkpoint, and a directory whose save never committed
+    are three different mistakes."""
+    location = as_location(path)
+    if isinstance(location, Path):
+        exists, is_dir = location.exists(), location.is_dir()
+        has_manifest = (location / MANIFEST_NAME).is_file()
+    else:
+        fs, prefix = open_fs(location, options)
+        exists, is_dir = bool(fs.exists(prefix)), bool(fs.isdir(prefix))
+        has_manifest = bool(fs.isfile(f"{prefix}/{MANIFEST_NAME}"))
+    if not exists:
+        return f"DOES NOT EXIST  {path}: no such file or directory (check the path)"
+    if not is_dir:
+        if basename(location) == MANIFEST_NAME:
+            return (
+                f"NOT A CHECKPOINT  {path} is its manifest; verify the directory: field ckpt verify {parent(location)}"
+            )
+        return f"NOT A CHECKPOINT  {path} is a file; a checkpoint is a directory holding {MANIFEST_NAME}"
+    if has_manifest:  # there, but unreadable: the reader's words say how
+        return f"NOT A CHECKPOINT  {path}: its manifest cannot be read\n  " + "\n  ".join(problems)
+    inside = committed_checkpoints(location, options)
+    if inside:
+        newest = basename(inside[0].path)
+        path = path.rstrip("/")
+        return (
+            f"NOT A CHECKPOINT  {path} is a folder of {len(inside)} checkpoint(s) (newest {newest}), not one"
+            f" checkpoint: see them with `field ckpt list {path}`, or verify one: field ckpt verify {path}/{newest}"
+        )
+    return (
+        f"NOT A CHECKPOINT  {path}: a directory without {MANIFEST_NAME} (an interrupted save that never"
+        " committed, or not a checkpoint directory)"
+    )
+
+
 def cmd_verify(args: argparse.Namespace) -> int:
+    options = _storage_options(args)
     report = verify_checkpoint(
-        args.path, progress=None if args.quiet else _Progress(sys.stderr), storage_options=_storage_options(args)
+        args.path, progress=None if args.quiet else _Progress(sys.stderr), storage_options=options
     )
     if report.manifest is None:
-        print(f"NOT A CHECKPOINT  {args.path}\n  " + "\n  ".join(report.problems))
+        print(_not_a_checkpoint(args.path, options, report.problems))
         return 1
     m = report.manifest
     if report.problems:
@@ -131,8 +168,13 @@ def cmd_list(args: argparse.Namespace) -> int:
         print(f"field ckpt list: {root} is not a directory or an existing prefix", file=sys.stderr)
         return 2
     entries = committed_checkpoints(root, options)
-    last = read_last_pointer(root)
-    resume = latest_recoverable(root, options) if args.verify else None
+    reports: dict[Location, VerifyReport] = {}
+    if args.verify:
+        reports = {e.path: verify_checkpoint(e.path, storage_options=options) for e in entries if e.manifest}
+    # The mark is the resolver's own pick, not the LAST pointer: LAST names the newest commit, which a
+    # restart skips when it is not recoverable, is corrupt or failed its restore drill. Without
+    # --verify the resolver still hashes the newest candidates until one is intact (usually one).
+    resume = latest_recoverable(root, options, reports)
     now = time.time()
     print(f"{'name':<36} {'step':>8} {'status':<16} {'drill':<6} {'size':>10} {'age':>7}")
     for entry in entries:
@@ -141,14 +183,12 @@ def cmd_list(args: argparse.Namespace) -> int:
             print(f"{basename(entry.path):<36} {'?':>8} {'unreadable':<16} {'':<6} {'':>10} {'':>7}  {entry.error}")
             continue
         if args.verify:
-            report = verify_checkpoint(entry.path, storage_options=options)
+            report = reports[entry.path]
             status = "recoverable" if report.recoverable else ("corrupt" if report.problems else "not recoverable")
         else:
             status = "recoverable*" if m.recoverable else f"{m.kind}, incomplete" if m.kind == "recovery" else m.kind
         name = basename(entry.path)
-        marks = (" <- LAST" if last and last.name == name else "") + (
-            " <- resume" if resume and basename(resume) == name else ""
-        )
+        marks = " <- resume" if resume is not None and entry.path == resume else ""
         size = sum(f.size for f in m.files.values())
         drill = _drill_mark(m)
         print(
@@ -159,8 +199,15 @@ def cmd_list(args: argparse.Namespace) -> int:
         print("* from the manifest, not verified; add --verify to hash every file")
     if entries:
         print("drill: 'tested' = a restore drill replayed the next step from it and matched the live run")
-    if not entries:
-        print(f"(no committed checkpoints in {root})")
+    if resume is not None:
+        print(f"resume: a restart with ckpt_path='last' resumes from {basename(resume)}")
+    elif entries:
+        print(
+            f"NOTHING RECOVERABLE in {root}: none of the {len(entries)} checkpoint(s) is recoverable and intact, so"
+            " a restart with ckpt_path='last' starts from step 0 (see `field ckpt verify PATH` for why)"
+        )
+    else:
+        print(f"NOTHING RECOVERABLE: no committed checkpoints in {root}; a restart starts from step 0")
     return 0
 
 

@@ -87,7 +87,7 @@ def read_manifest(checkpoint_dir: str | os.PathLike[str], storage_options: Stora
         else:
             fs, inner = open_fs(path, storage_options)
             raw = fs.cat_file(inner).decode()
-    except FileNotFoundError as err:
+    except (FileNotFoundError, NotADirectoryError) as err:  # NotADirectory: a file given as the checkpoint
         raise ManifestError(f"{path}: no manifest, so this is not a committed checkpoint") from err
     try:
         data = json.loads(raw)
