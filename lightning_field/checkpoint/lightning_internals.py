@@ -14,9 +14,11 @@ from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loops.loop import _Loop
 
 from lightning_field.core.storage import Location, as_location
 from lightning_field.state.data_position import needs_replay, replaying_sampler_state, stale_epoch_samplers
+from lightning_field.state.loaders import Adoption, adopt_loaders
 from lightning_field.state.rng import WorkerRngCapture
 
 _MARK = "_lightning_field"
@@ -91,29 +93,47 @@ def install_before_fetch(trainer: pl.Trainer, hook: Callable[[], None]) -> bool:
     return install_fetch_hook(trainer, "before", hook)
 
 
-def patch_train_loaders(trainer: pl.Trainer) -> Callable[[], None] | None:
-    """Give the train loaders resumable worker randomness (``WorkerRngCapture``) before first use.
+def patch_train_loaders(
+    trainer: pl.Trainer, on_adopted: Callable[[list[Adoption]], None]
+) -> Callable[[], None] | None:
+    """Make the train loaders resumable before their first use: plain DataLoaders are re-created as
+    StatefulDataLoaders (``adopt_loaders``) and loaders with workers get resumable worker randomness
+    (``WorkerRngCapture``). ``on_adopted`` hears what happened to each loader, every time the
+    loaders are handed out.
 
-    Workers start as soon as a loader is first iterated, before any callback hook, so the loader
-    is patched as the data source hands it out. Returns a function that undoes the patch of the
-    user's ``train_dataloader`` hook, if one was made.
+    Workers start as soon as a loader is first iterated, before any callback hook, and a loader
+    may be requested before the restore (``estimated_stepping_batches`` in
+    ``configure_optimizers``), so the loaders are replaced where the data source hands them out:
+    the module's or datamodule's ``train_dataloader`` hook is wrapped on the instance (inside
+    Lightning's request, so Lightning records the new loader's arguments and can re-create it
+    with a DistributedSampler as it does the user's), or the loaders given to ``fit`` are swapped.
+    Returns a function that undoes the patch.
     """
     source = trainer.fit_loop._data_source
     instance = getattr(source, "instance", None)
     if instance is None:
         return None
-    if hasattr(instance, "worker_init_fn"):
-        _patch_loader(instance)
-        return None
+
+    def adopted(loaders: Any) -> Any:
+        loaders, adoptions = adopt_loaders(loaders)
+        for loader in iter_loaders(loaders):
+            _patch_loader(loader)
+        on_adopted(adoptions)
+        return loaders
+
+    if not source.is_module():
+        source.instance = adopted(instance)
+
+        def restore_given() -> None:
+            source.instance = instance
+
+        return restore_given
     method = getattr(instance, source.name, None)
     if method is None or getattr(method, _MARK, False):
         return None
 
     def patched_train_dataloader() -> Any:
-        loaders = method()
-        for loader in iter_loaders(loaders):
-            _patch_loader(loader)
-        return loaders
+        return adopted(method())
 
     setattr(patched_train_dataloader, _MARK, True)
     setattr(instance, source.name, patched_train_dataloader)
@@ -145,14 +165,14 @@ def undo_epoch_end_double_count(trainer: pl.Trainer) -> None:
 
 
 def rebuild_resumed_iterator(
-    trainer: pl.Trainer, loader_states: list[Any], sampler_state: list[dict[str, Any]]
+    trainer: pl.Trainer, loader_states: list[Any], sampler_state: list[dict[str, Any]], force: bool = False
 ) -> None:
     """Rebuild the resumed train iterator so it continues the uninterrupted run's order.
 
     Lightning creates the resumed iterator before it calls ``set_epoch``, and a sampler wrapped by
     Lightning's ``DistributedSamplerWrapper`` is not restored by the loader at all. So the epoch is
     set, the saved epoch order is replayed, the loader's saved position applied again and the
-    iterator rebuilt.
+    iterator rebuilt. ``force`` rebuilds it even then: Lightning never applied the saved position.
     """
     fit_loop = trainer.fit_loop
     combined = fit_loop._combined_loader
@@ -160,7 +180,7 @@ def rebuild_resumed_iterator(
         return
     loaders = list(combined.flattened)
     stale = stale_epoch_samplers(loaders, trainer.current_epoch)
-    if not stale and not needs_replay(sampler_state):
+    if not stale and not needs_replay(sampler_state) and not force:
         return
     for sampler in stale:
         sampler.set_epoch(trainer.current_epoch)
@@ -183,3 +203,113 @@ def iter_loaders(loaders: Any) -> Iterable[Any]:
             yield from iter_loaders(value)
     else:
         yield loaders
+
+
+def training_results(trainer: pl.Trainer) -> dict[str, Any]:
+    """The training loop's ``_ResultCollection``: the running accumulators of every ``self.log``
+    made while training (Lightning saves none of them in a checkpoint)."""
+    return trainer.fit_loop.epoch_loop._results
+
+
+def result_reduction(accumulated: Any) -> str | None:
+    """How a logged value accumulates over the epoch (``"mean"``, ``"sum"``, ``"max"``, ``"min"``),
+    or None for a logged torchmetrics object (its states live in the object) and custom reductions."""
+    if not accumulated.is_tensor:
+        return None
+    meta = accumulated.meta
+    for name in ("mean", "sum", "max", "min"):
+        if getattr(meta, f"is_{name}_reduction"):
+            return name
+    return None
+
+
+def forget_computed(metric: Any) -> None:
+    """Drop a torchmetrics object's cached ``compute()`` result after its states were changed."""
+    metric._computed = None
+
+
+def metric_update_count(metric: Any) -> int:
+    """How many updates a torchmetrics object has seen (``compute`` warns when it is zero)."""
+    return int(metric._update_count)
+
+
+def set_metric_update_count(metric: Any, count: int) -> None:
+    metric._update_count = count
+    metric._computed = None
+
+
+def unapplied_loader_states(trainer: pl.Trainer) -> bool:
+    """Whether Lightning restored loader positions it never applied.
+
+    Lightning applies them only while building the train loader during the resume. A loader built
+    earlier (``estimated_stepping_batches`` in ``configure_optimizers`` builds it before the
+    checkpoint is restored) is not built again, and the saved position would be silently dropped.
+    """
+    return bool(trainer.fit_loop._combined_loader_states_to_load)
+
+
+def forget_loader_states(trainer: pl.Trainer) -> None:
+    trainer.fit_loop._combined_loader_states_to_load = []
+
+
+def let_resumed_epoch_step_schedulers(trainer: pl.Trainer) -> None:
+    """Let Lightning step the epoch-interval LR schedulers at the end of the first resumed epoch.
+
+    Lightning 2.6 keeps ``fit_loop.restarting`` set through the whole first epoch of a resume, and
+    ``on_advance_end`` skips every epoch-interval scheduler step (``ReduceLROnPlateau`` included)
+    while it is set; the uninterrupted run stepped them there. Called from ``on_train_epoch_end``,
+    which runs just before that check: nothing after it in the epoch reads the flag, and Lightning
+    clears it itself when the iteration ends.
+    """
+    fit_loop = trainer.fit_loop
+    if fit_loop.restarting:
+        # The base setter: the fit loop's own re-derives True for step-based runs (max_steps set).
+        _Loop.restarting.fset(fit_loop, False)
+
+
+def start_next_epoch_iterator(trainer: pl.Trainer) -> None:
+    """Build the train iterator of the epoch after a finished one, as the uninterrupted run does.
+
+    Resuming from a checkpoint saved after an epoch's last batch, Lightning 2.6 keeps the iterator
+    it built over the restored (exhausted) loader position for the next epoch: that epoch yields no
+    batch and training ends one epoch short. The epoch is set on the samplers first, as the fit loop
+    would before building it (a worker prefetches indices as soon as the iterator exists).
+    """
+    from lightning.fabric.utilities.data import _set_sampler_epoch
+
+    fit_loop = trainer.fit_loop
+    if fit_loop._combined_loader is None or fit_loop._data_fetcher is None:
+        return
+    for loader in fit_loop._combined_loader.flattened:
+        _set_sampler_epoch(loader, fit_loop.epoch_progress.current.processed)
+    iter(fit_loop._data_fetcher)
+
+
+def callback_metrics(trainer: pl.Trainer) -> dict[str, Any]:
+    """The metrics monitors read (``trainer.callback_metrics``), as host copies."""
+    return {k: v.detach().cpu().clone() for k, v in trainer.callback_metrics.items() if hasattr(v, "detach")}
+
+
+def step_plateau_schedulers_missed_at_epoch_end(trainer: pl.Trainer, saved_metrics: dict[str, Any]) -> None:
+    """Step the ``ReduceLROnPlateau`` schedulers the uninterrupted run stepped after the save.
+
+    A checkpoint saved at an epoch's end holds the plateau schedulers before their step: Lightning
+    steps them after every ``on_train_epoch_end`` hook, with that epoch's monitored value. Resuming
+    from such a checkpoint, Lightning goes on with the next epoch and the step never happens. The
+    monitored values are put back where Lightning's own step reads them, then that step is run
+    (other schedulers were stepped with the epoch's last batch, before the save).
+    """
+    trainer._logger_connector._callback_metrics.update(saved_metrics)
+    trainer.fit_loop.epoch_loop.update_lr_schedulers("epoch", update_plateau_schedulers=True)
+
+
+def hide_no_last_checkpoint_hint() -> None:
+    """Silence Lightning's hint for ``ckpt_path="last"`` with nothing to resume.
+
+    Its "HINT: Set ``ModelCheckpoint(..., save_last=True)``" is wrong for ManifestCheckpoint, which
+    resolves "last" by its manifests and has just said why there is nothing to resume. The filter is
+    for that one message only; Lightning prints it right after the resolver returns.
+    """
+    import warnings
+
+    warnings.filterwarnings("ignore", message=r".*ckpt_path=\"last\"\) is set, but there is no last checkpoint")

@@ -44,7 +44,9 @@ from lightning_field.core.events import EventLog
 from lightning_field.core.manifest import SHARED_STATE_FILE, Manifest, is_checkpoint_dir, rank_state_file, read_manifest
 from lightning_field.core.storage import Location, as_location, basename, fs_options, is_url, parent
 from lightning_field.state import provenance, reshard
-from lightning_field.state.data_position import capture_sampler_state, describe_restore
+from lightning_field.state.data_position import capture_sampler_state, describe_restore, restore_sampler_generators
+from lightning_field.state.epoch_metrics import LoggedValueMerge, capture_epoch_metrics, restore_torchmetrics
+from lightning_field.state.loaders import Adoption
 from lightning_field.state.rng import capture_rng_state, restore_rng_state
 
 log = logging.getLogger(__name__)
@@ -55,6 +57,14 @@ _SAVE_ERROR_POLICIES = ("stop", "warn")
 
 class ResumeMismatchError(RuntimeError):
     """The checkpoint was written by a run whose code, data, config or world size differ."""
+
+
+class NoRecoverableCheckpointError(RuntimeError):
+    """``ckpt_path="last"`` found committed checkpoints, but none that resumes exactly.
+
+    Training from step 0 instead would silently throw the run's work away, so it is refused; the
+    message lists every checkpoint with what it lacks, and the ways out.
+    """
 
 
 class ManifestCheckpoint(ModelCheckpoint):
@@ -86,6 +96,11 @@ class ManifestCheckpoint(ModelCheckpoint):
         on_save_error: what a failed background save does, once reported in the log, the
             ``checkpoint/save_failures`` metric and the event log: ``"stop"`` (raise
             :class:`CheckpointSaveError` on every rank) or ``"warn"`` (keep training).
+        resume_inexact: when ``ckpt_path="last"`` finds checkpoints but none is recoverable, resume
+            the newest one's weights, optimizer and loop state anyway instead of raising
+            :class:`NoRecoverableCheckpointError`. Every later manifest of the run then records
+            ``provenance.inexact_resume`` (the checkpoint and what it lacked): this continuation is
+            not exact, and no evidence may say it is.
     """
 
     FILE_EXTENSION = ""
@@ -105,6 +120,7 @@ class ManifestCheckpoint(ModelCheckpoint):
         upload_concurrency: int = DEFAULT_CONCURRENCY,
         async_save: bool = False,
         on_save_error: str = "stop",
+        resume_inexact: bool = False,
         **kwargs: Any,
     ) -> None:
         if on_save_error not in _SAVE_ERROR_POLICIES:
@@ -143,6 +159,11 @@ class ManifestCheckpoint(ModelCheckpoint):
         self._deferred_batch_end: tuple[Any, Any, int] | None = None
         self._loaded_loader_states: list[Any] | None = None
         self._loaded_sampler_state: list[dict[str, Any]] = []
+        self._loaded_epoch_metrics: dict[str, Any] | None = None
+        self._logged_value_merge: LoggedValueMerge | None = None
+        self._adoptions: list[Adoption] = []
+        self._told_adopted = False
+        self._told_unresumable = False
         self.async_save = async_save
         self.on_save_error = on_save_error
         self.save_failures = 0
@@ -152,6 +173,8 @@ class ManifestCheckpoint(ModelCheckpoint):
         self._pending: _PendingSave | None = None
         self._host_group: Any = None
         self._force_sync = False
+        self.resume_inexact = resume_inexact
+        self._inexact_resume: dict[str, Any] | None = None
 
     # ------------------------------------------------------------------ setup
     @override
@@ -185,7 +208,19 @@ class ManifestCheckpoint(ModelCheckpoint):
             self._events = EventLog(trainer.default_root_dir, world_size=trainer.world_size)
         if stage == "fit":
             self._prefetch_hook_installed = internals.install_before_fetch(trainer, self._before_train_fetch)
-            self._undo_loader_patch = internals.patch_train_loaders(trainer)
+            self._undo_loader_patch = internals.patch_train_loaders(trainer, self._note_adoptions)
+
+    def _note_adoptions(self, adoptions: list[Adoption]) -> None:
+        """What the train loaders became when Lightning asked for them (every time it asks)."""
+        self._adoptions = adoptions
+        adopted = [a for a in adoptions if a.adopted]
+        if adopted and not self._told_adopted:
+            self._told_adopted = True
+            rank_zero_info(
+                f"lightning_field: {len(adopted)} plain train DataLoader(s) re-created as torchdata"
+                " StatefulDataLoader (same dataset, sampler, collate_fn, workers and generator), so every"
+                " checkpoint holds the exact data position."
+            )
 
     def _run_config(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> Any:
         if self.config is not None:
@@ -266,18 +301,48 @@ class ManifestCheckpoint(ModelCheckpoint):
             # Logged like the RNG and position notes of the remap itself (a warnings filter must not hide it).
             for warning in reshard.order_warnings(loaders, old, new) if trainer.is_global_zero else []:
                 log.warning("Resharded resume from %s: %s", self._resharded_from["checkpoint"], warning)
-        resumed_at_epoch_end = trainer.fit_loop.restarted_on_epoch_end
+        # Saved at an epoch's end, Lightning either replays that end (then builds the next epoch's
+        # iterator itself) or goes straight on with the iterator it built over the finished position,
+        # which yields nothing: an epoch would be lost. Either way the next epoch draws its order,
+        # and its workers' seeds, from the generators as they were saved, so those come first.
+        restarted_at_epoch_end = trainer.fit_loop.restarted_on_epoch_end
+        resumed_after_epoch_end = trainer.fit_loop.resumed_on_epoch_end
         internals.undo_epoch_end_double_count(trainer)
         states, self._loaded_loader_states = self._loaded_loader_states, None
         samplers, self._loaded_sampler_state = self._loaded_sampler_state, []
-        internals.rebuild_resumed_iterator(trainer, states or [], samplers)
-        if resumed_at_epoch_end or not self._prefetch_hook_installed:
-            # At an epoch end the uninterrupted run still creates the next epoch's iterator (which
-            # draws from the generators) before fetching: restore now, ahead of that.
+        # A loader built before the restore (estimated_stepping_batches) never got Lightning's.
+        unapplied = internals.unapplied_loader_states(trainer)
+        internals.rebuild_resumed_iterator(trainer, states or [], samplers, force=unapplied)
+        if unapplied:
+            internals.forget_loader_states(trainer)
+        if samplers:
+            restore_sampler_generators(loaders, samplers)
+        saved_metrics = (self._loaded_epoch_metrics or {}).get("callback_metrics")
+        self._restore_epoch_metrics(trainer, pl_module, restarted_at_epoch_end or resumed_after_epoch_end)
+        if restarted_at_epoch_end or resumed_after_epoch_end or not self._prefetch_hook_installed:
             self._before_train_fetch()
             self._pending_rng = None
+        if resumed_after_epoch_end and states:
+            internals.start_next_epoch_iterator(trainer)
+        if resumed_after_epoch_end and saved_metrics:
+            internals.step_plateau_schedulers_missed_at_epoch_end(trainer, saved_metrics)
         if self._events is not None:
             self._events.emit("fit_start", step=trainer.global_step)
+
+    def _restore_epoch_metrics(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, resumed_at_epoch_end: bool
+    ) -> None:
+        saved, self._loaded_epoch_metrics = self._loaded_epoch_metrics, None
+        if not saved:
+            return
+        skip = saved.get("reset_at_epoch_end", []) if resumed_at_epoch_end else []
+        gone = restore_torchmetrics(pl_module, saved.get("torchmetrics", {}), skip)
+        if gone:
+            rank_zero_warn(f"Saved torchmetrics state for {gone} has no metric to go to in this module")
+        # A closed epoch's values were logged by the attempt that closed it: nothing to carry over.
+        mid_epoch = not resumed_at_epoch_end and trainer.fit_loop.epoch_loop.batch_progress.current.ready > 0
+        if mid_epoch and saved.get("logged"):
+            self._logged_value_merge = LoggedValueMerge(saved["logged"])
 
     def _before_train_fetch(self) -> None:
         # Restored before every fetch *attempt* until a batch actually arrives: a resumed epoch
@@ -298,6 +363,8 @@ class ManifestCheckpoint(ModelCheckpoint):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         self._count_batch(batch)
+        if self._logged_value_merge:
+            self._logged_value_merge.merge(trainer)
         self._check_background_save(trainer)
         # Host-side copy (~50 µs, no device sync): validation may follow this batch, and its loader
         # draws from the global generators before any validation hook runs.
@@ -318,6 +385,8 @@ class ManifestCheckpoint(ModelCheckpoint):
             super().on_train_batch_end(trainer, pl_module, *deferred)
             self._maybe_save_on_preemption(trainer)
         super().on_train_epoch_end(trainer, pl_module)
+        # After this epoch's save (which must hold the schedulers as they were before their step).
+        internals.let_resumed_epoch_step_schedulers(trainer)
 
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -648,11 +717,18 @@ class ManifestCheckpoint(ModelCheckpoint):
         if self.save_weights_only:
             missing.append("rng and data position (save_weights_only=True makes an export, not a recovery point)")
         elif not stateful:
-            kinds = sorted({type(dl).__name__ for dl in loaders}) or ["no train dataloader"]
-            missing.append(
-                f"data_position (rank {trainer.global_rank}: the train loader {', '.join(kinds)} has no state_dict;"
-                " use torchdata.stateful_dataloader.StatefulDataLoader)"
-            )
+            reasons = [f"{a.original}: {a.reason}" for a in self._adoptions if a.reason]
+            if not reasons:
+                kinds = sorted({type(dl).__name__ for dl in loaders}) or ["no train dataloader"]
+                reasons = [f"{', '.join(kinds)} has no state_dict; use torchdata's StatefulDataLoader"]
+            missing.append(f"data_position (rank {trainer.global_rank}: train loader {'; '.join(reasons)})")
+            if not self._told_unresumable:
+                self._told_unresumable = True
+                rank_zero_warn(
+                    "lightning_field: this checkpoint and every later one are NOT recoverable: the train"
+                    f" loader's position cannot be saved ({'; '.join(reasons)}). A resume would start the"
+                    " data order over. Fix the loader as said, or see `field ckpt inspect` for what is missing."
+                )
         epoch_loop = trainer.fit_loop.epoch_loop
         state = {
             "rank": trainer.global_rank,
@@ -668,6 +744,7 @@ class ManifestCheckpoint(ModelCheckpoint):
                 "sampler_state": capture_sampler_state(loaders),
                 "restore": [describe_restore(dl) for dl in loaders],
             },
+            "epoch_metrics": capture_epoch_metrics(trainer, trainer.lightning_module),
         }
         return state, missing
 
@@ -702,6 +779,7 @@ class ManifestCheckpoint(ModelCheckpoint):
                 "model": provenance.model_provenance(job.model_state),
                 "world_size": job.world_size,
                 **({"resharded_from": self._resharded_from} if self._resharded_from else {}),
+                **({"inexact_resume": self._inexact_resume} if self._inexact_resume else {}),
             },
         )
 
@@ -767,7 +845,25 @@ class ManifestCheckpoint(ModelCheckpoint):
                 f" ckpt_path=lightning_field.latest_recoverable({str(where)!r}, storage_options) instead."
             )
         found = latest_recoverable(where)
-        return {str(found)} if found is not None else set()
+        if found is not None:
+            return {str(found)}
+        entries = committed_checkpoints(where)
+        if not entries:
+            rank_zero_info(f"lightning_field: no committed checkpoint under {where} yet: training starts at step 0.")
+            internals.hide_no_last_checkpoint_hint()
+            return set()
+        resumable = [e for e in entries if e.manifest is not None and e.manifest.kind == "recovery"]
+        if self.resume_inexact and resumable:
+            chosen = resumable[0]
+            assert chosen.manifest is not None
+            self._inexact_resume = {"checkpoint": str(chosen.path), "missing": list(chosen.manifest.missing)}
+            rank_zero_warn(
+                f"lightning_field: resuming from {chosen.path}, which is NOT recoverable"
+                f" ({'; '.join(chosen.manifest.missing)}): weights, optimizer and loop state are restored, but"
+                " this continuation is not exact. Every later manifest records provenance.inexact_resume."
+            )
+            return {str(chosen.path)}
+        raise NoRecoverableCheckpointError(_no_recoverable_message(where, entries))
 
     # ------------------------------------------------------------------ resuming
     def _load_sharded(self, load: Callable[..., dict[str, Any]], path: Any, weights_only: bool | None) -> Any:
@@ -793,7 +889,8 @@ class ManifestCheckpoint(ModelCheckpoint):
 
     def _check_resume(self, manifest: Manifest, path: Location) -> None:
         """Called by the CheckpointIO before anything is unpickled."""
-        if not manifest.recoverable:
+        inexact = self._inexact_resume is not None and _identity(self._inexact_resume["checkpoint"]) == _identity(path)
+        if not manifest.recoverable and not inexact:
             raise ResumeMismatchError(
                 f"Checkpoint {path} is not recoverable, it lacks: {'; '.join(manifest.missing)}. Load its weights"
                 " with lightning_field.load_weights() instead of resuming from it."
@@ -854,6 +951,7 @@ class ManifestCheckpoint(ModelCheckpoint):
             self._loaded_sampler_state = position.get("sampler_state") or []
             self._samples_seen = int(position.get("samples_seen") or 0)
             self._tokens_seen = position.get("tokens_seen")
+            self._loaded_epoch_metrics = rank_state.get("epoch_metrics")
         if self._events is not None:
             self._events.emit(
                 "ckpt_load",
@@ -900,6 +998,27 @@ class _PendingSave:
     job: _SaveJob
     outcome: SaveOutcome | None = None
     removals: list[str] = field(default_factory=list)
+
+
+def _no_recoverable_message(where: Location, entries: Sequence[Any]) -> str:
+    lines = []
+    for entry in entries[:10]:
+        manifest = entry.manifest
+        if manifest is None:
+            why = f"unreadable manifest ({entry.error})"
+        elif manifest.kind != "recovery":
+            why = "a weights-only export"
+        else:
+            why = "; ".join(manifest.missing) or "failed verification"
+        lines.append(f"  {basename(entry.path)}: {why}")
+    more = f"\n  ... and {len(entries) - 10} more" if len(entries) > 10 else ""
+    return (
+        f'ckpt_path="last": {len(entries)} checkpoint(s) under {where}, none recoverable, so this run would'
+        " silently start over from step 0. Refusing.\n" + "\n".join(lines) + more + "\n"
+        "Ways out: fix what they lack and start a new run (these checkpoints stay as they are); or resume"
+        " their weights and optimizer anyway, knowing the continuation is not exact, with"
+        " ManifestCheckpoint(resume_inexact=True); or pass ckpt_path=None to start over on purpose."
+    )
 
 
 def _identity(location: str | os.PathLike[str]) -> str:

@@ -103,11 +103,16 @@ def replaying_sampler_state(loaders: list[Any], saved: list[dict[str, Any]]) -> 
     finally:
         for wrapper in patched:
             del wrapper.reset
-        for loader, state in zip(loaders, saved, strict=False):  # a loader added since the save has nothing to replay
-            generators = sampler_generators(loader)
-            for path, gen_state in state.get("generators", {}).items():
-                if path in generators:
-                    generators[path].set_state(gen_state)
+        restore_sampler_generators(loaders, saved)
+
+
+def restore_sampler_generators(loaders: Iterable[Any], saved: list[dict[str, Any]]) -> None:
+    """Put every sampler generator back to its saved state (a loader added since has none)."""
+    for loader, state in zip(loaders, saved, strict=False):
+        generators = sampler_generators(loader)
+        for path, gen_state in state.get("generators", {}).items():
+            if path in generators:
+                generators[path].set_state(gen_state)
 
 
 def stale_epoch_samplers(loaders: Iterable[Any], epoch: int) -> list[Any]:

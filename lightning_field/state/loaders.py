@@ -1,0 +1,127 @@
+"""Plain ``torch.utils.data.DataLoader`` objects made resumable without the user touching them.
+
+A plain DataLoader has no ``state_dict``: a checkpoint cannot say where in the epoch it stopped,
+so it can never be recoverable. Most existing code (Lightning's own ``BoringModel`` included) uses
+one. So the train loaders a run hands to Lightning are re-created as torchdata
+``StatefulDataLoader`` objects over the same dataset, sampler, collate function, workers,
+generator, pin-memory and persistent-worker settings, the way Lightning itself re-creates loaders
+to inject a ``DistributedSampler``.
+
+Only what can be restored exactly is adopted. A shuffling ``RandomSampler`` becomes torchdata's
+stateful ``RandomSampler`` (it saves its generator and position; torch's own draws a fresh seed
+from the global RNG at every epoch start, which a mid-epoch resume cannot replay). A sequential
+sampler, a sampler with its own ``state_dict`` and an iterable dataset are kept as they are:
+StatefulDataLoader restores or replays them. Anything else (a DataLoader subclass with its own
+constructor, a custom sampler or batch sampler without ``state_dict``) is left alone, with the
+reason, so the checkpoint stays honestly not recoverable and the user is told why and how to fix it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, SequentialSampler
+from torch.utils.data.distributed import DistributedSampler
+from torchdata.stateful_dataloader import StatefulDataLoader
+from torchdata.stateful_dataloader.sampler import RandomSampler as StatefulRandomSampler
+
+_FIX = "build it as torchdata.stateful_dataloader.StatefulDataLoader"
+
+
+@dataclass(frozen=True)
+class Adoption:
+    """What happened to one train loader: adopted, already stateful, or left alone and why."""
+
+    loader: Any  # the loader training will use
+    original: str  # the type the user built, by name
+    adopted: bool
+    reason: str | None = None  # why it was left alone (None when it is resumable)
+
+    @property
+    def resumable(self) -> bool:
+        return self.reason is None
+
+
+def adopt_loader(loader: Any) -> Adoption:
+    """Return ``loader`` as a resumable StatefulDataLoader where that is exact, else why not."""
+    name = type(loader).__name__
+    if callable(getattr(loader, "state_dict", None)):
+        return Adoption(loader, name, adopted=False)
+    if type(loader) is not DataLoader:
+        return Adoption(loader, name, False, f"{name} is not a plain DataLoader and has no state_dict; {_FIX}")
+    kwargs = _shared_settings(loader)
+    if isinstance(loader.dataset, IterableDataset):
+        kwargs.update(batch_size=loader.batch_size, drop_last=loader.drop_last)
+    else:
+        batch_sampler = loader.batch_sampler
+        if batch_sampler is not None and type(batch_sampler) is not BatchSampler:
+            if not callable(getattr(batch_sampler, "state_dict", None)):
+                kind = type(batch_sampler).__name__
+                return Adoption(loader, name, False, f"its batch sampler {kind} has no state_dict, so its position"
+                                f" cannot be restored; give {kind} state_dict/load_state_dict")  # fmt: skip
+            kwargs["batch_sampler"] = batch_sampler
+        else:
+            sampler = batch_sampler.sampler if batch_sampler is not None else loader.sampler
+            resumable, reason = _resumable_sampler(sampler)
+            if reason is not None:
+                return Adoption(loader, name, False, reason)
+            kwargs.update(sampler=resumable, batch_size=loader.batch_size, drop_last=loader.drop_last)
+    return Adoption(StatefulDataLoader(loader.dataset, **kwargs), name, adopted=True)
+
+
+def _shared_settings(loader: DataLoader) -> dict[str, Any]:
+    settings: dict[str, Any] = {
+        "num_workers": loader.num_workers,
+        "collate_fn": loader.collate_fn,
+        "pin_memory": loader.pin_memory,
+        "timeout": loader.timeout,
+        "worker_init_fn": loader.worker_init_fn,
+        "multiprocessing_context": loader.multiprocessing_context,
+        "generator": loader.generator,
+        "persistent_workers": loader.persistent_workers,
+        "pin_memory_device": loader.pin_memory_device,
+    }
+    if loader.num_workers > 0:
+        settings["prefetch_factor"] = loader.prefetch_factor
+    if hasattr(loader, "in_order"):  # torch >= 2.6
+        settings["in_order"] = loader.in_order
+    return settings
+
+
+def _resumable_sampler(sampler: Any) -> tuple[Any, str | None]:
+    if type(sampler) is RandomSampler:
+        # Same data source, replacement and length, and the same generator when the user gave one.
+        stateful = StatefulRandomSampler(
+            sampler.data_source, sampler.replacement, sampler._num_samples, sampler.generator
+        )
+        return stateful, None
+    if isinstance(sampler, (SequentialSampler, DistributedSampler)) or callable(getattr(sampler, "state_dict", None)):
+        # Deterministic for its epoch (or restoring itself): the loader fast-forwards it exactly.
+        return sampler, None
+    kind = type(sampler).__name__
+    return sampler, f"its sampler {kind} has no state_dict, so its order cannot be restored; give {kind} state_dict"
+
+
+def adopt_loaders(loaders: Any) -> tuple[Any, list[Adoption]]:
+    """``adopt_loader`` over what a ``train_dataloader`` hook may return: a loader, a list, tuple or
+    dict of them, or a ``CombinedLoader`` (whose ``flattened`` loaders are replaced in place)."""
+    adoptions: list[Adoption] = []
+
+    def walk(obj: Any) -> Any:
+        flattened = getattr(obj, "flattened", None)
+        if flattened is not None and hasattr(type(obj), "flattened"):
+            obj.flattened = [walk(item) for item in flattened]
+            return obj
+        if isinstance(obj, Mapping):
+            return type(obj)({key: walk(value) for key, value in obj.items()})
+        if isinstance(obj, (list, tuple)):
+            return type(obj)(walk(value) for value in obj)
+        if isinstance(obj, DataLoader) or hasattr(obj, "__iter__"):
+            adoption = adopt_loader(obj)
+            adoptions.append(adoption)
+            return adoption.loader
+        return obj
+
+    return walk(loaders), adoptions

@@ -1,0 +1,167 @@
+"""The conformance protocol: an uninterrupted run, the same run SIGKILLed, then resumed with
+``ckpt_path="last"``, compared bit for bit (weights, optimizers, LR schedulers, callback state and
+the logged epoch metrics of every epoch the resumed attempt closed).
+
+Single-process configurations are forked from the already-initialised test interpreter (a run
+costs its training, not Lightning's import); multi-rank ones start ``jobs/conformance_job.py``
+through Lightning's DDP launcher, as a user's script would.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+TESTS_DIR = Path(__file__).parent
+JOB = TESTS_DIR / "jobs" / "conformance_job.py"
+sys.path.insert(0, str(JOB.parent))
+
+import conformance_job  # noqa: E402  (tests/jobs is not a package)
+
+CONFIGS = conformance_job.CONFIGS
+
+
+@dataclass
+class Outcome:
+    """How one checkpoint callback fared on one configuration."""
+
+    name: str
+    checkpoint: str  # "field" or "plain"
+    killed_rc: int | None = None
+    resumed_from_step: int | None = None
+    differences: list[str] = field(default_factory=list)
+    error: str | None = None
+    log: str = ""
+
+    @property
+    def exact(self) -> bool:
+        return self.error is None and not self.differences and bool(self.resumed_from_step)
+
+    def summary(self) -> str:
+        if self.error:
+            return f"error: {self.error.splitlines()[-1][:160]}"
+        if not self.resumed_from_step:
+            return "started over from step 0"
+        if self.differences:
+            return f"diverged after resuming at step {self.resumed_from_step}: {self.differences[0]}"
+        return f"exact (resumed at step {self.resumed_from_step})"
+
+
+def _forked(name: str, root: Path, out: Path, checkpoint: str, kill: bool, resume: bool) -> tuple[int, str]:
+    log = root.parent / f"{root.name}-{'kill' if kill else 'resume' if resume else 'run'}.log"
+
+    def child() -> None:
+        import os
+
+        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        try:
+            conformance_job.run(name, str(root), str(out), checkpoint, kill, resume)
+        except BaseException:
+            import traceback
+
+            traceback.print_exc()
+            sys.stderr.flush()
+            os._exit(1)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+
+    process = multiprocessing.get_context("fork").Process(target=child)
+    process.start()
+    process.join(180)
+    if process.is_alive():
+        process.kill()
+        process.join()
+        return -999, log.read_text()
+    return process.exitcode or 0, log.read_text() if log.exists() else ""
+
+
+def _launched(name: str, root: Path, out: Path, checkpoint: str, kill: bool, resume: bool) -> tuple[int, str]:
+    from conftest import run_child
+
+    args = [JOB, name, "--root", root, "--out", out, "--checkpoint", checkpoint]
+    args += ["--kill"] if kill else []
+    args += ["--resume"] if resume else []
+    result = run_child(args, timeout=180)
+    return result.returncode, result.stdout
+
+
+def run_protocol(name: str, checkpoint: str, tmp: Path) -> Outcome:
+    """Reference, killed, resumed; the outcome names the first difference from the reference."""
+    config = CONFIGS[name]
+    go = _launched if config.devices > 1 else _forked
+    outcome = Outcome(name, checkpoint)
+    reference, resumed = tmp / f"{checkpoint}-reference.pt", tmp / f"{checkpoint}-resumed.pt"
+    rc, log = go(name, tmp / f"{checkpoint}-reference", reference, checkpoint, kill=False, resume=False)
+    if rc != 0:
+        outcome.error, outcome.log = f"reference run exited {rc}: {_tail(log)}", log
+        return outcome
+    root = tmp / f"{checkpoint}-interrupted"
+    outcome.killed_rc, log = go(name, root, tmp / "unused.pt", checkpoint, kill=True, resume=False)
+    if outcome.killed_rc != -9:
+        outcome.error, outcome.log = f"interrupted run exited {outcome.killed_rc}, not -9: {_tail(log)}", log
+        return outcome
+    rc, log = go(name, root, resumed, checkpoint, kill=False, resume=True)
+    outcome.log = log
+    if rc != 0:
+        outcome.error = f"resumed run exited {rc}: {_tail(log)}"
+        return outcome
+    expected, got = torch.load(reference, weights_only=False), torch.load(resumed, weights_only=False)
+    outcome.resumed_from_step = got["start_step"]
+    outcome.differences = compare(expected, got)
+    return outcome
+
+
+def compare(expected: dict[str, Any], got: dict[str, Any]) -> list[str]:
+    """Every difference between a reference and a resumed run, most telling first."""
+    found: list[str] = []
+    for key in ("step", "epoch"):
+        if expected[key] != got[key]:
+            found.append(f"{key}: {got[key]} != {expected[key]} (reference)")
+    for key in ("state_dict", "optimizers", "schedulers", "callbacks"):
+        found += _differences(expected[key], got[key], key)
+    for epoch, metrics in sorted(got["epoch_metrics"].items()):
+        reference = expected["epoch_metrics"].get(epoch)
+        if reference is None:
+            found.append(f"epoch_metrics[{epoch}]: the reference closed no such epoch")
+            continue
+        for metric in sorted(set(metrics) | set(reference)):
+            a, b = reference.get(metric), metrics.get(metric)
+            if a != b:
+                found.append(f"epoch_metrics[{epoch}].{metric}: {b} != {a} (reference)")
+    return found
+
+
+def _differences(a: Any, b: Any, path: str) -> list[str]:
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        same = (
+            isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape and a.dtype == b.dtype
+            and torch.equal(a, b)
+        )
+        if same:
+            return []
+        if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape:
+            return [f"{path}: max |Δ| = {(a.double() - b.double()).abs().max().item():.3g}"]
+        return [f"{path}: {b!r} != {a!r}"]
+    if isinstance(a, dict) and isinstance(b, dict):
+        if a.keys() != b.keys():
+            return [f"{path}: keys {sorted(map(str, b))} != {sorted(map(str, a))}"]
+        return [d for k in a for d in _differences(a[k], b[k], f"{path}.{k}")]
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        if len(a) != len(b):
+            return [f"{path}: length {len(b)} != {len(a)}"]
+        return [d for i, (x, y) in enumerate(zip(a, b, strict=True)) for d in _differences(x, y, f"{path}[{i}]")]
+    if a != b and not (isinstance(a, float) and isinstance(b, float) and a != a and b != b):  # NaN == NaN here
+        return [f"{path}: {b!r} != {a!r}"]
+    return []
+
+
+def _tail(log: str, lines: int = 12) -> str:
+    return "\n".join(log.strip().splitlines()[-lines:])

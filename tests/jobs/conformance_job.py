@@ -1,0 +1,461 @@
+"""Ordinary Lightning training code, as users write it, for the exact-resume conformance suite.
+
+Each configuration is a LightningModule, its data and Trainer settings of the kind people already
+have: a plain ``torch.utils.data.DataLoader``, ``OneCycleLR`` sized by
+``estimated_stepping_batches``, ``ReduceLROnPlateau``, epoch-level logged metrics and torchmetrics,
+gradient accumulation, common callbacks. Nothing here knows about lightning_field except the one
+line a user adds: the checkpoint callback (``ManifestCheckpoint``, or Lightning's own
+``ModelCheckpoint`` as the control).
+
+A run is either uninterrupted, killed with SIGKILL at the start of a chosen step (after the save
+before it committed), or resumed with ``ckpt_path="last"``. It writes what the comparison needs:
+weights, optimizer and LR-scheduler state, callback state, the logged epoch metrics, and the step
+it started from. Single-process runs are forked from the test (``run``); multi-rank runs are this
+file as a script, launched by Lightning's own DDP launcher.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+import torchmetrics
+from lightning.pytorch.callbacks import (
+    Callback,
+    EarlyStopping,
+    LearningRateMonitor,
+    ModelCheckpoint,
+    StochasticWeightAveraging,
+)
+from lightning.pytorch.demos.boring_classes import BoringModel
+from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.utilities import CombinedLoader
+from torch import nn
+from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+SAMPLES = 64
+BATCH = 8
+
+
+# ---------------------------------------------------------------------------------------- data
+def classification_tensors(n: int = SAMPLES, seed: int = 0) -> TensorDataset:
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 6, generator=gen)
+    y = (x[:, 0] + x[:, 1] > 0).long() + (x[:, 2] > 1).long()
+    return TensorDataset(x, y)
+
+
+class JitteredDataset(Dataset):
+    """Draws torch randomness per sample (an augmentation), in whichever process loads it."""
+
+    def __init__(self, base: TensorDataset) -> None:
+        self.base = base
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = self.base[i]
+        return x + 0.05 * torch.randn(x.shape), y
+
+
+class StreamDataset(IterableDataset):
+    """A stream of samples with no state of its own (a loader can only replay it)."""
+
+    def __init__(self, base: TensorDataset) -> None:
+        self.base = base
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        info = torch.utils.data.get_worker_info()
+        start, step = (info.id, info.num_workers) if info is not None else (0, 1)
+        for i in range(start, len(self.base), step):
+            yield self.base[i]
+
+
+class ResumableStreamDataset(StreamDataset):
+    """A stream that knows its own position (``state_dict``/``load_state_dict``), per process."""
+
+    def __init__(self, base: TensorDataset) -> None:
+        super().__init__(base)
+        self.position = 0
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        while self.position < len(self.base):
+            item = self.base[self.position]
+            self.position += 1
+            yield item
+        self.position = 0
+
+    def state_dict(self) -> dict[str, int]:
+        return {"position": self.position}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.position = int(state["position"])
+
+
+def make_loader(dataset: Dataset, kind: str, workers: int, shuffle: bool = True) -> DataLoader:
+    cls = StatefulDataLoader if kind == "stateful" else DataLoader
+    shuffle = shuffle and not isinstance(dataset, IterableDataset)
+    return cls(dataset, batch_size=BATCH, shuffle=shuffle, num_workers=workers, persistent_workers=workers > 0)
+
+
+class UserData(pl.LightningDataModule):
+    """A DataModule whose loaders are built in ``setup`` (not in the hooks) when ``build_in_setup``."""
+
+    def __init__(self, loader: str = "plain", workers: int = 0, dataset: str = "tensor", build_in_setup: bool = False,
+                 combined: bool = False) -> None:
+        super().__init__()
+        self.loader, self.workers, self.dataset_kind = loader, workers, dataset
+        self.build_in_setup, self.combined = build_in_setup, combined
+
+    def _train_set(self) -> Dataset:
+        base = classification_tensors()
+        return {"tensor": base, "jitter": JitteredDataset(base), "stream": StreamDataset(base),
+                "resumable_stream": ResumableStreamDataset(base)}[self.dataset_kind]
+
+    def setup(self, stage: str) -> None:
+        self.val_set = classification_tensors(32, seed=1)
+        if self.build_in_setup:
+            self._train = make_loader(self._train_set(), self.loader, self.workers)
+
+    def train_dataloader(self) -> Any:
+        if self.build_in_setup:
+            return self._train
+        if self.combined:
+            second = classification_tensors(40, seed=2)
+            return CombinedLoader(
+                {"a": make_loader(self._train_set(), self.loader, self.workers),
+                 "b": make_loader(second, self.loader, self.workers)}, mode="max_size_cycle",
+            )
+        return make_loader(self._train_set(), self.loader, self.workers)
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(self.val_set, batch_size=16)
+
+
+# ---------------------------------------------------------------------------------------- models
+class UserClassifier(pl.LightningModule):
+    """A user's classifier: dropout, epoch-level logging, a torchmetrics Accuracy, a scheduler."""
+
+    def __init__(self, width: int = 16, learning_rate: float = 0.05, scheduler: str = "none",
+                 optimizer: str = "sgd") -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.body = nn.Sequential(nn.Linear(6, width), nn.ReLU(), nn.Dropout(0.25), nn.Linear(width, 3))
+        self.train_accuracy = torchmetrics.Accuracy(task="multiclass", num_classes=3)
+        self.val_accuracy = torchmetrics.Accuracy(task="multiclass", num_classes=3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x)
+
+    def _unpack(self, batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        if isinstance(batch, dict):  # a CombinedLoader of named loaders
+            xs, ys = zip(*batch.values(), strict=True)
+            return torch.cat(xs), torch.cat(ys)
+        return batch[0], batch[1]
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = self._unpack(batch)
+        logits = self(x)
+        loss = nn.functional.cross_entropy(logits, y)
+        self.train_accuracy(logits, y)
+        self.log("train_loss", loss, on_step=True, on_epoch=True)
+        self.log("train_acc", self.train_accuracy, on_step=False, on_epoch=True)
+        return loss
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        x, y = batch
+        logits = self(x)
+        self.val_accuracy(logits, y)
+        self.log("val_loss", nn.functional.cross_entropy(logits, y))
+        self.log("val_acc", self.val_accuracy)
+
+    def configure_optimizers(self) -> Any:
+        lr = self.hparams.learning_rate
+        params = self.parameters()
+        optimizer = torch.optim.AdamW(params, lr=lr) if self.hparams.optimizer == "adamw" else torch.optim.SGD(
+            params, lr=lr, momentum=0.9
+        )
+        kind = self.hparams.scheduler
+        if kind == "none":
+            return optimizer
+        if kind == "onecycle":
+            total = self.trainer.estimated_stepping_batches
+            scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=lr, total_steps=int(total))
+            return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+        if kind == "step_epoch":
+            return [optimizer], [torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.7)]
+        if kind == "step_step":
+            scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.8)
+            return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+        if kind == "plateau":
+            # mode="max" on a loss: every epoch counts as no improvement, so the LR is cut on a schedule.
+            scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, mode="max", patience=0, factor=0.5)
+            return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "monitor": "train_loss_epoch"}}
+        raise ValueError(kind)
+
+
+class TwoOptimizerClassifier(UserClassifier):
+    """Manual optimization with two optimizers (a GAN-style alternation)."""
+
+    def __init__(self, width: int = 16) -> None:
+        super().__init__(width=width)
+        self.automatic_optimization = False
+
+    def training_step(self, batch: Any, batch_idx: int) -> None:
+        x, y = self._unpack(batch)
+        first, second = self.optimizers()
+        for optimizer, layer in ((first, 0), (second, 3)):
+            loss = nn.functional.cross_entropy(self(x), y) + 0.01 * self.body[layer].weight.square().sum()
+            optimizer.zero_grad()
+            self.manual_backward(loss)
+            optimizer.step()
+        self.log("train_loss", loss, on_step=True, on_epoch=True)
+
+    def configure_optimizers(self) -> Any:
+        head = list(self.body[3].parameters())
+        body = list(self.body[0].parameters())
+        return torch.optim.SGD(body, lr=0.05, momentum=0.9), torch.optim.Adam(head, lr=0.01)
+
+
+class UserEma(Callback):
+    """A user's own EMA of the weights, with its state in the checkpoint (``state_dict``)."""
+
+    def __init__(self, decay: float = 0.9) -> None:
+        self.decay = decay
+        self.shadow: dict[str, torch.Tensor] = {}
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any) -> None:
+        for name, value in pl_module.state_dict().items():
+            if name.startswith("body"):
+                old = self.shadow.get(name, value)
+                self.shadow[name] = self.decay * old + (1 - self.decay) * value.detach()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"shadow": dict(self.shadow)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.shadow = dict(state["shadow"])
+
+
+# ---------------------------------------------------------------------------------------- configurations
+@dataclass(frozen=True)
+class Config:
+    """One ordinary training setup and where it is interrupted."""
+
+    kill_at: int  # SIGKILL at the start of this step: the last save before it is what resumes
+    max_steps: int = -1
+    max_epochs: int | None = None
+    loader: str = "plain"
+    workers: int = 0
+    dataset: str = "tensor"
+    model: str = "classifier"  # or "boring", "two_optimizers"
+    scheduler: str = "none"
+    optimizer: str = "sgd"
+    every_n_train_steps: int | None = 4
+    every_n_epochs: int | None = None
+    devices: int = 1
+    trainer: dict[str, Any] = field(default_factory=dict)
+    callbacks: tuple[str, ...] = ()
+    build_in_setup: bool = False
+    combined: bool = False
+    validate: bool = False
+    what: str = ""
+
+
+_EPOCH = SAMPLES // BATCH  # 8 batches per epoch on one device
+
+CONFIGS: dict[str, Config] = {
+    # --- loaders (item 1): plain DataLoader and StatefulDataLoader, 0 and 2 workers
+    "plain-loader": Config(kill_at=6, max_steps=20, what="plain DataLoader, shuffled, mid-epoch kill"),
+    "plain-loader-2-workers": Config(kill_at=6, max_steps=20, workers=2, dataset="jitter",
+                                     what="plain DataLoader, 2 workers drawing torch randomness"),
+    "stateful-loader": Config(kill_at=6, max_steps=20, loader="stateful", what="StatefulDataLoader, mid-epoch kill"),
+    "stateful-loader-2-workers": Config(kill_at=6, max_steps=20, loader="stateful", workers=2, dataset="jitter",
+                                        what="StatefulDataLoader, 2 workers"),
+    "boring-model": Config(kill_at=6, max_steps=20, model="boring", what="Lightning's BoringModel as it is"),
+    # --- epoch boundaries (item 3)
+    "every-n-epochs": Config(kill_at=2 * _EPOCH + 3, max_epochs=4, every_n_train_steps=None, every_n_epochs=1,
+                             what="every_n_epochs=1, killed in epoch 2"),
+    "step-save-on-last-batch": Config(kill_at=_EPOCH + 1, max_steps=3 * _EPOCH, every_n_train_steps=_EPOCH,
+                                      what="step checkpoint on an epoch's last batch"),
+    "check-val-every-2-epochs": Config(kill_at=2 * _EPOCH + 2, max_epochs=4, every_n_train_steps=None,
+                                       every_n_epochs=1, validate=True, trainer={"check_val_every_n_epoch": 2},
+                                       what="check_val_every_n_epoch=2, epoch checkpoints"),
+    "max-epochs": Config(kill_at=_EPOCH + 5, max_epochs=3, what="max_epochs run, step checkpoints"),
+    # --- loaders built early (item 4)
+    "onecycle-estimated-steps": Config(kill_at=6, max_steps=20, scheduler="onecycle",
+                                       what="OneCycleLR(total_steps=estimated_stepping_batches)"),
+    "loader-built-in-setup": Config(kill_at=6, max_steps=20, build_in_setup=True, what="train loader built in setup()"),
+    # --- schedulers (item 5)
+    "steplr-per-epoch": Config(kill_at=_EPOCH + 3, max_epochs=3, scheduler="step_epoch", what="StepLR, epoch interval"),
+    "plateau": Config(kill_at=_EPOCH + 3, max_epochs=4, scheduler="plateau",
+                      what="ReduceLROnPlateau(mode='max') on an epoch metric"),
+    "accumulate-clip-steplr": Config(kill_at=5, max_steps=8, scheduler="step_step", every_n_train_steps=2,
+                                     trainer={"accumulate_grad_batches": 3, "gradient_clip_val": 0.5},
+                                     what="accumulate_grad_batches=3, gradient_clip_val, step StepLR"),
+    # --- metrics (item 6)
+    "epoch-metrics-mid-epoch": Config(kill_at=_EPOCH + 3, max_epochs=3, every_n_train_steps=2,
+                                      what="on_epoch logging and a torchmetrics Accuracy, mid-epoch kill"),
+    # --- the usual Trainer settings and callbacks (item 7)
+    "val-check-interval-half": Config(kill_at=_EPOCH + 3, max_epochs=3, validate=True,
+                                      trainer={"val_check_interval": 0.5}, what="val_check_interval=0.5"),
+    "limit-train-batches": Config(kill_at=6, max_epochs=4, trainer={"limit_train_batches": 0.5},
+                                  every_n_train_steps=2, what="limit_train_batches=0.5"),
+    "manual-two-optimizers": Config(kill_at=6, max_steps=20, model="two_optimizers",
+                                    what="manual optimization, two optimizers"),
+    "early-stopping-lr-monitor": Config(kill_at=_EPOCH + 3, max_epochs=4, validate=True, scheduler="step_epoch",
+                                        callbacks=("early_stopping", "lr_monitor"),
+                                        what="EarlyStopping and LearningRateMonitor"),
+    "swa": Config(kill_at=2 * _EPOCH + 3, max_epochs=4, callbacks=("swa",), what="StochasticWeightAveraging"),
+    "user-ema-callback": Config(kill_at=6, max_steps=20, callbacks=("ema",), what="a user's EMA callback"),
+    "bf16-mixed": Config(kill_at=6, max_steps=20, trainer={"precision": "bf16-mixed"}, what="bf16 mixed precision"),
+    "combined-loader": Config(kill_at=6, max_steps=20, combined=True, what="two train loaders in a CombinedLoader"),
+    "iterable-dataset": Config(kill_at=6, max_steps=20, dataset="stream", loader="stateful",
+                               what="IterableDataset without state (replayed)"),
+    "iterable-dataset-with-state": Config(kill_at=6, max_steps=20, dataset="resumable_stream", loader="stateful",
+                                          what="IterableDataset with its own state_dict"),
+    # --- two ranks (gloo, Lightning's DDP launcher)
+    "ddp-plain-loader": Config(kill_at=3, max_steps=10, devices=2, what="2-rank DDP, plain DataLoader"),
+    "ddp-stateful-loader-2-workers": Config(kill_at=3, max_steps=10, devices=2, loader="stateful", workers=2,
+                                            dataset="jitter", what="2-rank DDP, StatefulDataLoader, 2 workers"),
+    "ddp-every-n-epochs": Config(kill_at=_EPOCH // 2 + 1, max_epochs=3, devices=2, every_n_train_steps=None,
+                                 every_n_epochs=1, what="2-rank DDP, every_n_epochs=1"),
+}
+
+
+# ---------------------------------------------------------------------------------------- the run
+class KillAtStep(Callback):
+    """SIGKILL this process at the start of ``step`` (the saves of earlier steps are done)."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_start(self, trainer: pl.Trainer, *args: Any) -> None:
+        if trainer.global_step == self.step:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+class RecordRun(Callback):
+    """The step a run started from, and every epoch's logged metrics as the epoch closed."""
+
+    def __init__(self) -> None:
+        self.start_step: int | None = None
+        self.epoch_metrics: dict[int, dict[str, float]] = {}
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.start_step = trainer.global_step
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if not k.endswith("_step")}
+        self.epoch_metrics[trainer.current_epoch] = metrics
+
+
+def _callbacks(names: tuple[str, ...]) -> list[Callback]:
+    made: dict[str, Callable[[], Callback]] = {
+        "early_stopping": lambda: EarlyStopping(monitor="val_loss", patience=1, min_delta=10.0),
+        "lr_monitor": lambda: LearningRateMonitor(logging_interval="step"),
+        "swa": lambda: StochasticWeightAveraging(swa_lrs=0.01, swa_epoch_start=2, annealing_epochs=1),
+        "ema": lambda: UserEma(),
+    }
+    return [made[name]() for name in names]
+
+
+def _model(config: Config) -> pl.LightningModule:
+    if config.model == "boring":
+        return BoringModel()
+    if config.model == "two_optimizers":
+        return TwoOptimizerClassifier()
+    return UserClassifier(scheduler=config.scheduler, optimizer=config.optimizer)
+
+
+def run(name: str, root: str, out: str, checkpoint: str, kill: bool, resume: bool) -> None:
+    """Train configuration ``name`` under ``root`` and write its final state to ``out``."""
+    config = CONFIGS[name]
+    pl.seed_everything(1234)
+    if checkpoint == "field":
+        from lightning_field import ManifestCheckpoint
+
+        cls: type[ModelCheckpoint] = ManifestCheckpoint
+    else:
+        cls = ModelCheckpoint
+    saver = cls(
+        dirpath=os.path.join(root, "checkpoints"),
+        every_n_train_steps=config.every_n_train_steps,
+        every_n_epochs=config.every_n_epochs,
+        save_top_k=-1,
+        save_last=True,
+    )
+    record = RecordRun()
+    callbacks: list[Callback] = [saver, record, *_callbacks(config.callbacks)]
+    if kill:
+        callbacks.append(KillAtStep(config.kill_at))
+    needs_logger = "lr_monitor" in config.callbacks
+    trainer = pl.Trainer(
+        default_root_dir=root,
+        accelerator="cpu",
+        devices=config.devices,
+        strategy="ddp" if config.devices > 1 else "auto",
+        max_steps=config.max_steps,
+        max_epochs=config.max_epochs,
+        callbacks=callbacks,
+        logger=CSVLogger(root) if needs_logger else False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=2 if config.validate else 0,
+        **config.trainer,
+    )
+    model = _model(config)
+    data = None
+    if config.model != "boring":
+        data = UserData(config.loader, config.workers, config.dataset, config.build_in_setup, config.combined)
+    trainer.fit(model, datamodule=data, ckpt_path="last" if resume else None)
+    if not trainer.is_global_zero:
+        return
+    result = {
+        "start_step": record.start_step,
+        "step": trainer.global_step,
+        "epoch": trainer.current_epoch,
+        "state_dict": model.state_dict(),
+        "optimizers": [opt.state_dict() for opt in trainer.optimizers],
+        "schedulers": [cfg.scheduler.state_dict() for cfg in trainer.lr_scheduler_configs],
+        "epoch_metrics": record.epoch_metrics,
+        "callbacks": {type(cb).__name__: _comparable(cb.state_dict()) for cb in callbacks[2:]},
+        "saved": sorted(p.name for p in Path(root, "checkpoints").iterdir() if not p.name.startswith(".")),
+    }
+    torch.save(result, out)
+
+
+def _comparable(state: dict[str, Any]) -> dict[str, Any]:
+    # Callback states hold floats and tensors; drop what differs by construction (timestamps, paths).
+    return {k: v for k, v in state.items() if k not in ("dirpath", "best_model_path", "last_model_path")}
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("name", choices=sorted(CONFIGS))
+    p.add_argument("--root", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--checkpoint", choices=["field", "plain"], default="field")
+    p.add_argument("--kill", action="store_true")
+    p.add_argument("--resume", action="store_true")
+    args = p.parse_args(argv)
+    run(args.name, args.root, args.out, args.checkpoint, args.kill, args.resume)
+    sys.stdout.flush()
+    from lightning_field.core.distributed import exit_finished_process
+
+    exit_finished_process(0)
+
+
+if __name__ == "__main__":
+    main()
