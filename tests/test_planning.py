@@ -7,9 +7,15 @@ from pathlib import Path
 
 import pytest
 from conftest import TESTS_DIR, run_child
+from omegaconf import OmegaConf
 
 from lightning_field.cli.main import main as field_main
-from lightning_field.planning.intervals import daly_interval
+from lightning_field.conf import CONFIG_DIR
+from lightning_field.core.events import read_events
+from lightning_field.planning.intervals import DEFAULT_RESTART_SECONDS, daly_interval
+from lightning_field.planning.launch import LaunchInputs
+from lightning_field.planning.plan import PlanInputs
+from lightning_field.quality.ledger import goodput_ledger
 
 WORKED = ["plan", "--params", "8B", "--tokens", "10B", "--devices", "8", "--device-tflops", "100",
           "--save-seconds", "60", "--mtbf-hours", "6", "--device-memory-gb", "80",
@@ -64,6 +70,15 @@ def test_from_run_takes_the_save_cost_mtbf_and_measured_flops_from_a_run_log(
     plan = plan_json(capsys, "plan", "--params", "1B", "--tokens", "1B", "--devices", "1", "--from-run", str(tmp_path))
     sources = plan["inputs"]["sources"]
     assert "median of" in sources["save_seconds"] and "1 interruption" in sources["mtbf_hours"]
+    # The seconds it names are the ones the MTBF was computed over (attempts running), and the
+    # elapsed time with the downtime is named as such, not passed off as training time.
+    ledger = goodput_ledger(read_events(tmp_path))
+    exposure = ledger.elapsed_s - ledger.idle_breakdown["downtime_between_attempts"]
+    assert ledger.idle_breakdown["downtime_between_attempts"] > 0
+    assert f"1 interruption(s) in {exposure:.0f} s of attempts running" in sources["mtbf_hours"]
+    assert f"({ledger.elapsed_s:.0f} s elapsed" in sources["mtbf_hours"]
+    assert plan["inputs"]["mtbf_hours"] == pytest.approx(exposure / 3600)
+    assert "mean process start to first step" in sources["restart_seconds"]
     assert plan["figures"]["checkpoint_interval_daly"]["value"] > 0
     assert "StragglerMonitor report" in sources["device_tflops"]
     reports = [json.loads(line) for line in (tmp_path / "field" / "profile" / "reports.jsonl").read_text().splitlines()]
@@ -87,3 +102,55 @@ def test_bad_plan_inputs_are_refused_with_a_message_naming_them(
     args = ["plan", "--params", "8B", "--tokens", "10B", "--devices", "8", "--device-tflops", "100", *extra]
     assert field_main(args) == 2
     assert message in capsys.readouterr().err
+
+
+BASE = ["plan", "--params", "8B", "--tokens", "10B", "--devices", "8", "--device-tflops", "100"]
+
+
+@pytest.mark.parametrize(
+    ("extra", "cause"),
+    [
+        (["--save-seconds", "1e9", "--mtbf-hours", "6"], "is as long as the best interval between saves"),
+        (["--save-seconds", "60", "--mtbf-hours", "6", "--restart-seconds", "1e9"], "expected waste"),
+        (["--save-seconds", "600", "--mtbf-hours", "10min"], "as long as the best interval"),
+        (["--device-tflops", "inf"], "--device-tflops must be a finite number"),
+        (
+            ["--restart-seconds", "nan", "--save-seconds", "60", "--mtbf-hours", "6"],
+            "--restart-seconds must be a finite",
+        ),
+        (["--restart-seconds", "-1"], "--restart-seconds must be >= 0"),
+        (["--save-seconds", "0", "--mtbf-hours", "6"], "--save-seconds must be > 0"),
+        (["--devices", "0"], "--devices must be >= 1"),
+    ],
+)
+def test_input_whose_result_is_meaningless_is_refused_with_one_line(
+    extra: list[str], cause: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert field_main([*BASE, *extra]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and cause in err and err.startswith("field plan: ") and err.count("\n") == 1
+
+
+def test_a_bad_but_possible_plan_is_still_given(capsys: pytest.CaptureFixture[str]) -> None:
+    figures = plan_json(capsys, *BASE, "--save-seconds", "3000", "--mtbf-hours", "6")["figures"]
+    assert 0.5 < figures["expected_waste"]["value"] < 1
+    assert "restart_seconds" in figures["time_to_budget"]["from"]  # the waste it divides by depends on it
+
+
+def test_the_layout_is_labelled_not_checked_without_device_memory(capsys: pytest.CaptureFixture[str]) -> None:
+    assert field_main(BASE) == 0
+    out = capsys.readouterr().out
+    assert "layout: not checked: pass --device-memory-gb" in out and "None" not in out
+    assert field_main([*BASE, "--params", "400B", "--device-memory-gb", "80"]) == 0
+    assert "layout: does not fit: even fully sharded" in capsys.readouterr().out
+
+
+def test_field_plan_and_field_train_assume_the_same_restart_time(capsys: pytest.CaptureFixture[str]) -> None:
+    train_default = OmegaConf.load(CONFIG_DIR / "field_train.yaml").plan.restart_seconds
+    assert DEFAULT_RESTART_SECONDS == train_default == LaunchInputs(1, 1, 1).restart_seconds
+    assert PlanInputs(1, 1, 1, 1).restart_seconds == DEFAULT_RESTART_SECONDS
+    plan = plan_json(capsys, *BASE, "--save-seconds", "60", "--mtbf-hours", "6")
+    assert plan["inputs"]["restart_seconds"] == DEFAULT_RESTART_SECONDS
+    assert "assumed 30 s, as field-train's estimate" in plan["inputs"]["sources"]["restart_seconds"]
+    given = plan_json(capsys, *BASE, "--save-seconds", "60", "--mtbf-hours", "6", "--restart-seconds", "0")
+    assert given["inputs"]["restart_seconds"] == 0 and given["inputs"]["sources"]["restart_seconds"] == "command line"

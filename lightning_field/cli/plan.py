@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from lightning_field.core.events import read_events, read_jsonl
+from lightning_field.planning.intervals import DEFAULT_RESTART_SECONDS
 from lightning_field.planning.plan import PlanInputError, PlanInputs, make_plan, parse_count, parse_duration
 from lightning_field.profiling.straggler import PROFILE_RELPATH
 from lightning_field.quality.ledger import goodput_ledger
@@ -29,8 +30,13 @@ def measured_from_run(run_dir: Path) -> tuple[dict[str, float], dict[str, str]]:
     ledger = goodput_ledger(events)
     if ledger.interruptions and ledger.mean_time_between_interruptions_s:
         values["mtbf_hours"] = ledger.mean_time_between_interruptions_s / 3600
-        sources["mtbf_hours"] = f"{ledger.interruptions} interruption(s) in {ledger.elapsed_s:.0f} s of {run_dir}"
-        sources["mtbf_hours"] += " (training time, downtime between attempts excluded)"
+        # The ledger's MTBF is over the time attempts ran (its exposure), not the elapsed time: name both.
+        exposure = ledger.mean_time_between_interruptions_s * ledger.interruptions
+        sources["mtbf_hours"] = (
+            f"{ledger.interruptions} interruption(s) in {exposure:.0f} s of attempts running in {run_dir}"
+            f" ({ledger.elapsed_s:.0f} s elapsed, of which"
+            f" {ledger.idle_breakdown.get('downtime_between_attempts', 0.0):.0f} s downtime between attempts, excluded)"
+        )
     if ledger.mean_restart_s is not None:
         values["restart_seconds"] = ledger.mean_restart_s
         sources["restart_seconds"] = f"mean process start to first step after the interruptions in {run_dir}"
@@ -74,9 +80,16 @@ def cmd_plan(args: argparse.Namespace) -> int:
                 raise PlanInputError(f"--{name.replace('_', '-')} is required{hint}")
         save = parse_duration(args.save_seconds, "--save-seconds", "s") if args.save_seconds else None
         mtbf = parse_duration(args.mtbf_hours, "--mtbf-hours", "h") / 3600 if args.mtbf_hours else None
-        for name, given in (("save_seconds", save), ("mtbf_hours", mtbf)):
+        for name, given in (("save_seconds", save), ("mtbf_hours", mtbf), ("restart_seconds", args.restart_seconds)):
             if given is not None:
                 sources[name] = "command line"
+        restart = args.restart_seconds if args.restart_seconds is not None else measured.get("restart_seconds")
+        if restart is None:
+            restart = DEFAULT_RESTART_SECONDS
+            sources["restart_seconds"] = (
+                f"assumed {DEFAULT_RESTART_SECONDS:g} s, as field-train's estimate (plan.restart_seconds);"
+                " --restart-seconds or --from-run a run that was interrupted to replace it"
+            )
         inputs = PlanInputs(
             params=parse_count(args.params, "--params"),
             tokens=parse_count(args.tokens, "--tokens"),
@@ -88,8 +101,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             device_memory_gb=args.device_memory_gb,
             save_seconds=save if save is not None else measured.get("save_seconds"),
             mtbf_hours=mtbf if mtbf is not None else measured.get("mtbf_hours"),
-            restart_seconds=args.restart_seconds if args.restart_seconds is not None
-            else measured.get("restart_seconds", 0.0),
+            restart_seconds=restart,
             price_per_device_hour=args.price_per_device_hour,
             interconnect=args.interconnect,
             devices_per_node=args.devices_per_node,
@@ -122,10 +134,10 @@ def render_plan(plan: dict[str, Any]) -> str:
     lines = ["Plan (estimates; each figure names the inputs it came from)"]
     for name, figure in plan["figures"].items():
         lines.append(f"  {name:<28} {_value(figure):<48} from {', '.join(figure['from'])}")
-    if plan.get("infeasible"):
-        lines.append(f"  INFEASIBLE: {plan['infeasible']}")
     layout = plan["layout"]
-    lines.append(f"  layout: {layout.get('recommendation')}: {layout['reason']}")
+    # No recommendation is not a layout called "None": say that nothing was checked, and why.
+    label = {None: "not checked", "does_not_fit": "does not fit"}.get(layout.get("recommendation"))
+    lines.append(f"  layout: {label or layout['recommendation']}: {layout['reason']}")
     if layout.get("tensor_or_pipeline_parallel"):
         lines.append(f"          tensor/pipeline parallel: {layout['tensor_or_pipeline_parallel']}")
     for name, source in plan["inputs"].get("sources", {}).items():
@@ -151,7 +163,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device-memory-gb", type=float)
     p.add_argument("--save-seconds", help="blocking checkpoint save cost, e.g. 60 or 60s or 2min")
     p.add_argument("--mtbf-hours", help="mean time between failures, e.g. 6 or 6h or 90min")
-    p.add_argument("--restart-seconds", type=float, help="time from a failure to training again")
+    p.add_argument(
+        "--restart-seconds",
+        type=float,
+        help=f"time from a failure to training again (default: measured by --from-run, else {DEFAULT_RESTART_SECONDS:g}"
+        " s, as field-train assumes)",
+    )
     p.add_argument("--price-per-device-hour", type=float)
     p.add_argument("--interconnect", help="intra-node links, e.g. nvlink, pcie")
     p.add_argument("--devices-per-node", type=int, default=8)

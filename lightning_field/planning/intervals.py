@@ -13,6 +13,11 @@ from __future__ import annotations
 import math
 
 FORMULAS = ("daly", "young")
+# Seconds from a failure to training again when nothing measured says otherwise: requeue, process
+# start, restore. One figure for every estimate (field-train's launch estimate, `field plan`, and
+# the ``plan.restart_seconds`` default in field_train.yaml, which a test holds to it), so the two
+# tools never price the same failure differently.
+DEFAULT_RESTART_SECONDS = 30.0
 
 
 def _check(save_s: float, mtbf_s: float) -> None:

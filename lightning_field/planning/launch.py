@@ -11,7 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from lightning_field.planning.intervals import daly_interval, expected_waste_fraction, young_interval
+from lightning_field.planning.intervals import (
+    DEFAULT_RESTART_SECONDS,
+    daly_interval,
+    expected_waste_fraction,
+    young_interval,
+)
 
 # AdamW in fp32: weights, first and second moments are checkpointed (gradients are not).
 CHECKPOINT_BYTES_PER_PARAM = 12.0
@@ -30,7 +35,7 @@ class LaunchInputs:
     mtbf_hours: float | None = None
     save_seconds: float | None = None  # measured or a prior; None: estimated from the state size
     write_gb_per_s: float = 0.5
-    restart_seconds: float = 30.0
+    restart_seconds: float = DEFAULT_RESTART_SECONDS
     price_per_device_hour: float | None = None
 
 

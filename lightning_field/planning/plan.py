@@ -13,7 +13,12 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from lightning_field.planning.intervals import daly_interval, expected_waste_fraction, young_interval
+from lightning_field.planning.intervals import (
+    DEFAULT_RESTART_SECONDS,
+    daly_interval,
+    expected_waste_fraction,
+    young_interval,
+)
 
 # Persistent bytes per parameter: (weights, gradients, optimizer state incl. any fp32 master copy).
 BYTES_PER_PARAM: dict[tuple[str, str], tuple[float, float, float]] = {
@@ -80,7 +85,7 @@ class PlanInputs:
     device_memory_gb: float | None = None
     save_seconds: float | None = None
     mtbf_hours: float | None = None
-    restart_seconds: float = 0.0
+    restart_seconds: float = DEFAULT_RESTART_SECONDS
     price_per_device_hour: float | None = None
     interconnect: str | None = None
     devices_per_node: int = 8
@@ -88,6 +93,12 @@ class PlanInputs:
     sources: dict[str, str] = field(default_factory=dict)
 
     def validate(self) -> None:
+        for name in ("device_tflops", "bytes_per_param", "device_memory_gb", "save_seconds", "mtbf_hours",
+                     "restart_seconds", "price_per_device_hour", "state_fraction"):  # fmt: skip
+            value = getattr(self, name)
+            # argparse's float() reads "inf" and "nan"; a figure computed from one means nothing.
+            if value is not None and not math.isfinite(value):
+                raise PlanInputError(f"--{name.replace('_', '-')} must be a finite number, got {value}")
         if self.devices < 1:
             raise PlanInputError(f"--devices must be >= 1, got {self.devices}")
         if self.devices_per_node < 1:
@@ -170,22 +181,18 @@ def make_plan(inp: PlanInputs) -> dict[str, Any]:
             daly, "s", ["save_seconds", "mtbf_hours"], "sqrt(2δM)[1 + sqrt(δ/2M)/3 + (δ/2M)/9] - δ (δ < 2M)"
         )
         waste = expected_waste_fraction(daly, inp.save_seconds, mtbf, inp.restart_seconds)
+        _refuse_meaningless(inp, daly, waste)
         figures["expected_waste"] = _figure(
             waste, "fraction", ["save_seconds", "mtbf_hours", "restart_seconds"], "δ/τ + (τ/2 + R)/M at Daly's τ"
         )
-        if waste >= 1:
-            plan["infeasible"] = (
-                f"expected waste {waste:.0%} >= 100%: with saves of {inp.save_seconds:g} s and failures every"
-                f" {inp.mtbf_hours:g} h the run never finishes; no time or cost to the budget is given"
-            )
-        else:
-            total = ideal_s / (1.0 - waste)
-            figures["time_to_budget"] = _figure(
-                total, "s", [*figures["ideal_time"]["from"], "save_seconds", "mtbf_hours"], "ideal_time / (1 - waste)"
-            )
-            figures["time_to_budget_hours"] = _figure(total / 3600, "h", figures["time_to_budget"]["from"], "/ 3600")
+        total = ideal_s / (1.0 - waste)
+        figures["time_to_budget"] = _figure(
+            total, "s", [*figures["ideal_time"]["from"], "save_seconds", "mtbf_hours", "restart_seconds"],
+            "ideal_time / (1 - expected_waste)",
+        )  # fmt: skip
+        figures["time_to_budget_hours"] = _figure(total / 3600, "h", figures["time_to_budget"]["from"], "/ 3600")
     total_s = figures.get("time_to_budget", figures["ideal_time"])["value"]
-    if inp.price_per_device_hour is not None and "infeasible" not in plan:
+    if inp.price_per_device_hour is not None:
         hours = total_s / 3600 * inp.devices
         basis = "time_to_budget" if "time_to_budget" in figures else "ideal_time"
         figures["device_hours"] = _figure(hours, "device-h", [basis, "devices"], f"{basis} x devices")
@@ -193,6 +200,25 @@ def make_plan(inp: PlanInputs) -> dict[str, Any]:
             hours * inp.price_per_device_hour, "currency", ["device_hours", "price_per_device_hour"], "device-h x price"
         )
     return plan
+
+
+def _refuse_meaningless(inp: PlanInputs, interval_s: float, waste: float) -> None:
+    """Refuse inputs under which the interval and waste formulas stop describing a run: a save as long
+    as the interval between saves, or failures, saves and restarts that leave no time to train. The
+    formulas still return numbers there (a waste of 4629679 %), which read as a plan but are none."""
+    assert inp.save_seconds is not None and inp.mtbf_hours is not None
+    mtbf, save, restart = f"{inp.mtbf_hours:g} h", f"{inp.save_seconds:g} s", f"{inp.restart_seconds:g} s"
+    if inp.save_seconds >= interval_s:
+        raise PlanInputError(
+            f"a save of {save} is as long as the best interval between saves ({interval_s:.3g} s) with a failure"
+            f" every {mtbf}: no checkpoint cadence can make progress (lower --save-seconds or raise --mtbf-hours)"
+        )
+    if waste >= 1:
+        raise PlanInputError(
+            f"expected waste {waste:.0%} >= 100%: saves of {save}, restarts of {restart} and a failure every {mtbf}"
+            " leave no time to train, so no time or cost to the budget exists (check --save-seconds,"
+            " --restart-seconds and --mtbf-hours)"
+        )
 
 
 def _layout(inp: PlanInputs, shares: dict[str, float]) -> dict[str, Any]:
