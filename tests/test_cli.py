@@ -1,15 +1,19 @@
-"""``field ckpt``: verify's exit status, list's table, inspect's readable manifest."""
+"""``field ckpt``: verify's exit status, list's table, inspect's readable manifest; and every ``field``
+command's ``--help``."""
 
 from __future__ import annotations
 
+import argparse
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import make_trainer
+from conftest import make_trainer, run_child
 
+from lightning_field.cli.main import build_parser
 from lightning_field.cli.main import main as field_main
 from lightning_field.demo import DemoDataModule, DemoRegressor
 
@@ -122,3 +126,35 @@ def test_the_installed_field_command_runs(ckpts: Path) -> None:
         text=True,
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def _commands(parser: argparse.ArgumentParser, prefix: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield (*prefix, name)
+                yield from _commands(sub, (*prefix, name))
+
+
+ARGPARSE_COMMANDS = [c for c in _commands(build_parser()) if c[0] != "preflight"]
+
+
+@pytest.mark.parametrize("command", ARGPARSE_COMMANDS, ids=" ".join)
+def test_every_field_subcommand_answers_help(command: tuple[str, ...], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as done:
+        field_main([*command, "--help"])
+    assert done.value.code == 0
+    assert capsys.readouterr().out.startswith(f"usage: field {' '.join(command)}")
+
+
+def test_field_preflight_hands_help_and_leading_options_to_hydra(tmp_path: Path) -> None:
+    assert {c[0] for c in _commands(build_parser())} >= {"preflight", "scale"}  # every command is covered
+    shown = run_child(["-m", "lightning_field.cli.main", "preflight", "--help"], cwd=tmp_path)
+    assert shown.returncode == 0, shown.stdout[-3000:]
+    assert shown.stdout.startswith("usage: field preflight") and "== Configuration groups ==" in shown.stdout
+    # A leading Hydra option is Hydra's, not an unrecognized argument of `field`.
+    composed = run_child(
+        ["-m", "lightning_field.cli.main", "preflight", "--cfg", "job", "experiment=demo"], cwd=tmp_path
+    )
+    assert composed.returncode == 0, composed.stdout[-3000:]
+    assert "preflight:" in composed.stdout and "unrecognized arguments" not in composed.stdout
