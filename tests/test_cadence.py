@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import time
 from pathlib import Path
 
@@ -32,14 +33,22 @@ class SteadySteps(Callback):
         time.sleep(STEP_S)
 
 
-def test_with_a_2s_save_and_a_5min_mtbf_the_interval_matches_dalys_formula(tmp_path: Path) -> None:
+def cadence_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    """What the cadence printed: rank-zero INFO lines, which Lightning's own handler shows by default."""
+    return [r.getMessage() for r in caplog.records if r.getMessage().startswith("CheckpointCadence:")]
+
+
+def test_with_may_lengthen_a_2s_save_and_a_5min_mtbf_grow_the_users_interval_to_dalys_and_say_so(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     checkpoint = SlowSaveCheckpoint(dirpath=tmp_path / "ckpts", every_n_train_steps=4, save_top_k=-1)
-    cadence = CheckpointCadence(mtbf_hours=5 / 60)
+    cadence = CheckpointCadence(mtbf_hours=5 / 60, may_lengthen=True)
     trainer = pl.Trainer(
         default_root_dir=tmp_path, max_steps=8, accelerator="cpu", logger=False, enable_progress_bar=False,
         limit_val_batches=0, callbacks=[SteadySteps(), cadence, checkpoint],
     )  # fmt: skip
-    trainer.fit(DemoRegressor(), datamodule=DemoDataModule())
+    with caplog.at_level(logging.INFO):
+        trainer.fit(DemoRegressor(), datamodule=DemoDataModule())
     decision = cadence.decision
     assert decision is not None and decision.applied
     assert decision.save_s == pytest.approx(SAVE_DELAY_S, rel=0.05)
@@ -48,6 +57,91 @@ def test_with_a_2s_save_and_a_5min_mtbf_the_interval_matches_dalys_formula(tmp_p
     assert checkpoint.every_n_train_steps == decision.steps  # it drives the checkpoint callback
     assert 0 < decision.predicted_waste < 1
     assert [e["payload"]["steps"] for e in read_events(tmp_path) if e["event"] == "cadence"] == [decision.steps]
+    # Printed, with the old and new interval, why it may exceed the user's, and the figures behind it.
+    (line,) = cadence_lines(caplog)
+    assert f"lengthened from 4 to {decision.steps} steps" in line and "because may_lengthen=True" in line
+    assert "Daly's formula" in line and "measured save cost of 2" in line and "MTBF of 0.0833 h" in line
+
+
+def tour_run(tmp_path: Path, cadence: CheckpointCadence) -> tuple[ManifestCheckpoint, list[int]]:
+    """The README tour's pair, ManifestCheckpoint(every_n_train_steps=10) and a cadence, for 40 steps;
+    returns the checkpoint callback and the steps at which checkpoints committed."""
+    checkpoint = ManifestCheckpoint(dirpath=tmp_path / "ckpts", every_n_train_steps=10)
+    trainer = pl.Trainer(
+        default_root_dir=tmp_path, max_steps=40, accelerator="cpu", logger=False, enable_progress_bar=False,
+        enable_model_summary=False, limit_val_batches=0, callbacks=[SteadySteps(), cadence, checkpoint],
+    )  # fmt: skip
+    trainer.fit(DemoRegressor(), datamodule=DemoDataModule())
+    return checkpoint, [e["step"] for e in read_events(tmp_path) if e["event"] == "ckpt_committed"]
+
+
+def test_a_users_every_10_steps_is_never_lengthened_by_default_and_the_hold_is_printed_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    cadence = CheckpointCadence(mtbf_hours=6)
+    with caplog.at_level(logging.INFO):
+        checkpoint, commits = tour_run(tmp_path, cadence)
+    # Daly's interval for a cheap save and a 6 h MTBF is thousands of steps; the user's 10 stands.
+    assert cadence.decisions and all(d.steps <= 10 and d.held_at_user_setting for d in cadence.decisions)
+    assert all(d.formula_steps > 100 for d in cadence.decisions)
+    assert checkpoint.every_n_train_steps == 10 and commits == [10, 20, 30, 40]  # a kill redoes at most 10 steps
+    (line,) = cadence_lines(caplog)  # once, not after every save
+    formula_steps = cadence.decisions[0].formula_steps
+    assert "kept at 10 steps" in line and f"the formula asks for {formula_steps} steps" in line
+    assert "every_n_train_steps=10 was set on ManifestCheckpoint" in line and "may_lengthen=True" in line
+    assert "measured save cost of" in line and "MTBF of 6 h" in line
+    events = [e["payload"] for e in read_events(tmp_path) if e["event"] == "cadence"]
+    assert [(e["previous_steps"], e["steps"], e["applied"]) for e in events] == [(10, 10, False)] * 3
+    assert events[0]["reason"] == line
+
+
+def test_the_same_run_with_may_lengthen_grows_past_10_steps_and_says_so(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # What every run did before may_lengthen existed: one save at step 10, then none until step 40's end.
+    cadence = CheckpointCadence(mtbf_hours=6, may_lengthen=True)
+    with caplog.at_level(logging.INFO):
+        checkpoint, commits = tour_run(tmp_path, cadence)
+    decision = cadence.decisions[0]
+    assert decision.applied and decision.steps > 100 and checkpoint.every_n_train_steps == decision.steps
+    assert commits == [10]
+    (line,) = cadence_lines(caplog)
+    assert f"lengthened from 10 to {decision.steps} steps" in line and "because may_lengthen=True" in line
+
+
+def test_a_users_interval_is_shortened_when_saves_are_cheap_against_failures_and_the_change_is_printed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    cadence = CheckpointCadence(mtbf_hours=0.00002)  # 72 ms: Daly's interval is at most that, 1 or 2 steps
+    with caplog.at_level(logging.INFO):
+        checkpoint, commits = tour_run(tmp_path, cadence)
+    first = cadence.decisions[0]
+    assert first.applied and first.previous_steps == 10 and first.steps < 10 and not first.held_at_user_setting
+    assert checkpoint.every_n_train_steps <= first.steps < 10 and commits[0] == 10
+    assert commits[1] - commits[0] <= first.steps  # the next save came sooner than the user's 10 steps
+    lines = cadence_lines(caplog)
+    assert lines and len(lines) == sum(d.applied for d in cadence.decisions)
+    assert f"shortened from 10 to {first.steps} step" in lines[0] and "MTBF of 2e-05 h" in lines[0]
+    assert "Daly's formula gives" in lines[0] and "measured save cost of" in lines[0]
+
+
+def test_without_a_users_step_interval_the_cadence_sets_one_freely(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    checkpoint = ManifestCheckpoint(dirpath=tmp_path / "ckpts", every_n_epochs=1)  # no step interval
+    cadence = CheckpointCadence(mtbf_hours=6)
+    trainer = pl.Trainer(
+        default_root_dir=tmp_path, max_steps=34, accelerator="cpu", logger=False, enable_progress_bar=False,
+        enable_model_summary=False, limit_val_batches=0, callbacks=[SteadySteps(), cadence, checkpoint],
+    )  # fmt: skip
+    with caplog.at_level(logging.INFO):
+        trainer.fit(DemoRegressor(), datamodule=DemoDataModule())  # 32 batches: the epoch's save is at step 32
+    (decision,) = cadence.decisions
+    assert decision.applied and decision.previous_steps == 0 and decision.steps > 100
+    assert not decision.held_at_user_setting and checkpoint.every_n_train_steps == decision.steps
+    (line,) = cadence_lines(caplog)
+    assert f"set to {decision.steps} steps (there was no step interval)" in line
+    assert "no every_n_train_steps was set on ManifestCheckpoint" in line
 
 
 def test_the_interval_moves_with_the_mtbf_as_theory_says() -> None:

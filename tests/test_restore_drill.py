@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import csv
+import errno
 import logging
+import os
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -13,6 +15,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import CSVLogger
 
 from lightning_field import ManifestCheckpoint, RestoreDrill, latest_recoverable, read_events, read_manifest
+from lightning_field.checkpoint.resolver import committed_checkpoints
 from lightning_field.cli.main import main as field_main
 from lightning_field.core.fsio import hash_file
 from lightning_field.core.manifest import SHARED_STATE_FILE
@@ -141,7 +144,64 @@ def test_a_drill_of_a_checkpoint_whose_name_was_reused_never_marks_its_successor
     )  # fmt: skip
     trainer.fit(DemoRegressor(), datamodule=DemoDataModule())
     assert len(drill.results) == 3 and drill.failures == 0
-    assert {r["outcome"] for r in drill.results} <= {"passed", "skipped"}
+    # Each drill ran on its own copy, though a save of the same name replaced the checkpoint meanwhile.
+    assert {r["outcome"] for r in drill.results} == {"passed"}
     final = read_manifest(tmp_path / "ckpts" / "latest")
     assert final.step == 8 and (final.restore_drill is None or final.restore_drill["step"] == 8)
     assert latest_recoverable(tmp_path / "ckpts") == tmp_path / "ckpts" / "latest"
+
+
+def keep_one_run(tmp_path: Path) -> RestoreDrill:
+    """ManifestCheckpoint's default retention (save_top_k=1), a save every 3 steps, a drill of each: the
+    save at step 6 removes step 3's checkpoint while its drill process is still starting."""
+    pl.seed_everything(0)
+    checkpoint = ManifestCheckpoint(dirpath=tmp_path / "ckpts", every_n_train_steps=3)
+    drill = RestoreDrill(every_n_checkpoints=1)
+    trainer = pl.Trainer(
+        default_root_dir=tmp_path, max_steps=8, accelerator="cpu", deterministic=True, logger=False,
+        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0, callbacks=[drill, checkpoint],
+    )  # fmt: skip
+    trainer.fit(DemoRegressor(), datamodule=DemoDataModule())
+    return drill
+
+
+def test_with_save_top_k_1_every_drill_runs_on_a_private_copy_while_retention_still_removes_the_checkpoint(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="lightning_field"):
+        drill = keep_one_run(tmp_path)
+    outcomes = [(r["step"], r["outcome"], r["protected_copy"]) for r in drill.results]
+    assert outcomes == [(3, "passed", True), (6, "passed", True)]
+    assert drill.errors == 0 and drill.failures == 0 and not caplog.records
+    # Retention is unchanged: only the newest checkpoint is left, and it is marked by its drill.
+    ckpts = tmp_path / "ckpts"
+    assert [e.path for e in committed_checkpoints(ckpts)] == [ckpts / "epoch=0-step=6"]
+    assert read_manifest(ckpts / "epoch=0-step=6").restore_tested
+    # The private copies are gone once their drills are recorded; the drills' logs and results stay.
+    assert sorted(p.name for p in ckpts.iterdir()) == ["LAST", "epoch=0-step=6"]
+    assert len(list((tmp_path / "field" / "drills").glob("*/result.json"))) == 2
+    drills = [e for e in read_events(tmp_path) if e["event"] == "restore_drill"]
+    assert sorted((e["step"], e["payload"]["outcome"]) for e in drills) == [(3, "passed"), (6, "passed")]
+
+
+def test_where_no_private_copy_can_be_made_a_removed_checkpoints_drill_is_reported_skipped_with_its_reason(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As on a filesystem without hard links: the drill falls back to loading the checkpoint itself,
+    # which is what every drill did before the copies, and retention wins the race.
+    def no_hard_links(src: str, dst: str, **_: object) -> None:
+        raise OSError(errno.EPERM, "hard links not supported here", src)
+
+    monkeypatch.setattr(os, "link", no_hard_links)
+    with caplog.at_level(logging.WARNING, logger="lightning_field"):
+        drill = keep_one_run(tmp_path)
+    outcomes = [(r["step"], r["outcome"], r["protected_copy"]) for r in drill.results]
+    assert outcomes == [(3, "skipped", False), (6, "passed", False)]
+    assert "removed by retention" in drill.results[0]["reason"] and drill.errors == 0
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    cannot_keep = [w for w in warnings if w.startswith("RestoreDrill cannot keep checkpoints")]
+    assert len(cannot_keep) == 1 and "hard links not supported here" in cannot_keep[0]  # once, not per drill
+    assert "save_top_k=1" in cannot_keep[0]
+    assert any("step=3" in w and "skipped" in w and "removed by retention" in w for w in warnings)
+    drills = [e for e in read_events(tmp_path) if e["event"] == "restore_drill"]
+    assert sorted((e["step"], e["payload"]["outcome"]) for e in drills) == [(3, "skipped"), (6, "passed")]

@@ -16,6 +16,18 @@ def find_manifest_checkpoint(trainer: pl.Trainer) -> ManifestCheckpoint | None:
     return next((c for c in trainer.callbacks if isinstance(c, ManifestCheckpoint)), None)
 
 
+def configured_every_n_train_steps(checkpoint: ManifestCheckpoint) -> int | None:
+    """The step interval the user gave ``checkpoint`` (``every_n_train_steps``), or None if none was given.
+
+    This is the value from construction, not the live one, which ``CheckpointCadence`` may have
+    retuned since. Lightning stores "no step interval" as 0.
+    """
+    # ManifestCheckpoint keeps it for its state key and exposes no accessor: reading the private
+    # name here keeps every sibling's dependence on it in one place.
+    steps = int(checkpoint._configured_every_n_train_steps or 0)
+    return steps if steps > 0 else None
+
+
 class CommitWatcher:
     """Reports each commit once, at the start of the batch that follows it."""
 

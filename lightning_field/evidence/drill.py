@@ -10,6 +10,11 @@ for a drill: the process is polled between batches, and only the end of ``fit`` 
 The post-update weights are what catch damage to the optimizer state: the replayed loss depends
 only on the weights, but the update depends on the optimizer's moments too.
 
+A drill loads a private hard-linked copy of its checkpoint, made the moment the commit is seen:
+with ``save_top_k=1`` the next save removes the checkpoint, usually before a drill process has even
+started. Committed files are never changed in place (saves and manifest updates are renames), so
+the links keep exactly the committed bytes, at no cost in disk until retention removes the original.
+
 Run as ``python -m lightning_field.evidence.drill SPEC`` by the callback; not meant to be run by hand.
 """
 
@@ -20,6 +25,7 @@ import json
 import logging
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -37,13 +43,17 @@ from typing_extensions import override
 from lightning_field.checkpoint.manifest_checkpoint import ManifestCheckpoint
 from lightning_field.checkpoint.observe import CommitWatcher, find_manifest_checkpoint
 from lightning_field.core.manifest import ManifestError, read_manifest
+from lightning_field.core.storage import is_url
 from lightning_field.evidence.digest import batch_digest, parameter_norms, weights_digest
 from lightning_field.evidence.trace import StepTracer, loss_value, read_trace
 
 log = logging.getLogger(__name__)
 
 DRILLS_RELPATH = Path("field") / "drills"
-PASSED, MISMATCH, ERROR = "passed", "mismatch", "error"
+PASSED, MISMATCH, ERROR, SKIPPED = "passed", "mismatch", "error", "skipped"
+# Next to the checkpoint, so a hard link never crosses filesystems. The ".tmp-" prefix hides it from
+# resolvers and listings, and has the next run's ManifestCheckpoint delete it if this process dies.
+PROTECTED_PREFIX = ".tmp-drill-"
 
 
 class RestoreDrillError(ValueError):
@@ -76,13 +86,16 @@ class _Running:
     result_path: Path
     log_path: Path
     started: float
+    protected: Path | None  # the private copy the drill loads; None: it loads the checkpoint itself
 
 
 class RestoreDrill(Callback):
     """Restore-test every ``every_n_checkpoints``-th committed checkpoint in a separate process.
 
     Args:
-        every_n_checkpoints: 0 turns drills off (the default).
+        every_n_checkpoints: 0 turns drills off (the default). Each drilled checkpoint is hard-linked
+            into a private copy next to it when it commits, so retention (``save_top_k``) cannot
+            remove it before its drill has run; the copy is deleted once the drill is recorded.
         model, data: Hydra-style configs (``{"_target_": ..., **kwargs}``) that rebuild the module and
             datamodule in the drill process. Default: the classes of the live objects and their
             ``hparams`` (so both must call ``save_hyperparameters`` and live in importable modules).
@@ -92,6 +105,11 @@ class RestoreDrill(Callback):
             weight norms within this relative tolerance.
         timeout_s: a drill still running after this long is killed and counted as failed.
         wait_at_end: let the end of ``fit`` wait for drills in flight so their outcome is recorded.
+
+    Raises:
+        ValueError: ``every_n_checkpoints`` or ``rtol`` below 0.
+        RestoreDrillError: at ``fit``, when the drill cannot be set up for this run (no
+            ``ManifestCheckpoint``, several ranks, a module or datamodule it cannot rebuild).
     """
 
     def __init__(
@@ -124,7 +142,9 @@ class RestoreDrill(Callback):
         self._commits_seen = 0
         self._commits = CommitWatcher()
         self._armed: dict[str, Any] | None = None
+        self._armed_copy: Path | None = None
         self._running: list[_Running] = []
+        self._unprotected_warned = False
 
     @property
     def enabled(self) -> bool:
@@ -170,6 +190,10 @@ class RestoreDrill(Callback):
             "sys_path": [p for p in sys.path if p],
         }
         self._drill_dir = Path(trainer.default_root_dir) / DRILLS_RELPATH
+        self._unprotected_warned = False
+        dirpath = self._checkpoint.dirpath
+        if dirpath is not None and is_url(dirpath) and self._checkpoint.save_top_k != -1:
+            self._warn_unprotected(f"{dirpath} is in an object store, where a checkpoint cannot be hard-linked")
 
     # ------------------------------------------------------------------ the live side of a drill
     @override
@@ -185,15 +209,48 @@ class RestoreDrill(Callback):
             # The checkpoint holds the state right before this batch: this batch is the one to replay.
             try:
                 created = read_manifest(path).created_unix
-            except ManifestError:
+            except ManifestError as err:
+                log.warning("Restore drill for %s (step %d) skipped: its manifest cannot be read (%s)", path, step, err)
                 return
+            token = os.urandom(3).hex()
+            # Now, before the next save can let retention remove it.
+            self._armed_copy = self._protect(path, token)
             self._armed = {
                 "checkpoint": path,
                 "step": step,
                 "created_unix": created,
                 "position": [trainer.current_epoch, batch_idx],
                 "batch": batch_digest(batch),
+                "token": token,
             }
+
+    def _protect(self, checkpoint: str, token: str) -> Path | None:
+        """A private hard-linked copy of ``checkpoint`` for its drill, or None (warned) if none can be made."""
+        if is_url(checkpoint):
+            self._warn_unprotected(f"{checkpoint} is in an object store, where it cannot be hard-linked")
+            return None
+        source = Path(checkpoint)
+        copy = source.parent / f"{PROTECTED_PREFIX}{source.name}-{token}"
+        try:
+            shutil.copytree(source, copy, copy_function=os.link)
+        except OSError as err:  # shutil.Error, which gathers copytree's per-file errors, is one too
+            shutil.rmtree(copy, ignore_errors=True)
+            self._warn_unprotected(f"hard-linking {checkpoint} failed ({err})")
+            return None
+        return copy
+
+    def _warn_unprotected(self, why: str) -> None:
+        if self._unprotected_warned:
+            return
+        self._unprotected_warned = True
+        keep = self._checkpoint.save_top_k if self._checkpoint is not None else None
+        log.warning(
+            "RestoreDrill cannot keep checkpoints for their drills: %s. Drills load the checkpoints themselves,"
+            " and with save_top_k=%s a checkpoint may be removed before its drill has run; such a drill is"
+            " reported as skipped. Use save_top_k=-1, or a local dirpath, to drill every checkpoint.",
+            why,
+            keep,
+        )
 
     @override
     def on_train_batch_end(
@@ -211,7 +268,7 @@ class RestoreDrill(Callback):
 
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._armed = None  # the final checkpoint has no next step in this run to compare with
+        self._disarm()  # the final checkpoint has no next step in this run to compare with
         preempted = self._checkpoint is not None and self._checkpoint.preempted_checkpoint is not None
         if self.wait_at_end and not preempted:  # a preempted job has seconds to leave, not minutes
             for running in list(self._running):
@@ -222,6 +279,11 @@ class RestoreDrill(Callback):
         for running in self._running:
             # Not waited for: an unfinished drill says nothing about its checkpoint either way.
             self._stop(running)
+            log.warning(
+                "Restore drill for %s (step %d) abandoned: training ended before it finished",
+                running.checkpoint,
+                running.step,
+            )
             events = self._checkpoint.events if self._checkpoint else None
             if events is not None and trainer.is_global_zero:
                 events.emit(
@@ -233,22 +295,32 @@ class RestoreDrill(Callback):
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._disarm()
         for running in self._running:
             self._stop(running)
         self._running = []
+
+    def _disarm(self) -> None:
+        self._armed = None
+        if self._armed_copy is not None:
+            shutil.rmtree(self._armed_copy, ignore_errors=True)
+            self._armed_copy = None
 
     @staticmethod
     def _stop(running: _Running) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(running.process.pid, signal.SIGKILL)
         running.process.wait()
+        _release(running)
 
     def _launch(self, armed: dict[str, Any]) -> None:
         assert self._drill_dir is not None
-        name = f"{Path(armed['checkpoint']).name}-{os.urandom(3).hex()}"
+        protected, self._armed_copy = self._armed_copy, None
+        name = f"{Path(armed['checkpoint']).name}-{armed['token']}"
         work = self._drill_dir / name
         work.mkdir(parents=True, exist_ok=True)
-        spec = {**self._recipe, "checkpoint": armed["checkpoint"], "expected": armed, "work_dir": str(work)}
+        source = str(protected) if protected is not None else armed["checkpoint"]
+        spec = {**self._recipe, "checkpoint": source, "expected": armed, "work_dir": str(work)}
         spec_path = work / "spec.json"
         spec_path.write_text(json.dumps(spec, indent=2, default=str))
         log_path = work / "drill.log"
@@ -271,6 +343,7 @@ class RestoreDrill(Callback):
                 work / "result.json",
                 log_path,
                 time.monotonic(),
+                protected,
             )
         )
 
@@ -288,6 +361,7 @@ class RestoreDrill(Callback):
                 code = running.process.returncode
                 result = {"outcome": ERROR, "error": f"drill process exited {code} without a result"}
             self._running.remove(running)
+            _release(running)  # the process is done with it: the result is all that is left to record
             self._record(trainer, running, result)
 
     def _record(self, trainer: pl.Trainer, running: _Running, result: dict[str, Any]) -> None:
@@ -302,12 +376,28 @@ class RestoreDrill(Callback):
             "seconds": time.monotonic() - running.started,
             "log": str(running.log_path),
             "finished_unix": time.time(),
+            "protected_copy": running.protected is not None,
         }
         current = self._same_checkpoint(running)
-        if outcome == ERROR and not current:
-            # Retention removed (or a same-name save replaced) the checkpoint before the drill loaded it.
-            log.info("Restore drill for %s skipped: the checkpoint was replaced or removed", running.checkpoint)
-            record["outcome"] = "skipped"
+        if outcome == ERROR and not current and running.protected is None:
+            # Its error says nothing about the checkpoint: the drill had nothing to load.
+            record["outcome"] = SKIPPED
+            record["reason"] = "the checkpoint was removed by retention, or replaced, before its drill loaded it"
+            log.warning(
+                "Restore drill for %s (step %d) skipped: %s (%s); see %s",
+                running.checkpoint,
+                running.step,
+                record["reason"],
+                record["error"],
+                running.log_path,
+            )
+        elif not current:
+            log.info(
+                "Restore drill for %s (step %d) ran on its private copy; the checkpoint itself has since been removed"
+                " by retention or replaced, so no manifest is marked",
+                running.checkpoint,
+                running.step,
+            )
         self.results.append(record)
         if record["outcome"] == PASSED:
             log.info("Restore drill passed for %s (step %d)", running.checkpoint, running.step)
@@ -369,6 +459,11 @@ class RestoreDrill(Callback):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._commits_seen = int(state_dict.get("commits_seen", 0))
         self.failures = int(state_dict.get("failures", 0))
+
+
+def _release(running: _Running) -> None:
+    if running.protected is not None:
+        shutil.rmtree(running.protected, ignore_errors=True)
 
 
 # ---------------------------------------------------------------------- the drill process

@@ -6,6 +6,11 @@ prior M from configuration and updates it with the interruptions the event log h
 by Daly's formula (or Young's). The interval in seconds becomes a step count through the measured
 step time, clamped, with hysteresis so it does not flap, and drives ``ManifestCheckpoint``.
 
+A step interval the user set on ``ManifestCheckpoint`` is an upper bound unless ``may_lengthen``:
+it bounds how much work a kill can cost, which the user may have chosen for reasons the formula
+cannot see (a preemption notice shorter than the MTBF suggests, a budget for redone steps). Every
+change is printed on rank 0 with the old and new interval and the figures behind it.
+
 All ranks apply the same step count at the same step: the decision is taken by rank 0 right after
 a commit (which every rank sees at the same step) and broadcast, a collective every rank calls.
 """
@@ -21,10 +26,15 @@ from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
 from lightning_field.checkpoint.manifest_checkpoint import ManifestCheckpoint
-from lightning_field.checkpoint.observe import CommitWatcher, find_manifest_checkpoint
+from lightning_field.checkpoint.observe import (
+    CommitWatcher,
+    configured_every_n_train_steps,
+    find_manifest_checkpoint,
+)
 from lightning_field.core.distributed import broadcast_object
 from lightning_field.core.events import read_events
 from lightning_field.planning.intervals import FORMULAS, expected_waste_fraction, interval
@@ -44,6 +54,10 @@ class CadenceDecision:
     formula: str
     predicted_waste: float
     restart_s: float
+    previous_steps: int = 0  # the interval this decision started from; 0: no step interval
+    formula_steps: int = 0  # what the formula alone asks for, within min_steps and max_steps
+    held_at_user_setting: bool = False  # the user's every_n_train_steps kept it below formula_steps
+    reason: str = ""  # the sentence printed for this decision: old and new interval, and why
 
 
 def updated_mtbf(prior_s: float, exposure_s: float, interruptions: int) -> float:
@@ -63,15 +77,32 @@ def choose_steps(
     return steps, steps != current
 
 
+def _steps(n: int) -> str:
+    return f"{n} step" if n == 1 else f"{n} steps"
+
+
 class CheckpointCadence(Callback):
     """Retune ``ManifestCheckpoint``'s step interval after every save.
+
+    By default an ``every_n_train_steps`` set on ``ManifestCheckpoint`` is only ever shortened: the
+    cadence checkpoints more often when saves are cheap relative to failures, never less often than
+    the user asked. Without a step interval there, it chooses freely. Each change is printed on
+    rank 0 (old and new interval, save cost, MTBF, formula) and recorded as a ``cadence`` event.
 
     Args:
         mtbf_hours: prior mean time between failures (interruptions) of this job's infrastructure.
         formula: "daly" (default) or "young".
-        min_steps, max_steps: clamps on the interval in steps.
+        min_steps, max_steps: clamps on the interval in steps. Unless ``may_lengthen``, a user's
+            ``every_n_train_steps`` below ``min_steps`` wins over it.
         hysteresis: relative change below which the interval is left alone.
         save_cost_prior_s: save cost to assume before the first save is measured.
+        may_lengthen: let the interval grow beyond the ``every_n_train_steps`` the user set on
+            ``ManifestCheckpoint``. Longer intervals mean more steps redone after a kill.
+
+    Raises:
+        ValueError: a setting out of range (``mtbf_hours`` <= 0, an unknown ``formula``,
+            ``min_steps``/``max_steps`` out of order, a negative ``hysteresis``), or, at ``fit``, no
+            ``ManifestCheckpoint`` among the callbacks.
     """
 
     def __init__(
@@ -82,6 +113,7 @@ class CheckpointCadence(Callback):
         max_steps: int | None = None,
         hysteresis: float = 0.2,
         save_cost_prior_s: float | None = None,
+        may_lengthen: bool = False,
     ) -> None:
         if not mtbf_hours > 0:
             raise ValueError(f"CheckpointCadence mtbf_hours must be > 0, got {mtbf_hours}")
@@ -97,6 +129,7 @@ class CheckpointCadence(Callback):
         self.max_steps = max_steps
         self.hysteresis = hysteresis
         self.save_cost_prior_s = save_cost_prior_s
+        self.may_lengthen = may_lengthen
         self.decision: CadenceDecision | None = None
         self.decisions: list[CadenceDecision] = []
         self._checkpoint: ManifestCheckpoint | None = None
@@ -108,6 +141,9 @@ class CheckpointCadence(Callback):
         self._commits = CommitWatcher()
         self._mtbf_s = self.mtbf_prior_s
         self._restart_s = 0.0
+        self._interruptions = 0
+        self._user_steps: int | None = None
+        self._hold_reported = False
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -116,17 +152,19 @@ class CheckpointCadence(Callback):
         self._checkpoint = find_manifest_checkpoint(trainer)
         if self._checkpoint is None:
             raise ValueError("CheckpointCadence drives a lightning_field.ManifestCheckpoint; add one to the callbacks")
+        self._user_steps = configured_every_n_train_steps(self._checkpoint)
         # Each fit() measures afresh.
         self._step_times.clear()
         self._last_step_end = self._last_step = None
         self._skip_next_step = False
+        self._hold_reported = False
         self._commits.reset()
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # Here, not in setup: by now this attempt's start is in the log, so the attempts before it
         # that died without a word are read as interruptions.
-        self._mtbf_s, self._restart_s = self.mtbf_prior_s, 0.0
+        self._mtbf_s, self._restart_s, self._interruptions = self.mtbf_prior_s, 0.0, 0
         if trainer.is_global_zero:
             events = read_events(trainer.default_root_dir)
             if events:
@@ -135,6 +173,7 @@ class CheckpointCadence(Callback):
                 exposure = sum(a.end_unix - a.start_unix for a in ledger.attempts[:-1])
                 self._mtbf_s = updated_mtbf(self.mtbf_prior_s, exposure, ledger.interruptions)
                 self._restart_s = ledger.mean_restart_s or 0.0
+                self._interruptions = ledger.interruptions
 
     @override
     def on_train_batch_end(
@@ -169,6 +208,10 @@ class CheckpointCadence(Callback):
         self.decision = decision
         self.decisions.append(decision)
         if trainer.is_global_zero:
+            # A hold is printed once per fit: after every save it would only repeat itself.
+            if decision.applied or (decision.held_at_user_setting and not self._hold_reported):
+                rank_zero_info(decision.reason)
+            self._hold_reported |= decision.held_at_user_setting
             events = checkpoint.events
             if events is not None:
                 events.emit("cadence", step=trainer.global_step, payload=asdict(decision))
@@ -188,8 +231,11 @@ class CheckpointCadence(Callback):
             return None
         step_s = statistics.median(self._step_times)
         tau = interval(save_s, self._mtbf_s, self.formula)
-        steps, changed = choose_steps(tau, step_s, current, self.min_steps, self.max_steps, self.hysteresis)
-        return CadenceDecision(
+        formula_steps, _ = choose_steps(tau, step_s, 0, self.min_steps, self.max_steps, self.hysteresis)
+        cap = None if self.may_lengthen else self._user_steps
+        upper = self.max_steps if cap is None else min(cap, self.max_steps or cap)
+        steps, changed = choose_steps(tau, step_s, current, self.min_steps, upper, self.hysteresis)
+        decision = CadenceDecision(
             save_s=save_s,
             mtbf_s=self._mtbf_s,
             step_s=step_s,
@@ -199,6 +245,49 @@ class CheckpointCadence(Callback):
             formula=self.formula,
             predicted_waste=expected_waste_fraction(steps * step_s, save_s, self._mtbf_s, self._restart_s),
             restart_s=self._restart_s,
+            previous_steps=current,
+            formula_steps=formula_steps,
+            held_at_user_setting=cap is not None and formula_steps > cap,
+        )
+        decision.reason = self._explain(decision)
+        return decision
+
+    def _explain(self, d: CadenceDecision) -> str:
+        """One sentence a user can check by hand: what changed, why, and the figures it came from."""
+        user = self._user_steps
+        if not d.applied:
+            what = f"kept at {_steps(d.steps)}"
+        elif not d.previous_steps:
+            what = f"set to {_steps(d.steps)} (there was no step interval)"
+        elif d.steps < d.previous_steps:
+            what = f"shortened from {d.previous_steps} to {_steps(d.steps)}"
+        else:
+            what = f"lengthened from {d.previous_steps} to {_steps(d.steps)}"
+        if d.held_at_user_setting:
+            why = (
+                f"; the formula asks for {_steps(d.formula_steps)}, but every_n_train_steps={user} was set on"
+                " ManifestCheckpoint and is only ever shortened (pass CheckpointCadence(may_lengthen=True) to"
+                " let it grow)"
+            )
+        elif d.applied and d.steps > d.previous_steps and user is not None and d.steps > user:
+            why = f", beyond the every_n_train_steps={user} set on ManifestCheckpoint, because may_lengthen=True"
+        elif d.applied and user is None and d.steps > d.previous_steps:
+            why = "; no every_n_train_steps was set on ManifestCheckpoint, so the cadence chooses it"
+        elif not d.applied:
+            why = f"; the formula's {_steps(d.formula_steps)} is within the {self.hysteresis:.0%} hysteresis"
+        else:
+            why = ""
+        if self._save_costs:
+            n = len(self._save_costs)
+            save = f"a measured save cost of {d.save_s:.3g} s (median of {n} save{'s' if n > 1 else ''})"
+        else:
+            save = f"an assumed save cost of {d.save_s:.3g} s (save_cost_prior_s)"
+        mtbf = f"an MTBF of {d.mtbf_s / 3600:.3g} h"
+        if self._interruptions:
+            mtbf += f" (prior {self.mtbf_prior_s / 3600:.3g} h, {self._interruptions} interruption(s) seen)"
+        return (
+            f"CheckpointCadence: checkpoint interval {what}{why}. {d.formula.capitalize()}'s formula gives"
+            f" {d.interval_s:.1f} s between saves from {save} and {mtbf}, at {d.step_s:.3g} s per step."
         )
 
     @override
@@ -210,12 +299,14 @@ class CheckpointCadence(Callback):
         realised = (b["checkpoint_save"] + b["lost_progress"] + b["restart_overhead"] + b["checkpoint_load"]) / max(
             ledger.elapsed_s, 1e-9
         )
+        held = f", held at every_n_train_steps={self._user_steps}" if self.decision.held_at_user_setting else ""
         log.info(
-            "Checkpoint cadence: every %d steps (%.1f s by %s; save %.2f s, MTBF %.2f h); predicted waste %.2f%%,"
-            " realised %.2f%%",
+            "Checkpoint cadence: every %d steps%s (%s asks for %.1f s; save %.2f s, MTBF %.2f h); predicted waste"
+            " %.2f%%, realised %.2f%%",
             self.decision.steps,
-            self.decision.interval_s,
+            held,
             self.formula,
+            self.decision.interval_s,
             self.decision.save_s,
             self.decision.mtbf_s / 3600,
             100 * self.decision.predicted_waste,

@@ -63,7 +63,8 @@ def main() -> None:
         callbacks.append(KillAfterStep(args.kill_after_step))
     cadence = None
     if args.cadence_mtbf_hours is not None:
-        cadence = CheckpointCadence(mtbf_hours=args.cadence_mtbf_hours, hysteresis=0.0)
+        # may_lengthen: the formula's interval exceeds --every, and the ranks must agree on real changes.
+        cadence = CheckpointCadence(mtbf_hours=args.cadence_mtbf_hours, hysteresis=0.0, may_lengthen=True)
         callbacks.append(cadence)
     if args.profile_flops_per_batch is not None:
         callbacks.append(
