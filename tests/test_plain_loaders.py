@@ -47,7 +47,8 @@ def test_loaders_whose_position_cannot_be_restored_are_left_alone_with_the_reaso
 
     subclass = adopt_loader(OwnLoader(8))
     assert not subclass.adopted and "OwnLoader is not a plain DataLoader" in (subclass.reason or "")
-    custom = adopt_loader(DataLoader(RandomDataset(2, 8), batch_sampler=Shuffled(SequentialSampler(range(8)), 2, False)))
+    batches = Shuffled(SequentialSampler(range(8)), 2, False)
+    custom = adopt_loader(DataLoader(RandomDataset(2, 8), batch_sampler=batches))
     assert not custom.adopted and "batch sampler Shuffled has no state_dict" in (custom.reason or "")
     already = adopt_loader(StatefulDataLoader(RandomDataset(2, 8)))
     assert not already.adopted and already.resumable

@@ -325,8 +325,10 @@ CONFIGS: dict[str, Config] = {
     "iterable-dataset-with-state": Config(kill_at=6, max_steps=20, dataset="resumable_stream", loader="stateful",
                                           what="IterableDataset with its own state_dict"),
     # --- two ranks (gloo, Lightning's DDP launcher)
-    "ddp-plain-loader": Config(kill_at=3, max_steps=10, devices=2, what="2-rank DDP, plain DataLoader"),
-    "ddp-stateful-loader-2-workers": Config(kill_at=3, max_steps=10, devices=2, loader="stateful", workers=2,
+    "ddp-plain-loader": Config(kill_at=3, max_steps=10, devices=2, every_n_train_steps=2,
+                               what="2-rank DDP, plain DataLoader"),
+    "ddp-stateful-loader-2-workers": Config(kill_at=3, max_steps=10, devices=2, every_n_train_steps=2,
+                                            loader="stateful", workers=2,
                                             dataset="jitter", what="2-rank DDP, StatefulDataLoader, 2 workers"),
     "ddp-every-n-epochs": Config(kill_at=_EPOCH // 2 + 1, max_epochs=3, devices=2, every_n_train_steps=None,
                                  every_n_epochs=1, what="2-rank DDP, every_n_epochs=1"),
