@@ -23,10 +23,10 @@ from typing import Any
 import fsspec
 import lightning.pytorch as pl
 import torch
+from lightning.fabric.utilities.data import sized_len
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
 from lightning.pytorch.trainer.states import TrainerFn
-from lightning.fabric.utilities.data import sized_len
 from lightning.pytorch.utilities.data import extract_batch_size
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from typing_extensions import override
