@@ -61,6 +61,9 @@ def _forked(name: str, root: Path, out: Path, checkpoint: str, kill: bool, resum
         fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         os.dup2(fd, 1)
         os.dup2(fd, 2)
+        # Under pytest, sys.stdout/err are its capture objects, not fds 1 and 2: the child's own
+        # output (tracebacks, warnings) must reach the log file the outcome is read from.
+        sys.stdout = sys.stderr = os.fdopen(fd, "w", buffering=1)
         try:
             conformance_job.run(name, str(root), str(out), checkpoint, kill, resume)
         except BaseException:

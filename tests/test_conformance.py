@@ -10,7 +10,6 @@ continuing inexactly or starting over.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -18,8 +17,8 @@ from conformance import CONFIGS, run_protocol
 
 # Configurations whose checkpoints are (correctly) not recoverable: the reason they must carry.
 REFUSED = {
-    "iterable-dataset": "has no length, so Lightning prefetches a batch",
-    "iterable-dataset-with-state": "has no length, so Lightning prefetches a batch",
+    "iterable-dataset": "has no length, so Lightning fetches a batch ahead",
+    "iterable-dataset-with-state": "has no length, so Lightning fetches a batch ahead",
 }
 # Configurations where the training state resumes exactly but a logged epoch metric does not,
 # with the one difference allowed (what is still to fix is in the README's conformance table).
@@ -30,10 +29,6 @@ METRICS_ONLY = {
 }
 
 
-# Opt-in for now: the whole matrix took over 15 minutes beside the rest of the suite on 2 loaded
-# cores, and a parallel run showed failures not yet diagnosed (each configuration passed alone).
-# Run it with LIGHTNING_FIELD_CONFORMANCE=1 pytest tests/test_conformance*.py -n 2 --dist loadfile.
-@pytest.mark.skipif(not os.environ.get("LIGHTNING_FIELD_CONFORMANCE"), reason="set LIGHTNING_FIELD_CONFORMANCE=1")
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_a_killed_run_resumes_bitwise_identically_or_refuses_with_the_reason(name: str, tmp_path: Path) -> None:
     outcome = run_protocol(name, "field", tmp_path)

@@ -4,7 +4,6 @@ the same code path, so it can fail (and does: see the README's conformance table
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -14,10 +13,6 @@ from conformance import CONFIGS, run_protocol
 _PLAIN = sorted(n for n, c in CONFIGS.items() if c.devices == 1 or n == "ddp-plain-loader")
 
 
-# Opt-in for now: the whole matrix took over 15 minutes beside the rest of the suite on 2 loaded
-# cores, and a parallel run showed failures not yet diagnosed (each configuration passed alone).
-# Run it with LIGHTNING_FIELD_CONFORMANCE=1 pytest tests/test_conformance*.py -n 2 --dist loadfile.
-@pytest.mark.skipif(not os.environ.get("LIGHTNING_FIELD_CONFORMANCE"), reason="set LIGHTNING_FIELD_CONFORMANCE=1")
 @pytest.mark.parametrize("name", _PLAIN)
 def test_plain_model_checkpoint_resumes_the_same_configuration_inexactly(name: str, tmp_path: Path) -> None:
     outcome = run_protocol(name, "plain", tmp_path)

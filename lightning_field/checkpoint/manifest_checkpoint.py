@@ -733,7 +733,7 @@ class ManifestCheckpoint(ModelCheckpoint):
             # would skip it. Measured in tests/test_conformance.py; marked so until it is corrected.
             missing.append(
                 f"data_position (rank {trainer.global_rank}: the train loader {', '.join(unsized)} has no length, so"
-                " Lightning prefetches a batch its saved position counts as trained; give the dataset a __len__)"
+                " Lightning fetches a batch ahead that its saved position counts as trained)"
             )
             self._tell_unresumable(missing[-1])
         elif not stateful:

@@ -113,6 +113,3 @@ class LoggedValueMerge:
             else:
                 accumulated.value = torch.minimum(accumulated.value, value)
             internals.forget_computed(accumulated)
-
-    def unmerged(self) -> Iterable[str]:
-        return list(self.pending)
