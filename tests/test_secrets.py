@@ -149,3 +149,12 @@ def test_a_changed_tokenizer_max_tokens_or_secret_refuses_the_resume(
 def test_the_same_config_with_the_same_secrets_resumes(trained: Path) -> None:
     _fit(trained, 4, _config(), resume=True)
     assert read_manifest(trained / "ckpts" / "epoch=0-step=4").step == 4
+
+
+def test_a_secret_recorded_by_an_older_checkpoint_as_the_bare_marker_does_not_refuse_the_resume() -> None:
+    from lightning_field.state.provenance import diff_provenance
+
+    saved = {"config": {"resolved": {"wandb": {"api_key": "<redacted>"}, "data": {"tokenizer": "<redacted>"}}}}
+    current = {"config": {"resolved": scrub_secrets({"wandb": {"api_key": "abc"}, "data": {"tokenizer": "gpt2"}})}}
+    # The secret matches; the wrongly redacted tokenizer is still a visible difference.
+    assert list(diff_provenance(saved, current)) == ["config.resolved.data.tokenizer"]

@@ -23,7 +23,11 @@ import numpy as np
 import torch
 
 from lightning_field.state.rng import capture_rng_state, restore_rng_state
-from lightning_field.state.secrets import scrub_secrets
+from lightning_field.state.secrets import is_redacted, scrub_secrets
+
+# Checkpoints written before the secret digests recorded every secret as this one constant: they
+# cannot tell two secrets apart, so a secret recorded that way matches any secret now.
+LEGACY_REDACTED = "<redacted>"
 
 
 def stable_hash(value: Any) -> str:
@@ -169,6 +173,6 @@ def diff_provenance(
         name = f"{prefix}{key}"
         if isinstance(a, Mapping) and isinstance(b, Mapping):
             out.update(diff_provenance(a, b, name + "."))
-        elif a != b:
+        elif a != b and not (a == LEGACY_REDACTED and is_redacted(b)):
             out[name] = (a, b)
     return out
