@@ -128,6 +128,8 @@ def test_a_first_attempt_with_ckpt_path_last_says_there_is_nothing_yet_without_l
         trainer = _trainer(tmp_path, 4)
         trainer.fit(model, ckpt_path="last")
     assert not [w for w in caught if "save_last=True" in str(w.message)]
+    # The silencing lasted only until setup: no filter is left behind for later runs.
+    assert not [f for f in warnings.filters if f[1] is not None and "no last checkpoint" in f[1].pattern]
     # BoringModel's own plain loader was adopted: its checkpoints are recoverable.
     latest = committed_checkpoints(tmp_path / "ckpts")[0].path
     assert verify_checkpoint(latest).recoverable

@@ -303,13 +303,21 @@ def step_plateau_schedulers_missed_at_epoch_end(trainer: pl.Trainer, saved_metri
     trainer.fit_loop.epoch_loop.update_lr_schedulers("epoch", update_plateau_schedulers=True)
 
 
-def hide_no_last_checkpoint_hint() -> None:
-    """Silence Lightning's hint for ``ckpt_path="last"`` with nothing to resume.
+def hide_no_last_checkpoint_hint() -> Callable[[], None]:
+    """Silence Lightning's hint for ``ckpt_path="last"`` with nothing to resume; returns the undo.
 
     Its "HINT: Set ``ModelCheckpoint(..., save_last=True)``" is wrong for ManifestCheckpoint, which
-    resolves "last" by its manifests and has just said why there is nothing to resume. The filter is
-    for that one message only; Lightning prints it right after the resolver returns.
+    resolves "last" by its manifests and has just said why there is nothing to resume. Lightning
+    prints it right after the resolver returns; the filter is for that one message, and is removed
+    again at the callback's setup, so it outlives neither this ``fit`` nor touches other warnings.
     """
     import warnings
 
     warnings.filterwarnings("ignore", message=r".*ckpt_path=\"last\"\) is set, but there is no last checkpoint")
+    entry = warnings.filters[0]
+
+    def undo() -> None:
+        if entry in warnings.filters:
+            warnings.filters.remove(entry)
+
+    return undo

@@ -177,11 +177,15 @@ class ManifestCheckpoint(ModelCheckpoint):
         self._force_sync = False
         self.resume_inexact = resume_inexact
         self._inexact_resume: dict[str, Any] | None = None
+        self._show_hint_again: Callable[[], None] | None = None
 
     # ------------------------------------------------------------------ setup
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         super().setup(trainer, pl_module, stage)
+        if self._show_hint_again is not None:
+            self._show_hint_again()
+            self._show_hint_again = None
         if sharded.is_sharded(trainer.strategy):
             sharded.check_supported(trainer.strategy)
             # It loads without the CheckpointIO: verification must sit in front of its own loader.
@@ -874,7 +878,7 @@ class ManifestCheckpoint(ModelCheckpoint):
         entries = committed_checkpoints(where)
         if not entries:
             rank_zero_info(f"lightning_field: no committed checkpoint under {where} yet: training starts at step 0.")
-            internals.hide_no_last_checkpoint_hint()
+            self._show_hint_again = internals.hide_no_last_checkpoint_hint()
             return set()
         resumable = [e for e in entries if e.manifest is not None and e.manifest.kind == "recovery"]
         if self.resume_inexact and resumable:
