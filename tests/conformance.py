@@ -2,8 +2,8 @@
 ``ckpt_path="last"``, compared bit for bit (weights, optimizers, LR schedulers, callback state and
 the logged epoch metrics of every epoch the resumed attempt closed).
 
-Single-process configurations are forked from the already-initialised test interpreter (a run
-costs its training, not Lightning's import); multi-rank ones start ``jobs/conformance_job.py``
+Single-process configurations are forked from a fork server that has imported Lightning once (a
+run costs its training, not Lightning's import); multi-rank ones start ``jobs/conformance_job.py``
 through Lightning's DDP launcher, as a user's script would.
 """
 
@@ -52,31 +52,44 @@ class Outcome:
         return f"exact (resumed at step {self.resumed_from_step})"
 
 
+def _child(name: str, root: Path, out: Path, checkpoint: str, kill: bool, resume: bool, log: Path) -> None:
+    import os
+
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    # Under pytest, sys.stdout/err are its capture objects, not fds 1 and 2: the child's own
+    # output (tracebacks, warnings) must reach the log file the outcome is read from.
+    sys.stdout = sys.stderr = os.fdopen(fd, "w", buffering=1)
+    try:
+        conformance_job.run(name, str(root), str(out), checkpoint, kill, resume)
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def _fork_server() -> Any:
+    """Children fork from a server process that has imported Lightning and never trained.
+
+    A test process that has already trained in-process holds torch's OpenMP thread pool, and a
+    child forked from it hangs in its first parallel op (libgomp is not fork-safe): seen as every
+    forked run of a worker hanging once another test file had trained there. The fork server
+    keeps the start-up cheap (imports done once) and the children safe.
+    """
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["conformance_job", "lightning.pytorch", "lightning_field", "torchmetrics"])
+    return context
+
+
 def _forked(name: str, root: Path, out: Path, checkpoint: str, kill: bool, resume: bool) -> tuple[int, str]:
     log = root.parent / f"{root.name}-{'kill' if kill else 'resume' if resume else 'run'}.log"
-
-    def child() -> None:
-        import os
-
-        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-        os.dup2(fd, 1)
-        os.dup2(fd, 2)
-        # Under pytest, sys.stdout/err are its capture objects, not fds 1 and 2: the child's own
-        # output (tracebacks, warnings) must reach the log file the outcome is read from.
-        sys.stdout = sys.stderr = os.fdopen(fd, "w", buffering=1)
-        try:
-            conformance_job.run(name, str(root), str(out), checkpoint, kill, resume)
-        except BaseException:
-            import traceback
-
-            traceback.print_exc()
-            sys.stderr.flush()
-            os._exit(1)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
-
-    process = multiprocessing.get_context("fork").Process(target=child)
+    process = _fork_server().Process(target=_child, args=(name, root, out, checkpoint, kill, resume, log))
     process.start()
     process.join(180)
     if process.is_alive():
