@@ -321,3 +321,41 @@ def hide_no_last_checkpoint_hint() -> Callable[[], None]:
             warnings.filters.remove(entry)
 
     return undo
+
+
+def resume_as_next_epoch(checkpoint: dict[str, Any]) -> None:
+    """Rewrite the loop progress of a checkpoint saved in ``on_train_epoch_end`` so that Lightning
+    resumes it as the start of the next epoch, as the uninterrupted run went on.
+
+    Saved there, the epoch is processed but not completed. Lightning 2.6 then either counts it
+    completed itself (``max_epochs`` runs) or, in step-based runs (``max_steps``, where the fit loop
+    always restarts), replays the epoch's end: every ``on_train_epoch_end`` hook runs a second time,
+    EarlyStopping counts the epoch twice, and the epoch's metrics are logged again from empty
+    accumulators. Here the epoch is marked completed and the epoch loop's per-epoch counters are
+    reset as the fit loop resets them when the next epoch starts, so neither happens.
+    """
+    loops = checkpoint.get("loops", {}).get("fit_loop")
+    if not loops or "epoch_progress" not in loops:
+        return
+    for part in ("total", "current"):
+        progress = loops["epoch_progress"][part]
+        if progress["processed"] == progress["completed"] + 1:
+            progress["completed"] = progress["processed"]
+    for key, value in loops.items():
+        if key.startswith("epoch_loop.") and ".val_loop." not in key:
+            _zero_current(value)
+    if "epoch_loop.batch_progress" in loops:
+        loops["epoch_loop.batch_progress"]["is_last_batch"] = False
+    val_progress = loops.get("epoch_loop.val_loop.batch_progress")
+    if val_progress is not None:
+        val_progress["total"] = dict.fromkeys(val_progress["total"], 0)
+
+
+def _zero_current(progress: Any) -> None:
+    if not isinstance(progress, dict):
+        return
+    for key, value in progress.items():
+        if key == "current" and isinstance(value, dict) and all(isinstance(v, int) for v in value.values()):
+            progress[key] = dict.fromkeys(value, 0)
+        else:
+            _zero_current(value)

@@ -159,6 +159,7 @@ class ManifestCheckpoint(ModelCheckpoint):
         self._rng_before_validation: dict[str, Any] | None = None
         self._deferred_batch_end: tuple[Any, Any, int] | None = None
         self._deferred_validation_end = False
+        self._resumed_epoch_closed = False
         self._loaded_loader_states: list[Any] | None = None
         self._loaded_sampler_state: list[dict[str, Any]] = []
         self._loaded_epoch_metrics: dict[str, Any] | None = None
@@ -312,7 +313,10 @@ class ManifestCheckpoint(ModelCheckpoint):
         # which yields nothing: an epoch would be lost. Either way the next epoch draws its order,
         # and its workers' seeds, from the generators as they were saved, so those come first.
         restarted_at_epoch_end = trainer.fit_loop.restarted_on_epoch_end
-        resumed_after_epoch_end = trainer.fit_loop.resumed_on_epoch_end
+        # Our own checkpoints say so themselves (and were rewritten to resume as the next epoch);
+        # Lightning's stage covers checkpoints written before that.
+        resumed_after_epoch_end = trainer.fit_loop.resumed_on_epoch_end or self._resumed_epoch_closed
+        self._resumed_epoch_closed = False
         internals.undo_epoch_end_double_count(trainer)
         states, self._loaded_loader_states = self._loaded_loader_states, None
         samplers, self._loaded_sampler_state = self._loaded_sampler_state, []
@@ -756,6 +760,8 @@ class ManifestCheckpoint(ModelCheckpoint):
                 "stateful": stateful,
                 "epoch": trainer.current_epoch,
                 "batch_idx": epoch_loop.batch_progress.current.completed,
+                # Saved in on_train_epoch_end: the epoch's batches are done, its end is under way.
+                "epoch_closed": _epoch_closed(trainer),
                 "global_step": trainer.global_step,
                 "samples_seen": self._samples_seen,
                 "tokens_seen": self._tokens_seen,
@@ -980,6 +986,9 @@ class ManifestCheckpoint(ModelCheckpoint):
             self._samples_seen = int(position.get("samples_seen") or 0)
             self._tokens_seen = position.get("tokens_seen")
             self._loaded_epoch_metrics = rank_state.get("epoch_metrics")
+            self._resumed_epoch_closed = bool(position.get("epoch_closed"))
+            if self._resumed_epoch_closed:
+                internals.resume_as_next_epoch(checkpoint)
         if self._events is not None:
             self._events.emit(
                 "ckpt_load",
@@ -1026,6 +1035,11 @@ class _PendingSave:
     job: _SaveJob
     outcome: SaveOutcome | None = None
     removals: list[str] = field(default_factory=list)
+
+
+def _epoch_closed(trainer: pl.Trainer) -> bool:
+    progress = trainer.fit_loop.epoch_progress.current
+    return progress.processed == progress.completed + 1
 
 
 def _no_recoverable_message(where: Location, entries: Sequence[Any]) -> str:
