@@ -106,6 +106,11 @@ class CountingStream(IterableDataset):
             yield x, x[:1]
 
 
+class SizedCountingStream(CountingStream):
+    def __len__(self) -> int:
+        return 64
+
+
 def test_resume_through_lightning_continues_the_jump_sampler_order_and_the_manifest_says_how(
     tmp_path: Path, quiet_lightning: None
 ) -> None:
@@ -125,7 +130,16 @@ def test_resume_through_lightning_continues_the_jump_sampler_order_and_the_manif
     assert all(resumed.batches[s] == uninterrupted.batches[s] for s in (3, 4, 5))
 
     stream = make_trainer(tmp_path / "c", 2, dirpath=tmp_path / "stream")
-    stream.fit(DemoRegressor(), train_dataloaders=StatefulDataLoader(CountingStream(), batch_size=BATCH))
+    stream.fit(DemoRegressor(), train_dataloaders=StatefulDataLoader(SizedCountingStream(), batch_size=BATCH))
     latest = latest_recoverable(tmp_path / "stream")
     assert latest is not None
     assert read_manifest(latest).data_restore["0"][0].startswith("iterable, replay:")
+
+    # Without a length, Lightning fetches a batch ahead that the saved position counts as trained
+    # (tests/test_conformance.py measures the lost batch): such a stream is described, and refused.
+    unsized = make_trainer(tmp_path / "d", 2, dirpath=tmp_path / "unsized")
+    unsized.fit(DemoRegressor(), train_dataloaders=StatefulDataLoader(CountingStream(), batch_size=BATCH))
+    assert latest_recoverable(tmp_path / "unsized") is None
+    manifest = read_manifest(tmp_path / "unsized" / "epoch=0-step=2")
+    assert manifest.data_restore["0"][0].startswith("iterable, replay:")
+    assert any("has no length" in m and "__len__" in m for m in manifest.missing)

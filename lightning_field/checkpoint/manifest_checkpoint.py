@@ -738,10 +738,11 @@ class ManifestCheckpoint(ModelCheckpoint):
         elif unsized:
             # Lightning fetches one batch ahead from a loader without a length (to know which batch
             # is the last): the saved loader position counts that batch as consumed, and a resume
-            # would skip it. Measured in tests/test_conformance.py; marked so until it is corrected.
+            # would skip it. Measured in tests/test_conformance.py, where the same stream with a length is exact.
             missing.append(
                 f"data_position (rank {trainer.global_rank}: the train loader {', '.join(unsized)} has no length, so"
-                " Lightning fetches a batch ahead that its saved position counts as trained)"
+                " Lightning fetches a batch ahead that its saved position counts as trained; an iterable dataset"
+                " with __len__ resumes exactly)"
             )
             self._tell_unresumable(missing[-1])
         elif not stateful:

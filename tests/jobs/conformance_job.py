@@ -102,6 +102,13 @@ class ResumableStreamDataset(StreamDataset):
         self.position = int(state["position"])
 
 
+class SizedStreamDataset(StreamDataset):
+    """A stream that says how long it is (Lightning then knows each epoch's last batch)."""
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+
 def make_loader(dataset: Dataset, kind: str, workers: int, shuffle: bool = True) -> DataLoader:
     cls = StatefulDataLoader if kind == "stateful" else DataLoader
     shuffle = shuffle and not isinstance(dataset, IterableDataset)
@@ -119,8 +126,9 @@ class UserData(pl.LightningDataModule):
 
     def _train_set(self) -> Dataset:
         base = classification_tensors()
-        return {"tensor": base, "jitter": JitteredDataset(base), "stream": StreamDataset(base),
-                "resumable_stream": ResumableStreamDataset(base)}[self.dataset_kind]
+        kinds = {"tensor": base, "jitter": JitteredDataset(base), "stream": StreamDataset(base),
+                 "resumable_stream": ResumableStreamDataset(base), "sized_stream": SizedStreamDataset(base)}
+        return kinds[self.dataset_kind]
 
     def setup(self, stage: str) -> None:
         self.val_set = classification_tensors(32, seed=1)
@@ -324,6 +332,8 @@ CONFIGS: dict[str, Config] = {
                                what="IterableDataset without state (replayed)"),
     "iterable-dataset-with-state": Config(kill_at=6, max_steps=20, dataset="resumable_stream", loader="stateful",
                                           what="IterableDataset with its own state_dict"),
+    "iterable-dataset-with-len": Config(kill_at=6, max_steps=20, dataset="sized_stream", loader="stateful",
+                                        what="IterableDataset with __len__ (replayed)"),
     # --- two ranks (gloo, Lightning's DDP launcher)
     "ddp-plain-loader": Config(kill_at=3, max_steps=10, devices=2, every_n_train_steps=2,
                                what="2-rank DDP, plain DataLoader"),
