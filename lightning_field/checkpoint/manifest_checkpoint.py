@@ -40,7 +40,12 @@ from lightning_field.checkpoint.object_store import DEFAULT_CONCURRENCY, DEFAULT
 from lightning_field.checkpoint.preemption import DEFAULT_SIGNALS, PreemptionWatcher
 from lightning_field.checkpoint.resolver import committed_checkpoints, latest_recoverable
 from lightning_field.checkpoint.verify import CheckpointCorruptError
-from lightning_field.core.distributed import all_gather_objects, broadcast_object, new_host_group
+from lightning_field.core.distributed import (
+    all_gather_objects,
+    broadcast_object,
+    elastic_restart_hazard,
+    new_host_group,
+)
 from lightning_field.core.events import EventLog
 from lightning_field.core.manifest import SHARED_STATE_FILE, Manifest, is_checkpoint_dir, rank_state_file, read_manifest
 from lightning_field.core.storage import Location, as_location, basename, fs_options, is_url, parent
@@ -187,6 +192,9 @@ class ManifestCheckpoint(ModelCheckpoint):
         if self._show_hint_again is not None:
             self._show_hint_again()
             self._show_hint_again = None
+        hazard = elastic_restart_hazard(os.environ)
+        if hazard is not None:
+            rank_zero_warn(f"lightning_field: {hazard}")
         if sharded.is_sharded(trainer.strategy):
             sharded.check_supported(trainer.strategy)
             # It loads without the CheckpointIO: verification must sit in front of its own loader.

@@ -6,6 +6,7 @@ import contextlib
 import logging
 import os
 import sys
+from collections.abc import Mapping
 from typing import Any, NoReturn
 
 import torch.distributed as dist
@@ -82,3 +83,27 @@ def exit_finished_process(code: int) -> NoReturn:
         with contextlib.suppress(OSError, ValueError):  # closed or broken: nothing left to save
             stream.flush()
     os._exit(code)
+
+
+def elastic_restart_hazard(env: Mapping[str, str]) -> str | None:
+    """Why a torchrun launch in ``env`` may hang when it restarts its workers, or None.
+
+    torch elastic's c10d rendezvous shares one TCPStore with the workers across restarts
+    (``TORCHELASTIC_USE_AGENT_STORE=True``); restarted workers can then read the dead attempt's
+    gloo addresses and hang or fail in ``init_process_group`` (pytorch#135712; plain Lightning and a
+    torch-only script are affected alike). Only launches that restart (``--max-restarts`` > 0) can.
+    """
+    if env.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() != "true":
+        return None
+    try:
+        restarts = int(env.get("TORCHELASTIC_MAX_RESTARTS", "0"))
+    except ValueError:
+        return None
+    if restarts <= 0:
+        return None
+    return (
+        f"this torchrun launch restarts failed workers (TORCHELASTIC_MAX_RESTARTS={restarts}) and shares its"
+        " rendezvous store with them (TORCHELASTIC_USE_AGENT_STORE=True): restarted workers can hang or fail in"
+        " init_process_group (pytorch#135712). Launch with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 in the"
+        " agents' environment, e.g. `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --max-restarts 3 ...`."
+    )
