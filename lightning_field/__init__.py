@@ -11,10 +11,13 @@ from lightning_field.baseline import (
     tiny_overfit,
 )
 from lightning_field.checkpoint import (
+    PREEMPTED_EXIT_CODE,
     CheckpointCorruptError,
     CheckpointSaveError,
     ManifestCheckpoint,
+    NoRecoverableCheckpointError,
     ResumeMismatchError,
+    TrainingPreempted,
     latest_recoverable,
     load_weights,
     verify_checkpoint,
@@ -30,6 +33,7 @@ from lightning_field.record import build_record, check_record
 from lightning_field.state.samplers import JumpRandomSampler, JumpSequentialSampler
 
 __all__ = [
+    "PREEMPTED_EXIT_CODE",
     "CheckpointCadence",
     "CheckpointCorruptError",
     "CheckpointSaveError",
@@ -40,6 +44,7 @@ __all__ = [
     "JumpSequentialSampler",
     "Manifest",
     "ManifestCheckpoint",
+    "NoRecoverableCheckpointError",
     "PreflightSettings",
     "ProfiledDDPStrategy",
     "RestoreDrill",
@@ -48,6 +53,7 @@ __all__ = [
     "StragglerMonitor",
     "StudyConfig",
     "TimeToQuality",
+    "TrainingPreempted",
     "WandbReview",
     "__version__",
     "build_record",

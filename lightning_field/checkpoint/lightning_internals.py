@@ -93,9 +93,7 @@ def install_before_fetch(trainer: pl.Trainer, hook: Callable[[], None]) -> bool:
     return install_fetch_hook(trainer, "before", hook)
 
 
-def patch_train_loaders(
-    trainer: pl.Trainer, on_adopted: Callable[[list[Adoption]], None]
-) -> Callable[[], None] | None:
+def patch_train_loaders(trainer: pl.Trainer, on_adopted: Callable[[list[Adoption]], None]) -> Callable[[], None] | None:
     """Make the train loaders resumable before their first use: plain DataLoaders are re-created as
     StatefulDataLoaders (``adopt_loaders``) and loaders with workers get resumable worker randomness
     (``WorkerRngCapture``). ``on_adopted`` hears what happened to each loader, every time the
@@ -321,6 +319,21 @@ def hide_no_last_checkpoint_hint() -> Callable[[], None]:
             warnings.filters.remove(entry)
 
     return undo
+
+
+def slurm_requeue_signal(trainer: pl.Trainer) -> int | None:
+    """The signal SLURM sends before the time limit when Lightning's auto-requeue is on, or None.
+
+    Lightning keeps the cluster environment on the private accelerator connector (a single-device
+    strategy has none of its own). ManifestCheckpoint's handler replaces Lightning's SIGUSR1 one,
+    which would save a second, unverified ``hpc_ckpt`` and requeue, so the requeue is done here.
+    """
+    from lightning.fabric.plugins.environments import SLURMEnvironment
+
+    environment = getattr(getattr(trainer, "_accelerator_connector", None), "cluster_environment", None)
+    if isinstance(environment, SLURMEnvironment) and environment.auto_requeue:
+        return int(environment.requeue_signal) if environment.requeue_signal is not None else None
+    return None
 
 
 def resume_as_next_epoch(checkpoint: dict[str, Any]) -> None:

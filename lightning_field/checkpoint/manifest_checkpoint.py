@@ -37,7 +37,13 @@ from lightning_field.checkpoint.async_save import BackgroundSave, HostSnapshot, 
 from lightning_field.checkpoint.components import missing_components, present_components
 from lightning_field.checkpoint.io import FIELD_KEY, ManifestCheckpointIO, attach_rank_state
 from lightning_field.checkpoint.object_store import DEFAULT_CONCURRENCY, DEFAULT_PART_BYTES, ObjectStore
-from lightning_field.checkpoint.preemption import DEFAULT_SIGNALS, PreemptionWatcher
+from lightning_field.checkpoint.preemption import (
+    DEFAULT_SIGNALS,
+    PREEMPTED_EXIT_CODE,
+    PreemptionWatcher,
+    TrainingPreempted,
+    requeue_slurm_job,
+)
 from lightning_field.checkpoint.resolver import committed_checkpoints, latest_recoverable
 from lightning_field.checkpoint.verify import CheckpointCorruptError
 from lightning_field.core.distributed import (
@@ -82,7 +88,10 @@ class ManifestCheckpoint(ModelCheckpoint):
             the module's and datamodule's hparams. Recorded (secrets redacted) and compared on resume.
         allow_resume_mismatch: provenance differences to accept on resume, by dotted name or prefix,
             e.g. ``["world_size", "code.git_commit", "config"]``.
-        preemption_signals: signals that trigger a save at the next step boundary and a clean stop.
+        preemption_signals: signals that trigger a save at the next step boundary, after which the
+            attempt ends with :class:`TrainingPreempted` (exit status 75 when uncaught). Under
+            SLURM with Lightning's auto-requeue, its requeue signal is watched too, and global rank
+            0 runs ``scontrol requeue`` once the checkpoint is committed.
         preemption_check_every_n_steps: in multi-rank runs, how often ranks agree on a pending
             signal with one small all-reduce. Default: every step on CPU (a host-side op), every 10
             steps on accelerators, where reading the result synchronises the device. Single-process
@@ -157,6 +166,7 @@ class ManifestCheckpoint(ModelCheckpoint):
         self._events: EventLog | None = None
         self._prefetch_hook_installed = False
         self.preempted_checkpoint: str | None = None
+        self._requeue_signal: int | None = None
         self.last_committed: tuple[str, int] | None = None  # (path, step) of the newest commit by this run
         self.last_blocking_seconds: float | None = None  # how long that save held training up
         self._last_copy: str | None = None
@@ -298,6 +308,9 @@ class ManifestCheckpoint(ModelCheckpoint):
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         super().on_train_start(trainer, pl_module)
+        self._requeue_signal = internals.slurm_requeue_signal(trainer)
+        if self._requeue_signal is not None and self._requeue_signal not in self._watcher.signals:
+            self._watcher.signals = (*self._watcher.signals, self._requeue_signal)
         self._watcher.install()
         resumed_from = all_gather_objects(str(trainer.ckpt_path) if trainer.ckpt_path else None)
         if len(set(resumed_from)) > 1:
@@ -455,8 +468,12 @@ class ManifestCheckpoint(ModelCheckpoint):
             # receipt exchange would wait on them; it stays uncommitted, which is safe.)
             self._collect_background_save(trainer, block=True)
             self._pending = None
+        if self._undo_loader_patch is not None:
+            self._undo_loader_patch()
+            self._undo_loader_patch = None
         if self._events is not None:
-            self._events.end(f"failed: {type(exception).__name__}", step=trainer.global_step)
+            status = "preempted" if isinstance(exception, TrainingPreempted) else f"failed: {type(exception).__name__}"
+            self._events.end(status, step=trainer.global_step)
             self._events = None
         super().on_exception(trainer, pl_module, exception)
 
@@ -517,8 +534,14 @@ class ManifestCheckpoint(ModelCheckpoint):
             )
         rank_zero_info(
             f"Preempted ({name}): saved recoverable checkpoint {self.preempted_checkpoint} at step"
-            f" {trainer.global_step}; stopping. Resume with trainer.fit(..., ckpt_path='last')."
+            f" {trainer.global_step}; ending this attempt with TrainingPreempted (exit status"
+            f" {PREEMPTED_EXIT_CODE} unless caught). Resume with trainer.fit(..., ckpt_path='last')."
         )
+        if sig is not None and sig == self._requeue_signal and trainer.is_global_zero:
+            requeue_slurm_job()
+        # Where plain Lightning raises SIGTERMException: nothing after fit() runs on this model, and
+        # the launcher sees an unfinished attempt.
+        raise TrainingPreempted(self.preempted_checkpoint, trainer.global_step, name)
 
     # ------------------------------------------------------------------ saving
     @override

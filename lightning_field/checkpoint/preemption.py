@@ -3,17 +3,75 @@
 A signal handler only records that a signal arrived; the save itself happens on the training
 thread, after all ranks agree through one all-reduce, so no collective ever runs inside a handler
 and no rank saves alone.
+
+After that save the attempt ends with :class:`TrainingPreempted`, not with a normal return from
+``fit``: code after ``fit`` (a ``trainer.test()``, an export) must not run on a half-trained
+model, and a launcher (torchrun's ``--max-restarts``, a batch script's requeue test) must read the
+process as unfinished. Uncaught, it exits with :data:`PREEMPTED_EXIT_CODE`.
 """
 
 from __future__ import annotations
 
+import logging
+import os
+import re
 import signal
+import subprocess
 import threading
 from collections.abc import Callable, Iterable
 from types import FrameType
 from typing import Any
 
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+log = logging.getLogger(__name__)
+
 DEFAULT_SIGNALS: tuple[int, ...] = (signal.SIGTERM, signal.SIGUSR1)
+
+
+#: sysexits.h's EX_TEMPFAIL, "temporary failure; the user is invited to retry": what a preempted
+#: attempt exits with when nothing catches :class:`TrainingPreempted`.
+PREEMPTED_EXIT_CODE = 75
+
+
+class TrainingPreempted(SIGTERMException):
+    """A preemption signal was turned into a recoverable checkpoint and this attempt ended.
+
+    A subclass of Lightning's :class:`~lightning.pytorch.utilities.exceptions.SIGTERMException`
+    (itself a ``SystemExit``), raised where plain Lightning raises that on SIGTERM, so every
+    callback's ``on_exception`` sees it, and an uncaught one ends the process with exit status
+    :data:`PREEMPTED_EXIT_CODE` (75) instead of Lightning's 0.
+
+    Attributes:
+        checkpoint: the committed, recoverable checkpoint to resume from.
+        step: the global step it holds.
+        signal_name: the signal that asked for the stop (``"SIGTERM"``, ``"SIGUSR1"``, or a peer
+            rank's signal).
+
+    Example::
+
+        try:
+            trainer.fit(model, datamodule=data, ckpt_path="last")
+        except TrainingPreempted as stop:
+            print(f"resume later from {stop.checkpoint}")
+            raise  # exit 75: the launcher or the batch script requeues the same command
+    """
+
+    def __init__(self, checkpoint: str | None, step: int, signal_name: str) -> None:
+        super().__init__(PREEMPTED_EXIT_CODE)
+        self.checkpoint = checkpoint
+        self.step = step
+        self.signal_name = signal_name
+
+    def __str__(self) -> str:
+        return (
+            f"training preempted by {self.signal_name} at step {self.step}; recoverable checkpoint"
+            f" {self.checkpoint}; run the same command again with ckpt_path='last' to resume"
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Picklable with its fields (spawned DDP workers send exceptions back to the parent).
+        return (type(self), (self.checkpoint, self.step, self.signal_name))
 
 
 class PreemptionWatcher:
@@ -49,3 +107,30 @@ class PreemptionWatcher:
     @property
     def requested(self) -> bool:
         return self.received is not None
+
+
+def requeue_slurm_job(env: dict[str, str] | None = None) -> bool:
+    """Ask SLURM to requeue this job (``scontrol requeue``), as Lightning's auto-requeue does.
+
+    Called on global rank 0 only, after the preemption checkpoint is committed, so the requeued
+    job finds it. Returns whether ``scontrol`` accepted; a failure is logged, never raised: the
+    checkpoint is safe either way and the exit status still says the attempt did not finish.
+    """
+    env = dict(os.environ if env is None else env)
+    array_job = env.get("SLURM_ARRAY_JOB_ID")
+    job_id = f"{array_job}_{env.get('SLURM_ARRAY_TASK_ID', '')}" if array_job else env.get("SLURM_JOB_ID", "")
+    if not re.fullmatch(r"[0-9]+(_[0-9]+)?", job_id):
+        log.warning("Not requeued: no usable SLURM job id in the environment (got %r)", job_id)
+        return False
+    try:
+        result = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        log.warning("Requeuing SLURM job %s failed: %s", job_id, error)
+        return False
+    if result.returncode != 0:
+        log.warning(
+            "Requeuing SLURM job %s failed (scontrol exit %d): %s", job_id, result.returncode, result.stderr.strip()
+        )
+        return False
+    log.info("Requeued SLURM job %s", job_id)
+    return True

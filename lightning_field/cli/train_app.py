@@ -211,6 +211,7 @@ def run(cfg: DictConfig) -> int:
     import lightning.pytorch as pl
 
     from lightning_field.checkpoint.observe import find_manifest_checkpoint
+    from lightning_field.checkpoint.preemption import TrainingPreempted
     from lightning_field.checkpoint.resolver import latest_recoverable
     from lightning_field.planning.launch import launch_estimate, render_launch_estimate
     from lightning_field.quality.time_to_quality import TimeToQuality
@@ -268,7 +269,15 @@ def run(cfg: DictConfig) -> int:
         os.setpgrp()
     if launching and trainer.world_size > 1 and HydraConfig.initialized():
         prepare_rank_launch(cfg, run_dir)
-    trainer.fit(model, datamodule=data, ckpt_path="last" if cfg.get("resume", True) and resume_from else None)
+    try:
+        trainer.fit(model, datamodule=data, ckpt_path="last" if cfg.get("resume", True) and resume_from else None)
+    except TrainingPreempted as stop:
+        # Exits with PREEMPTED_EXIT_CODE: the launcher or batch script reruns the same command.
+        if trainer.is_global_zero:
+            print(f"[field-train] {stop} (exit status {stop.code})", flush=True)
+        if launching:
+            _end_distributed_job(environment_before)
+        raise
     if trainer.is_global_zero:
         ttq = any(isinstance(c, TimeToQuality) for c in trainer.callbacks)
         print(end_summary(run_dir, checkpoint_dir if checkpoint is not None else None, ttq), flush=True)

@@ -20,6 +20,7 @@ each other when synced (wandb #3841). This module fixes each of those where it s
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -45,6 +46,7 @@ from typing_extensions import override
 
 from lightning_field.checkpoint.manifest_checkpoint import ManifestCheckpoint
 from lightning_field.checkpoint.observe import CommitWatcher, find_manifest_checkpoint
+from lightning_field.checkpoint.preemption import TrainingPreempted
 from lightning_field.core.events import process_start_unix, read_events, read_jsonl
 from lightning_field.core.fsio import atomic_write_bytes
 from lightning_field.core.manifest import MANIFEST_NAME, Manifest, ManifestError, is_checkpoint_dir, read_manifest
@@ -394,9 +396,21 @@ class FieldWandbLogger(WandbLogger):
         """Lightning logs the module's and datamodule's hparams here: redacted like the config."""
         super().log_hyperparams(scrub_config(params))
 
+    @rank_zero_only
+    def mark_preempted(self) -> None:
+        """This attempt ends in a preemption: Lightning's ``finalize("failed")`` that follows is
+        recorded as ``preempted``, and W&B is told the run is preempting (not crashed)."""
+        self._preempted = True
+        run = self._experiment
+        if run is not None and hasattr(run, "mark_preempting"):
+            with contextlib.suppress(Exception):  # reporting must not turn a safe stop into a crash
+                run.mark_preempting()
+
     @override
     @rank_zero_only
     def finalize(self, status: str) -> None:
+        if getattr(self, "_preempted", False) and status == "failed":
+            status = "preempted"
         super().finalize(status)
         if self.attempt is None:
             return
@@ -708,6 +722,14 @@ class WandbReview(Callback):
     # ------------------------------------------------------------------ the summary
     @override
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        if isinstance(exception, TrainingPreempted):
+            # The attempt's time-to-quality summary belongs in this run's review, whichever of the
+            # two callbacks Lightning calls first.
+            ttq = next((c for c in trainer.callbacks if isinstance(c, TimeToQuality)), None)
+            if ttq is not None:
+                ttq.finish_attempt(trainer)
+            if isinstance(self._logger, FieldWandbLogger):
+                self._logger.mark_preempted()
         self._finish(trainer)
 
     @override

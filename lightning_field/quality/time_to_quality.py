@@ -29,6 +29,7 @@ from typing_extensions import override
 from lightning_field.checkpoint import lightning_internals as internals
 from lightning_field.checkpoint.manifest_checkpoint import ManifestCheckpoint
 from lightning_field.checkpoint.observe import CommitWatcher, find_manifest_checkpoint
+from lightning_field.checkpoint.preemption import TrainingPreempted
 from lightning_field.core.events import EventLog, read_events
 from lightning_field.core.fsio import atomic_write_bytes
 from lightning_field.core.heartbeat import Heartbeat, heartbeat_path, read_heartbeat
@@ -132,6 +133,7 @@ class TimeToQuality(Callback):
         self.price_per_device_hour = price_per_device_hour
         self.progress_every_s = progress_every_s
         self.summary: dict[str, Any] = {}
+        self._attempt_finished = False
         self.history: list[tuple[int, float]] = []
         self._run_dir: Path | None = None
         self._events: EventLog | None = None
@@ -156,6 +158,7 @@ class TimeToQuality(Callback):
         self._run_dir = Path(trainer.default_root_dir)
         self._world_size = trainer.world_size
         # Each fit() is its own attempt: its counters start from zero.
+        self._attempt_finished = False
         self._first_step_unix = None
         self._data_wait_s = self._wait_before_fetch = self._eval_s = 0.0
         self._fetch_started = self._eval_started = None
@@ -348,8 +351,22 @@ class TimeToQuality(Callback):
 
     @override
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self._events is None:
+        self.finish_attempt(trainer)
+
+    @override
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        # A preempted attempt ends with TrainingPreempted, so Lightning calls neither on_fit_end nor
+        # teardown: its summary is written here, and the heartbeat stops either way.
+        if isinstance(exception, TrainingPreempted):
+            self.finish_attempt(trainer)
+        self.teardown(trainer, pl_module, "fit")
+
+    def finish_attempt(self, trainer: pl.Trainer) -> None:
+        """Write and print this attempt's final summary, once: at the end of ``fit``, or when a
+        preemption ends the attempt (``WandbReview`` calls it too, whichever callback runs first)."""
+        if self._events is None or self._attempt_finished:
             return
+        self._attempt_finished = True
         self._emit_progress(trainer)
         summary = self._write(trainer, final=True)
         rank_zero_info(render_summary(summary))

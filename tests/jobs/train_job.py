@@ -17,7 +17,7 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
-from lightning_field import ManifestCheckpoint, latest_recoverable
+from lightning_field import ManifestCheckpoint, TrainingPreempted, latest_recoverable
 from lightning_field.checkpoint.commit import LocalStore
 from lightning_field.checkpoint.object_store import ObjectStore
 from lightning_field.core.distributed import exit_finished_process
@@ -217,10 +217,11 @@ def main() -> None:
         # Lightning cannot resolve "last" under a URL (it has no storage options): ask the resolver.
         ckpt_path = latest_recoverable(ckpt_dir, storage_options) if args.ckpt_url else "last"
         print(f"RESUME-FROM {ckpt_path}")
-    trainer.fit(model, datamodule=data, ckpt_path=ckpt_path)
-    if args.checkpoint == "manifest" and checkpoint.preempted_checkpoint:
-        print(f"PREEMPTED-CHECKPOINT {checkpoint.preempted_checkpoint} at step {trainer.global_step}")
-        exit_finished_process(0)
+    try:
+        trainer.fit(model, datamodule=data, ckpt_path=ckpt_path)
+    except TrainingPreempted as stop:
+        print(f"PREEMPTED-CHECKPOINT {stop.checkpoint} at step {stop.step}")
+        exit_finished_process(stop.code)
     state = _full_state(model, trainer, args.sharded)  # collective when sharded: every rank gathers
     if trainer.is_global_zero:
         torch.save({**state, "step": trainer.global_step}, args.out)
