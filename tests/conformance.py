@@ -4,12 +4,20 @@ the logged epoch metrics of every epoch the resumed attempt closed).
 
 Single-process configurations are forked from a fork server that has imported Lightning once (a
 run costs its training, not Lightning's import); multi-rank ones start ``jobs/conformance_job.py``
-through Lightning's DDP launcher, as a user's script would.
+through Lightning's DDP launcher, as a user's script would. Multi-node ones run under two torchrun
+elastic agents on loopback (one per simulated node, c10d rendezvous, ``--max-restarts=1``): the
+kill and the resume are one launch, since torchrun itself restarts the group.
 """
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
+import os
+import re
+import signal
+import socket
+import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -109,9 +117,54 @@ def _launched(name: str, root: Path, out: Path, checkpoint: str, kill: bool, res
     return result.returncode, result.stdout
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _torchrun(name: str, root: Path, out: Path, checkpoint: str, kill: bool) -> tuple[int, str]:
+    """One agent per simulated node, as a multi-node job starts; returns the worse exit status."""
+    from conftest import child_env
+
+    config = CONFIGS[name]
+    env = child_env()
+    # The launch line the README documents: without it, restarted groups can hang (pytorch#135712).
+    env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+    port = _free_port()
+    command = [
+        sys.executable, "-m", "torch.distributed.run", f"--nnodes={config.nodes}",
+        f"--nproc-per-node={config.devices}", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
+        f"--rdzv-id=conformance-{port}", "--max-restarts=1", "--monitor-interval=0.5",
+        str(JOB), name, "--root", str(root), "--out", str(out), "--checkpoint", checkpoint,
+        *(["--kill"] if kill else []),
+    ]  # fmt: skip
+    logs = [root.parent / f"{root.name}-node{n}.log" for n in range(config.nodes)]
+    agents = []
+    for log in logs:
+        with open(log, "w") as sink:
+            agents.append(subprocess.Popen(command, env=env, stdout=sink, stderr=subprocess.STDOUT,
+                                           start_new_session=True))  # fmt: skip
+    codes = []
+    try:
+        for agent in agents:
+            codes.append(agent.wait(timeout=240))
+    except subprocess.TimeoutExpired:
+        codes.append(-999)
+    finally:
+        for agent in agents:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(agent.pid, signal.SIGKILL)
+            agent.wait()
+    text = "\n".join(f"--- node {n} ---\n{log.read_text()}" for n, log in enumerate(logs))
+    return next((c for c in codes if c != 0), 0), text
+
+
 def run_protocol(name: str, checkpoint: str, tmp: Path) -> Outcome:
     """Reference, killed, resumed; the outcome names the first difference from the reference."""
     config = CONFIGS[name]
+    if config.nodes > 1:
+        return _run_elastic_protocol(name, checkpoint, tmp)
     go = _launched if config.devices > 1 else _forked
     outcome = Outcome(name, checkpoint)
     reference, resumed = tmp / f"{checkpoint}-reference.pt", tmp / f"{checkpoint}-resumed.pt"
@@ -128,6 +181,37 @@ def run_protocol(name: str, checkpoint: str, tmp: Path) -> Outcome:
     outcome.log = log
     if rc != 0:
         outcome.error = f"resumed run exited {rc}: {_tail(log)}"
+        return outcome
+    expected, got = torch.load(reference, weights_only=False), torch.load(resumed, weights_only=False)
+    outcome.resumed_from_step = got["start_step"]
+    outcome.differences = compare(expected, got)
+    return outcome
+
+
+def _run_elastic_protocol(name: str, checkpoint: str, tmp: Path) -> Outcome:
+    """Reference launch; then a launch whose rank 1 is SIGKILLed once and which torchrun restarts."""
+    outcome = Outcome(name, checkpoint)
+    reference, resumed = tmp / f"{checkpoint}-reference.pt", tmp / f"{checkpoint}-resumed.pt"
+    rc, log = _torchrun(name, tmp / f"{checkpoint}-reference", reference, checkpoint, kill=False)
+    if rc != 0:
+        outcome.error, outcome.log = f"reference launch exited {rc}: {_tail(log)}", log
+        return outcome
+    root = tmp / f"{checkpoint}-interrupted"
+    rc, outcome.log = _torchrun(name, root, resumed, checkpoint, kill=True)
+    # The agent's own account of how the interrupted worker (its pid is in the mark) ended.
+    mark = root / "killed"
+    ended = dict(
+        (int(pid), int(code))
+        for code, pid in re.findall(r"failed \(exitcode: (-?\d+)\) local_rank: \d+ \(pid: (\d+)\)", outcome.log)
+    )
+    outcome.killed_rc = ended.get(int(mark.read_text())) if mark.exists() else None
+    if outcome.killed_rc is None:
+        outcome.error = f"no worker of the first attempt was interrupted: {_tail(outcome.log)}"
+    elif len(list(root.glob("started-*"))) != 2 * CONFIGS[name].nodes * CONFIGS[name].devices:
+        outcome.error = f"torchrun did not restart the group: {_tail(outcome.log)}"
+    elif rc != 0:
+        outcome.error = f"the restarted launch exited {rc}: {_tail(outcome.log)}"
+    if outcome.error:
         return outcome
     expected, got = torch.load(reference, weights_only=False), torch.load(resumed, weights_only=False)
     outcome.resumed_from_step = got["start_step"]

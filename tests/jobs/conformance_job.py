@@ -271,7 +271,9 @@ class Config:
     optimizer: str = "sgd"
     every_n_train_steps: int | None = 4
     every_n_epochs: int | None = None
-    devices: int = 1
+    devices: int = 1  # per node
+    nodes: int = 1  # > 1: one torchrun elastic agent per simulated node, restarting the group once
+    interrupt: str = "SIGKILL"  # or "SIGTERM": a preemption notice, saved at the next step
     trainer: dict[str, Any] = field(default_factory=dict)
     callbacks: tuple[str, ...] = ()
     build_in_setup: bool = False
@@ -342,19 +344,34 @@ CONFIGS: dict[str, Config] = {
                                             dataset="jitter", what="2-rank DDP, StatefulDataLoader, 2 workers"),
     "ddp-every-n-epochs": Config(kill_at=_EPOCH // 2 + 1, max_epochs=3, devices=2, every_n_train_steps=None,
                                  every_n_epochs=1, what="2-rank DDP, every_n_epochs=1"),
+    # --- the launchers users have (item 8): torchrun restarts the group, the script resumes itself
+    "torchrun-elastic-2-nodes": Config(kill_at=3, max_steps=10, nodes=2, every_n_train_steps=2,
+                                       what="torchrun --max-restarts=1, 2 nodes (c10d), rank 1 SIGKILLed"),
+    "torchrun-elastic-sigterm": Config(kill_at=2, max_steps=10, nodes=2, every_n_train_steps=4, interrupt="SIGTERM",
+                                       what="torchrun, rank 1 SIGTERMed: preemption save, exit 75, restart"),
 }
 
 
 # ---------------------------------------------------------------------------------------- the run
 class KillAtStep(Callback):
-    """SIGKILL this process at the start of ``step`` (the saves of earlier steps are done)."""
+    """SIGKILL (or another signal) this process at the start of ``step`` (the saves of earlier steps
+    are done), leaving ``mark`` behind first so that a launcher's restart of it can be told from a
+    run that never died."""
 
-    def __init__(self, step: int) -> None:
+    def __init__(self, step: int, mark: Path | None = None, signum: int = signal.SIGKILL) -> None:
         self.step = step
+        self.mark = mark
+        self.signum = signum
 
     def on_train_batch_start(self, trainer: pl.Trainer, *args: Any) -> None:
-        if trainer.global_step == self.step:
-            os.kill(os.getpid(), signal.SIGKILL)
+        if trainer.global_step == self.step and not (self.mark is not None and self.mark.exists()):
+            if self.mark is not None:
+                self.mark.write_text(str(os.getpid()))
+            os.kill(os.getpid(), self.signum)
+
+
+def under_torchrun() -> bool:
+    return "TORCHELASTIC_RESTART_COUNT" in os.environ
 
 
 class RecordRun(Callback):
@@ -409,14 +426,25 @@ def run(name: str, root: str, out: str, checkpoint: str, kill: bool, resume: boo
     )
     record = RecordRun()
     callbacks: list[Callback] = [saver, record, *_callbacks(config.callbacks)]
-    if kill:
+    if under_torchrun():
+        # As a user's script under torchrun: always ckpt_path="last" (nothing there yet on the first
+        # attempt); the launcher, not a second command, restarts it after rank 1 is killed once.
+        # (Each agent counts its own restarts, and ranks may move between nodes on a restart: the
+        # kill's mark, not TORCHELASTIC_RESTART_COUNT, says whether it has happened.)
+        resume = True
+        Path(root).mkdir(parents=True, exist_ok=True)
+        Path(root, f"started-{os.getpid()}").touch()
+        if kill and os.environ["RANK"] == "1" and not Path(root, "killed").exists():
+            callbacks.append(KillAtStep(config.kill_at, Path(root, "killed"), signal.Signals[config.interrupt]))
+    elif kill:
         callbacks.append(KillAtStep(config.kill_at))
     needs_logger = "lr_monitor" in config.callbacks
     trainer = pl.Trainer(
         default_root_dir=root,
         accelerator="cpu",
         devices=config.devices,
-        strategy="ddp" if config.devices > 1 else "auto",
+        num_nodes=config.nodes,
+        strategy="ddp" if config.devices * config.nodes > 1 else "auto",
         max_steps=config.max_steps,
         max_epochs=config.max_epochs,
         callbacks=callbacks,
