@@ -9,13 +9,9 @@ from pathlib import Path
 import pytest
 from conformance import CONFIGS, run_protocol
 
-# Multi-rank controls cost a launch each; one per launcher stands for the rest. (Plain Lightning
-# exits 0 on SIGTERM, so torchrun would not restart it: that configuration has no plain control.)
-_PLAIN = sorted(
-    n
-    for n, c in CONFIGS.items()
-    if c.devices * c.nodes == 1 or n in ("ddp-plain-loader", "torchrun-elastic-2-nodes")
-)
+# Plain Lightning exits 0 on SIGTERM, so torchrun would not restart it: that configuration has no
+# plain control.
+_PLAIN = sorted(n for n, c in CONFIGS.items() if c.interrupt == "SIGKILL")
 
 
 @pytest.mark.parametrize("name", _PLAIN)

@@ -261,6 +261,7 @@ class Config:
     """One ordinary training setup and where it is interrupted."""
 
     kill_at: int  # SIGKILL at the start of this step: the last save before it is what resumes
+    kill_after_micro_batches: int = 0  # with gradient accumulation: this many of the step's batches first
     max_steps: int = -1
     max_epochs: int | None = None
     loader: str = "plain"
@@ -302,6 +303,8 @@ CONFIGS: dict[str, Config] = {
                                        every_n_epochs=1, validate=True, trainer={"check_val_every_n_epoch": 2},
                                        what="check_val_every_n_epoch=2, epoch checkpoints"),
     "max-epochs": Config(kill_at=_EPOCH + 5, max_epochs=3, what="max_epochs run, step checkpoints"),
+    "kill-at-last-batch": Config(kill_at=2 * _EPOCH - 1, max_epochs=3, every_n_train_steps=2,
+                                 what="killed as an epoch's last batch starts"),
     # --- loaders built early (item 4)
     "onecycle-estimated-steps": Config(kill_at=6, max_steps=20, scheduler="onecycle",
                                        what="OneCycleLR(total_steps=estimated_stepping_batches)"),
@@ -313,6 +316,11 @@ CONFIGS: dict[str, Config] = {
     "accumulate-clip-steplr": Config(kill_at=5, max_steps=8, scheduler="step_step", every_n_train_steps=2,
                                      trainer={"accumulate_grad_batches": 3, "gradient_clip_val": 0.5},
                                      what="accumulate_grad_batches=3, gradient_clip_val, step StepLR"),
+    "accumulate-kill-mid-window": Config(kill_at=4, kill_after_micro_batches=1, max_steps=8, scheduler="step_step",
+                                         every_n_train_steps=2,
+                                         trainer={"accumulate_grad_batches": 3, "gradient_clip_val": 0.5},
+                                         # step 4's window is batches 11-13: killed as 12 starts
+                                         what="accumulate_grad_batches=3, killed between two accumulation batches"),
     # --- metrics (item 6)
     "epoch-metrics-mid-epoch": Config(kill_at=_EPOCH + 3, max_epochs=3, every_n_train_steps=2,
                                       what="on_epoch logging and a torchmetrics Accuracy, mid-epoch kill"),
@@ -358,13 +366,20 @@ class KillAtStep(Callback):
     are done), leaving ``mark`` behind first so that a launcher's restart of it can be told from a
     run that never died."""
 
-    def __init__(self, step: int, mark: Path | None = None, signum: int = signal.SIGKILL) -> None:
+    def __init__(
+        self, step: int, mark: Path | None = None, signum: int = signal.SIGKILL, after_micro_batches: int = 0
+    ) -> None:
         self.step = step
         self.mark = mark
         self.signum = signum
+        self.after_micro_batches = after_micro_batches
+        self._started = 0
 
     def on_train_batch_start(self, trainer: pl.Trainer, *args: Any) -> None:
-        if trainer.global_step == self.step and not (self.mark is not None and self.mark.exists()):
+        if trainer.global_step != self.step:
+            return
+        self._started += 1  # batches of this optimizer step begun, this one included
+        if self._started > self.after_micro_batches and not (self.mark is not None and self.mark.exists()):
             if self.mark is not None:
                 self.mark.write_text(str(os.getpid()))
             os.kill(os.getpid(), self.signum)
@@ -437,7 +452,7 @@ def run(name: str, root: str, out: str, checkpoint: str, kill: bool, resume: boo
         if kill and os.environ["RANK"] == "1" and not Path(root, "killed").exists():
             callbacks.append(KillAtStep(config.kill_at, Path(root, "killed"), signal.Signals[config.interrupt]))
     elif kill:
-        callbacks.append(KillAtStep(config.kill_at))
+        callbacks.append(KillAtStep(config.kill_at, after_micro_batches=config.kill_after_micro_batches))
     needs_logger = "lr_monitor" in config.callbacks
     trainer = pl.Trainer(
         default_root_dir=root,
