@@ -1,30 +1,103 @@
-"""What the ``field-*`` Hydra apps share: the shipped config directory and how a run's status
-becomes the process's exit status."""
+"""What the ``field-*`` Hydra apps share: the shipped config directory, the checks that refuse an
+unusable command line before anything runs, and how a run's status becomes the process's exit status."""
 
 from __future__ import annotations
 
 import os
+import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import hydra
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from lightning_field.conf import CONFIG_DIR
-from lightning_field.integrations.hydra_configs import register_configs
+from lightning_field.conf import CONFIG_DIR, compose_config
+from lightning_field.integrations.hydra_configs import (
+    TargetConfigError,
+    apply_target_swaps,
+    prepare_target_overrides,
+    register_configs,
+)
+
+EXIT_BAD_CONFIG = 2
 
 
-def hydra_main(config_name: str, run: Callable[[DictConfig], int]) -> None:
-    """Compose ``config_name`` from the shipped configs (type-checked) and exit with ``run``'s status."""
+def hydra_main(config_name: str, run: Callable[[DictConfig], int], app_name: str | None = None) -> None:
+    """Compose ``config_name`` from the shipped configs (type-checked) and exit with ``run``'s status.
+
+    An unusable command line (an unknown key or group option, a swapped target that does not take
+    the given keys) exits 2 with a one-line cause before ``run`` starts anything.
+    """
+    app_name = app_name or config_name.replace("_", "-")
     register_configs()
     # As with `python -m`, modules in the current directory are importable by _target_.
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
+    # Rewritten in sys.argv itself: Lightning's DDP launcher starts the other ranks from it.
+    sys.argv[1:] = prepare_target_overrides(sys.argv[1:])
+    problem = composition_problem(config_name, sys.argv[1:])
+    if problem:
+        print(f"{app_name}: {problem}", file=sys.stderr)
+        sys.exit(EXIT_BAD_CONFIG)
 
     @hydra.main(config_path=str(CONFIG_DIR), config_name=config_name, version_base="1.3")
     def app(cfg: DictConfig) -> None:
+        try:
+            apply_target_swaps(cfg, HydraConfig.get().overrides.task)
+        except TargetConfigError as err:
+            print(f"{app_name}: {err}", file=sys.stderr)
+            sys.exit(EXIT_BAD_CONFIG)
         code = run(cfg)
         if code:
             sys.exit(code)
 
     app()
+
+
+def composition_problem(config_name: str, arguments: Sequence[str]) -> str | None:
+    """Why these overrides cannot compose into a runnable config, in one line, or None.
+
+    Hydra would print the same errors itself, but as a traceback hint and with exit status 1, the
+    status that means "the run failed". Command lines with Hydra's own flags (``-m``, ``--cfg``,
+    ``--config-dir``) are left to Hydra, which alone knows what they change.
+    """
+    if any(a.startswith("-") for a in arguments):
+        return None
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        apply_target_swaps(compose_config(config_name, arguments), arguments)
+    except TargetConfigError as err:
+        return str(err)
+    except (HydraException, OmegaConfBaseException) as err:
+        unknown = re.search(r"Could not override '([^']+)'", str(err))
+        return _unknown_key(config_name, arguments, unknown.group(1)) if unknown else one_line(str(err))
+    return None
+
+
+def _unknown_key(config_name: str, arguments: Sequence[str], key: str) -> str:
+    """``model.hiddn: no such key; model has features, hidden, ...``: the keys that do exist there."""
+    from omegaconf import DictConfig as Node
+
+    parent, _, _ = key.rpartition(".")
+    others = [a for a in arguments if a.split("=", 1)[0].lstrip("+~") != key]
+    try:
+        node = compose_config(config_name, others)
+        for part in parent.split(".") if parent else []:
+            node = node[part]
+    except Exception:  # the rest of the command line has problems of its own: name this one only
+        node = None
+    known = f"; {parent or 'the config'} has {', '.join(map(str, node.keys()))}" if isinstance(node, Node) else ""
+    return f"{key}: no such key{known} (to add a new key on purpose: +{key}=...)"
+
+
+def one_line(message: str) -> str:
+    """A multi-line Hydra message as one line (``Available options in 'experiment': a, b``)."""
+    # Hydra appends its config search path to a missing-option error: not the user's problem.
+    message = message.split("Config search path", 1)[0]
+    lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
+    text = " ".join(lines)
+    listed = re.match(r"(.*Available options in '[^']+':) (.*)", text)
+    return f"{listed.group(1)} {listed.group(2).replace(' ', ', ')}" if listed else text

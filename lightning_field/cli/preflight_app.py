@@ -59,7 +59,7 @@ def run(cfg: DictConfig) -> int:
 
 
 def main() -> None:
-    hydra_main("field_preflight", run)
+    hydra_main("field_preflight", run, app_name="field preflight")
 
 
 if __name__ == "__main__":

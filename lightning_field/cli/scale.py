@@ -32,15 +32,24 @@ def study_config(args: argparse.Namespace) -> StudyConfig:
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
+    from lightning_field.cli.hydra_app import one_line
     from lightning_field.conf import compose_config
+    from lightning_field.integrations.hydra_configs import (
+        TargetConfigError,
+        apply_target_swaps,
+        prepare_target_overrides,
+    )
 
+    overrides = prepare_target_overrides(args.overrides)
     try:
-        cfg = compose_config("field_scale", args.overrides)
+        cfg = apply_target_swaps(compose_config("field_scale", overrides), overrides)
         scale: dict[str, Any] = OmegaConf.to_container(cfg.scale, resolve=True)  # type: ignore[assignment]
         model = OmegaConf.to_container(cfg.model, resolve=True)
         data = OmegaConf.to_container(cfg.data, resolve=True)
+    except TargetConfigError as err:
+        raise ScaleInputError(str(err)) from None
     except (HydraException, OmegaConfBaseException) as err:
-        raise ScaleInputError(f"config: {err}") from None
+        raise ScaleInputError(f"config: {one_line(str(err))}") from None
     for name, node in (("model", model), ("data", data)):
         if not isinstance(node, dict) or not node.get("_target_"):
             raise ScaleInputError(f"{name}: needs a _target_ (e.g. {name}._target_=my_pkg.My{name.title()})")

@@ -225,11 +225,14 @@ def build_evidence(
         and r.kill is not None
         and int(r.kill_record["step"]) == r.kill.step
     ]
+    # Counted against the plan, not against what ran: a protocol cut short passes nothing vacuously.
+    planned = settings.interruptions
     conditions.append(
         Condition(
             "interruptions_were_real",
-            len(real) == len(interrupted),
-            f"{len(real)}/{len(interrupted)} interrupted runs died by SIGKILL at their planned step",
+            planned > 0 and len(real) == planned,
+            f"{len(real)}/{planned} interrupted runs died by SIGKILL at their planned step"
+            + (f" ({planned - len(interrupted)} not run)" if len(interrupted) < planned else ""),
         )
     )
     restore_problems = []
@@ -260,19 +263,21 @@ def build_evidence(
     damaged = [
         f"{r.name}/{c['name']}: {'; '.join(c['problems'])}" for r in results for c in r.checkpoints if not c["intact"]
     ]
+    verified = sum(len(r.checkpoints) for r in results)
     conditions.append(
         Condition(
             "checkpoints_intact",
-            not damaged,
-            "; ".join(damaged) or f"{sum(len(r.checkpoints) for r in results)} committed checkpoints verified intact",
+            not damaged and verified > 0,
+            "; ".join(damaged)
+            or (f"{verified} committed checkpoints verified intact" if verified else "none committed"),
         )
     )
     finished = [r.name for r in interrupted if _completed(r, settings.steps)]
     conditions.append(
         Condition(
             "interrupted_runs_completed",
-            len(finished) == len(interrupted),
-            f"{len(finished)}/{len(interrupted)} resumed runs reached step {settings.steps}",
+            planned > 0 and len(finished) == planned,
+            f"{len(finished)}/{planned} resumed runs reached step {settings.steps}",
         )
     )
 

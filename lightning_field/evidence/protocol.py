@@ -91,6 +91,12 @@ def plan_kills(settings: EvidenceSettings, save_every: int | None) -> list[Kill]
         for step, mode in zip(steps, modes, strict=True):
             if not 1 <= step < settings.steps:
                 raise EvidenceConfigError(f"kill step {step} is outside 1..{settings.steps - 1}")
+            if save_every and step < save_every:
+                raise EvidenceConfigError(
+                    f"evidence.kill_steps: kill step {step} comes before the first checkpoint (step {save_every},"
+                    f" every_n_train_steps={save_every}): the resume would restart from scratch, which tests no"
+                    f" restore; use a step >= {save_every}"
+                )
             if mode == "save" and step % int(save_every or 1):
                 raise EvidenceConfigError(
                     f"kill step {step} is not a checkpoint step (every_n_train_steps={save_every}):"
@@ -293,6 +299,22 @@ def run_protocol(
             result.attempts.append(_launch(resume, cwd, settings.attempt_timeout_s))
         for attempt in result.attempts:
             print(f"[field-evidence]   attempt {attempt.attempt}: exit {attempt.returncode}, log {attempt.log}")
+            planned = kill is not None and attempt.attempt == 1 and attempt.returncode == -signal.SIGKILL
+            if attempt.returncode != 0 and not planned:
+                print(failure_tail(attempt.log), flush=True)
         _collect(result, settings.keep_checkpoints)
         results.append(result)
+        if kill is None and result.attempts[-1].returncode != 0:
+            # The rest would run the same code into the same failure: the gate fails on what ran.
+            print(f"[field-evidence] {name} failed: the remaining runs are not started", flush=True)
+            break
     return results
+
+
+def failure_tail(log: Path, lines: int = 10) -> str:
+    """The end of a failed child's log, indented, for the console: the cause is usually there."""
+    try:
+        text = Path(log).read_text(errors="replace").rstrip().splitlines()
+    except OSError as err:
+        return f"[field-evidence]     (log unreadable: {err})"
+    return "\n".join(f"[field-evidence]     {line}" for line in text[-lines:])

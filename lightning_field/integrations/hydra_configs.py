@@ -148,3 +148,155 @@ def register_configs(store: ConfigStore | None = None) -> None:
         group, _, name = key.rpartition("/")
         node = structured_config(get_class(schema.target), schema.target, schema.exclude)
         store.store(group=f"{SCHEMA_GROUP}/{group}", name=name, node=node)
+
+
+# ---------------------------------------------------------------------------------------------- your own classes
+SWAPPABLE_SECTIONS = ("model", "data")
+"""Config sections whose ``_target_`` a user points at a class of their own."""
+
+
+class TargetConfigError(ValueError):
+    """A swapped ``model``/``data`` target cannot be built from the given keys; the message names the
+    key and the class's signature. Raised before anything is instantiated."""
+
+
+def apply_target_swaps(cfg: Any, overrides: typing.Sequence[str]) -> Any:
+    """Give ``model._target_=pkg.Class`` (and ``data._target_=``) LightningCLI's meaning: the class with
+    its own defaults, and only the keys given on the command line.
+
+    Without this, Hydra merges the override into the shipped group, so the shipped model's other keys
+    (``vocab_size``, ``hidden``, ...) reach the user's constructor: a ``TypeError`` at best, and at
+    worst a key whose name happens to match silently replaces the user's default (``batch_size``).
+
+    The section is rebuilt from the class's signature (its plain defaults, so the recorded config
+    says what ran) plus the keys that ``overrides`` set, type-checked against the annotations before
+    anything is built: an unknown key, a wrong type or a missing required argument raises
+    :class:`TargetConfigError` naming the key and the signature. ``cfg`` is changed in place and returned.
+
+    Call it in your own Hydra app with ``HydraConfig.get().overrides.task`` to get the same behaviour
+    on the shipped groups; the ``field-*`` apps and ``field scale`` do.
+    """
+    from omegaconf import OmegaConf, open_dict
+    from omegaconf.errors import OmegaConfBaseException
+
+    given = _overridden_keys(overrides)
+    for section in SWAPPABLE_SECTIONS:
+        if "_target_" not in given.get(section, ()) or section not in cfg:
+            continue
+        node = cfg[section]
+        target = str(node["_target_"])
+        cls = _import_class(section, target)
+        signature = _signature_text(cls)
+        schema, open_ended = _lenient_schema(cls, target)
+        keys = [k for k in given[section] if k != "_target_"]
+        raw = OmegaConf.to_container(node, resolve=False)
+        assert isinstance(raw, dict)
+        chosen = {k: raw[k] for k in keys if k in raw}
+        try:
+            typed = OmegaConf.structured(schema)
+            OmegaConf.set_struct(typed, not open_ended)
+            typed = OmegaConf.merge(typed, chosen)
+            OmegaConf.to_container(typed, resolve=False, throw_on_missing=True)
+        except OmegaConfBaseException as err:
+            key = getattr(err, "key", None)
+            reason = str(err).splitlines()[0]
+            where = f"{section}.{key}" if key else section
+            if "MissingMandatoryValue" in type(err).__name__:
+                reason = f"{cls.__name__} needs it (no default): pass {where}=..."
+            elif type(err).__name__ == "ConfigAttributeError" or "not in" in reason:
+                reason = f"{cls.__name__} takes no argument {key!r}"
+            raise TargetConfigError(f"{where}: {reason}; {signature}") from None
+        with open_dict(cfg):
+            cfg[section] = OmegaConf.create(OmegaConf.to_container(typed, resolve=False))
+    return cfg
+
+
+def prepare_target_overrides(overrides: typing.Sequence[str]) -> list[str]:
+    """Let keys of a swapped target reach Hydra: ``model.width=8`` becomes ``++model.width=8`` when
+    ``model._target_`` is overridden too, since the shipped group has no ``width`` and Hydra would
+    refuse it before :func:`apply_target_swaps` could check it against the user's class. Hydra's own
+    flags (``-m``, ``--cfg job``) and explicit ``+``/``++``/``~`` overrides pass unchanged."""
+    swapped = {
+        section
+        for section in SWAPPABLE_SECTIONS
+        if any(o.lstrip("+").split("=", 1)[0] == f"{section}._target_" for o in overrides if "=" in o)
+    }
+    prepared = []
+    for override in overrides:
+        key = override.split("=", 1)[0]
+        if "=" in override and not override.startswith(("-", "+", "~")) and key.split(".")[0] in swapped:
+            override = f"++{override}"
+        prepared.append(override)
+    return prepared
+
+
+def _overridden_keys(overrides: typing.Sequence[str]) -> dict[str, set[str]]:
+    """section -> first-level keys set under it by the overrides (``model.width=8`` -> width)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    found: dict[str, set[str]] = {}
+    for override in OverridesParser.create().parse_overrides(list(overrides)):
+        if override.is_delete():
+            continue
+        section, _, rest = override.key_or_group.partition(".")
+        if rest:
+            found.setdefault(section, set()).add(rest.split(".")[0])
+    return found
+
+
+def _lenient_schema(cls: type, target: str) -> tuple[type, bool]:
+    """(dataclass, open-ended) from ``cls``'s constructor: typed fields for arguments whose defaults
+    YAML can hold; others are typed ``Any`` and left to the constructor's default."""
+    fields: list[tuple[str, Any, Any]] = [("_target_", str, dataclasses.field(default=target))]
+    for name, (annotation, default) in _parameters(cls).items():
+        kind = omegaconf_type(annotation)
+        if default is inspect.Parameter.empty:
+            fields.append((name, kind, dataclasses.field(default=MISSING)))
+            continue
+        value = _plain(default)
+        if isinstance(value, list) and _is_plain(value):
+            fields.append((name, kind, dataclasses.field(default_factory=lambda v=value: list(v))))
+        elif _is_plain(value):
+            fields.append((name, kind, dataclasses.field(default=value)))
+        # A default YAML cannot write (a callable, a tensor) stays the constructor's: no field.
+    return dataclasses.make_dataclass(f"{cls.__name__}Config", fields), _takes_open_kwargs(cls)
+
+
+def _takes_open_kwargs(cls: type) -> bool:
+    """Whether ``**kwargs`` reach a constructor that accepts anything (then unknown keys may be valid)."""
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is None:
+            continue
+        params = inspect.signature(inspect.unwrap(init)).parameters.values()
+        if not any(p.kind is p.VAR_KEYWORD for p in params):
+            return False
+        if klass.__module__.startswith(("lightning.", "torch.", "builtins")):
+            return False  # LightningModule/nn.Module take **kwargs but use none of a user's keys
+    return True
+
+
+def _import_class(section: str, target: str) -> type:
+    import importlib
+
+    module, _, name = target.rpartition(".")
+    try:
+        found = getattr(importlib.import_module(module), name) if module else None
+    except Exception as err:  # the user's module itself may fail to import: say so in one line
+        reason = f"{type(err).__name__}: {err}"
+    else:
+        reason = f"{module or target} has no class {name!r}" if not isinstance(found, type) else ""
+    if reason:
+        raise TargetConfigError(
+            f"{section}._target_={target} cannot be imported ({reason}); it must be importable from the current"
+            " directory or PYTHONPATH"
+        )
+    return found  # type: ignore[return-value]
+
+
+def _signature_text(cls: type) -> str:
+    try:
+        signature = inspect.signature(cls).replace(return_annotation=inspect.Signature.empty)
+    except (TypeError, ValueError):
+        return f"see {cls.__module__}.{cls.__qualname__}"
+    return f"its signature is {cls.__name__}{signature}"
