@@ -68,7 +68,16 @@ _SAVE_ERROR_POLICIES = ("stop", "warn")
 
 
 class ResumeMismatchError(RuntimeError):
-    """The checkpoint was written by a run whose code, data, config or world size differ."""
+    """The checkpoint was written by a run whose code, data, config, model or world size differ.
+
+    Attributes:
+        differences: dotted name -> (checkpoint's value, this run's), or the list of architecture
+            changes under ``model.architecture``: what a command-line front end reports briefly.
+    """
+
+    def __init__(self, message: str, differences: Mapping[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.differences = dict(differences or {})
 
 
 class NoRecoverableCheckpointError(RuntimeError):
@@ -77,6 +86,19 @@ class NoRecoverableCheckpointError(RuntimeError):
     Training from step 0 instead would silently throw the run's work away, so it is refused; the
     message lists every checkpoint with what it lacks, and the ways out.
     """
+
+
+def _unusable_dirpath(dirpath: str | None) -> str | None:
+    """Why checkpoints cannot be written under a local ``dirpath``, or None (URLs are the store's)."""
+    if not dirpath or is_url(str(dirpath)):
+        return None
+    path = Path(dirpath)
+    existing = next((p for p in (path, *path.parents) if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        return f"{existing} is a file, not a directory"
+    if existing is not None and not os.access(existing, os.W_OK | os.X_OK):
+        return f"{existing} is not writable by this process"
+    return None
 
 
 class ManifestCheckpoint(ModelCheckpoint):
@@ -96,7 +118,9 @@ class ManifestCheckpoint(ModelCheckpoint):
             signal with one small all-reduce. Default: every step on CPU (a host-side op), every 10
             steps on accelerators, where reading the result synchronises the device. Single-process
             runs check every step for free.
-        code_dir: where the user's code lives, for the git commit; defaults to the main script's folder.
+        code_dir: where the user's code lives, for the git commit; defaults to the git repository of
+            the LightningModule's own source folder, then the main script's, then the working
+            directory's, so every entry point names the same code for the same model.
         save_on_train_end: also commit the state training ends with, unless that step is already
             saved. Step-interval checkpoints otherwise leave the last steps unsaved, and rerunning a
             finished job (a requeue after the end) would redo them.
@@ -199,6 +223,12 @@ class ManifestCheckpoint(ModelCheckpoint):
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         super().setup(trainer, pl_module, stage)
+        if stage == "fit":
+            # Every rank checks and every rank learns of any rank's problem (collective), so a bad
+            # dirpath stops the job before its first step instead of at its first save.
+            problems = [p for p in all_gather_objects(_unusable_dirpath(self.dirpath)) if p]
+            if problems:
+                raise ValueError(f"ManifestCheckpoint(dirpath={self.dirpath!r}) is unusable: {problems[0]}")
         if self._show_hint_again is not None:
             self._show_hint_again()
             self._show_hint_again = None
@@ -223,7 +253,7 @@ class ManifestCheckpoint(ModelCheckpoint):
                 trainer.strategy.checkpoint_io, self._check_resume, self._object_store
             )
         self._static_provenance = {
-            "code": provenance.code_provenance(self.code_dir),
+            "code": provenance.code_provenance(self.code_dir, model=pl_module),
             "config": provenance.config_provenance(self._run_config(trainer, pl_module)),
             "environment": provenance.environment_provenance(trainer),
         }
@@ -973,6 +1003,7 @@ class ManifestCheckpoint(ModelCheckpoint):
             "world_size": manifest.world_size,
         }
         self._refuse_on_differences(saved, current, manifest, path)
+        self._refuse_changed_architecture(manifest, path)
         self._resumed_manifest = manifest
         if current["world_size"] != manifest.world_size:
             # Allowed by the policy (it raised otherwise): every later manifest of this run says
@@ -983,6 +1014,24 @@ class ManifestCheckpoint(ModelCheckpoint):
                 "world_size": manifest.world_size,
                 "to_world_size": current["world_size"],
             }
+
+    def _refuse_changed_architecture(self, manifest: Manifest, path: Location) -> None:
+        """A model changed in code is named by its manifest's shapes, before torch's ``load_state_dict``
+        would fail with a wall of missing keys and size mismatches."""
+        module = self._trainer.lightning_module if self._trainer is not None else None
+        if module is None or _allowed("model.architecture", self.allow_resume_mismatch):
+            return
+        changes = provenance.architecture_differences(
+            manifest.provenance.get("model") or {}, provenance.architecture_shapes(module.state_dict())
+        )
+        if changes:
+            raise ResumeMismatchError(
+                f"Refusing to resume from {path}: the model's architecture changed since it was saved.\n"
+                + "\n".join(f"  {change}" for change in changes)
+                + "\nStart a new run for the new model, or allow it explicitly:"
+                " ManifestCheckpoint(allow_resume_mismatch=['model.architecture']).",
+                differences={"model.architecture": changes},
+            )
 
     def _refuse_on_differences(
         self, saved: Mapping[str, Any], current: Mapping[str, Any], manifest: Manifest, path: Path | None = None
@@ -999,7 +1048,8 @@ class ManifestCheckpoint(ModelCheckpoint):
             names = ", ".join(repr(k) for k in sorted(blocking))
             raise ResumeMismatchError(
                 f"Refusing to resume from {where}: it was written by a different run.\n{lines}\n"
-                f"If this is intended, allow it explicitly: ManifestCheckpoint(allow_resume_mismatch=[{names}])."
+                f"If this is intended, allow it explicitly: ManifestCheckpoint(allow_resume_mismatch=[{names}]).",
+                differences=blocking,
             )
 
     @override
@@ -1101,4 +1151,14 @@ def _identity(location: str | os.PathLike[str]) -> str:
 
 
 def _allowed(key: str, allowed: Iterable[str]) -> bool:
-    return any(key == a or key.startswith(a + ".") for a in allowed)
+    # A config key may be named as the user wrote it (model.hidden) or in full (config.resolved.model.hidden).
+    names = (key, key.removeprefix(CONFIG_KEY_PREFIX)) if key.startswith(CONFIG_KEY_PREFIX) else (key,)
+    return any(name == a or name.startswith(a + ".") for name in names for a in allowed)
+
+
+CONFIG_KEY_PREFIX = "config.resolved."
+
+
+def short_key(key: str) -> str:
+    """A resume difference's name as a command line writes it: ``model.hidden``, ``world_size``."""
+    return key.removeprefix(CONFIG_KEY_PREFIX)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -40,6 +41,9 @@ def study_config(args: argparse.Namespace) -> StudyConfig:
         prepare_target_overrides,
     )
 
+    # As the study's rank processes do (their PYTHONPATH has it), and as with `python -m`.
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
     overrides = prepare_target_overrides(args.overrides)
     try:
         cfg = apply_target_swaps(compose_config("field_scale", overrides), overrides)

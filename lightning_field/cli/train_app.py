@@ -20,13 +20,6 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from lightning_field.cli.hydra_app import hydra_main
 
 EXIT_BAD_CONFIG = 2
-# Keys that say how a run is watched, stored or interrupted, not what it computes: changing them
-# must not make the resume check refuse the run's own checkpoints.
-NOT_IDENTITY = ("callbacks", "logger", "paths", "plan", "fault", "resume", "progress_bar", "task_name", "run_name")
-TRAINER_NOT_IDENTITY = (
-    "max_steps", "max_epochs", "max_time", "limit_val_batches", "val_check_interval", "check_val_every_n_epoch",
-    "log_every_n_steps", "enable_progress_bar", "enable_model_summary", "default_root_dir", "enable_checkpointing",
-)  # fmt: skip
 LAUNCH_CONFIG = "launch_config"
 
 
@@ -39,16 +32,6 @@ def _rank() -> int:
     from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
     return int(getattr(rank_zero_only, "rank", 0) or 0)
-
-
-def identity_config(resolved: dict[str, Any]) -> dict[str, Any]:
-    """The part of the resolved configuration that defines the training trajectory, for the
-    checkpoint's resume check."""
-    identity = {k: v for k, v in resolved.items() if k not in NOT_IDENTITY}
-    trainer = identity.get("trainer")
-    if isinstance(trainer, dict):
-        identity["trainer"] = {k: v for k, v in trainer.items() if k not in TRAINER_NOT_IDENTITY}
-    return identity
 
 
 def instantiable_entries(section: str, node: Any) -> dict[str, DictConfig]:
@@ -82,10 +65,18 @@ def build_callbacks(cfg: DictConfig, identity: dict[str, Any], run_dir: Path) ->
         else:
             callbacks.append(instantiate(node))
     fault = cfg.get("fault") or {}
-    if fault.get("kill_at_step") is not None:
+    step = fault.get("kill_at_step")
+    if step is not None:
         from lightning_field.evidence.faults import KillAtStep
 
-        callbacks.append(KillAtStep(int(fault.kill_at_step), Path(cfg.paths.output_dir) / "field" / "fault.json"))
+        if isinstance(step, bool) or not isinstance(step, int) or step < 1:
+            raise TrainConfigError(f"fault.kill_at_step must be a step number >= 1, got {step!r}")
+        record = Path(cfg.paths.output_dir) / "field" / "fault.json"
+        if record.exists():
+            # Once per run directory: the rerun that resumes must not be killed again, and again.
+            print(f"[field-train] fault.kill_at_step={step}: already fired in this run ({record}); not armed again")
+        else:
+            callbacks.append(KillAtStep(step, record))
     return callbacks
 
 
@@ -210,12 +201,13 @@ def end_summary(run_dir: Path, checkpoint_dir: Path | None, printed_ttq: bool) -
 def run(cfg: DictConfig) -> int:
     import lightning.pytorch as pl
 
+    from lightning_field.checkpoint.manifest_checkpoint import ResumeMismatchError
     from lightning_field.checkpoint.observe import find_manifest_checkpoint
     from lightning_field.checkpoint.preemption import TrainingPreempted
     from lightning_field.checkpoint.resolver import latest_recoverable
     from lightning_field.planning.launch import launch_estimate, render_launch_estimate
     from lightning_field.quality.time_to_quality import TimeToQuality
-    from lightning_field.state.provenance import scrub_secrets
+    from lightning_field.state.provenance import scrub_secrets, trajectory_config
 
     run_dir = Path(cfg.paths.output_dir).resolve()
     rank = _rank()
@@ -225,7 +217,7 @@ def run(cfg: DictConfig) -> int:
         pl.seed_everything(int(cfg.seed), workers=True, verbose=False)
         resolved = OmegaConf.to_container(cfg, resolve=True)
         assert isinstance(resolved, dict)
-        identity = identity_config(resolved)
+        identity = trajectory_config(resolved)
         # Plain lists and dicts, not OmegaConf containers: hparams land in checkpoints and in the
         # restore drill's JSON spec.
         model = instantiate(cfg.model, _convert_="all")
@@ -271,6 +263,12 @@ def run(cfg: DictConfig) -> int:
         prepare_rank_launch(cfg, run_dir)
     try:
         trainer.fit(model, datamodule=data, ckpt_path="last" if cfg.get("resume", True) and resume_from else None)
+    except ResumeMismatchError as refused:
+        if trainer.is_global_zero:
+            print(refusal_message(run_dir, refused), file=sys.stderr, flush=True)
+        if launching:
+            _end_distributed_job(environment_before)
+        return EXIT_BAD_CONFIG
     except TrainingPreempted as stop:
         # Exits with PREEMPTED_EXIT_CODE: the launcher or batch script reruns the same command.
         if trainer.is_global_zero:
@@ -284,6 +282,25 @@ def run(cfg: DictConfig) -> int:
     if launching:
         _end_distributed_job(environment_before)
     return 0
+
+
+def refusal_message(run_dir: Path, refused: Exception) -> str:
+    """A refused resume in a few lines: what differs, then the command-line ways out."""
+    from lightning_field.checkpoint.manifest_checkpoint import short_key
+
+    differences = getattr(refused, "differences", {}) or {}
+    if not differences:
+        return f"field-train: {refused}"
+    lines = [f"field-train: refusing to resume {run_dir}: its checkpoint was written by a different run"]
+    for key, value in sorted(differences.items()):
+        if isinstance(value, tuple) and len(value) == 2:
+            lines.append(f"  {short_key(key)}: {value[0]!r} (checkpoint) -> {value[1]!r} (this command)")
+        else:
+            lines += [f"  {short_key(key)}: {change}" for change in value]
+    names = ",".join(short_key(k) for k in sorted(differences))
+    lines.append("  a new run:        add run_name=<new name>")
+    lines.append(f"  resume anyway:    add 'callbacks.checkpoint.allow_resume_mismatch=[{names}]'")
+    return "\n".join(lines)
 
 
 LAUNCHER_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE")

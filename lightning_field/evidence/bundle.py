@@ -32,7 +32,7 @@ from lightning_field.core.manifest import ManifestError, read_manifest
 from lightning_field.evidence import compare, plots
 from lightning_field.evidence.identity import identity_differences, identity_of
 from lightning_field.evidence.protocol import EvidenceSettings, RunResult
-from lightning_field.state.provenance import stable_hash
+from lightning_field.state.provenance import diff_provenance, stable_hash
 from lightning_field.state.secrets import scrub_secrets
 
 FORMAT = "lightning_field.evidence/1"
@@ -422,8 +422,24 @@ def _artifacts(results: Sequence[RunResult], bundle_dir: Path) -> dict[str, Any]
     return {"runs": runs, "plots": [LOSS_PLOT, DIVERGENCE_PLOT]}
 
 
-def claim_problems(identity: Mapping[str, Any], checkpoint: Path) -> list[str]:
-    """Why evidence with ``identity`` does not cover ``checkpoint`` (empty when it does)."""
+def _evidence_config(evidence: Mapping[str, Any], bundle_dir: Path) -> Mapping[str, Any] | None:
+    """The config view the evidence runs recorded in their manifests (the bundle keeps copies)."""
+    for entry in evidence["tested_configuration"].get("manifests", []):
+        try:
+            copy = json.loads((bundle_dir / entry["manifest"]).read_text())
+        except (OSError, ValueError, KeyError):
+            continue
+        resolved = (copy.get("provenance", {}).get("config") or {}).get("resolved")
+        if isinstance(resolved, Mapping):
+            return resolved
+    return None
+
+
+def claim_problems(
+    identity: Mapping[str, Any], checkpoint: Path, evidence_config: Mapping[str, Any] | None = None
+) -> list[str]:
+    """Why evidence with ``identity`` does not cover ``checkpoint`` (empty when it does). With the
+    evidence's recorded config, a stale config names the keys that differ, not only the hash."""
     try:
         manifest = read_manifest(checkpoint)
     except ManifestError as err:
@@ -436,6 +452,14 @@ def claim_problems(identity: Mapping[str, Any], checkpoint: Path) -> list[str]:
         problems.append("the checkpoint is not recoverable, it lacks: " + "; ".join(manifest.missing))
     actual = identity_of(manifest.provenance)
     problems += [f"stale, {d}" for d in identity_differences(identity, actual)]
+    saved = (manifest.provenance.get("config") or {}).get("resolved")
+    if (
+        evidence_config is not None
+        and isinstance(saved, Mapping)
+        and identity.get("config.hash") != actual.get("config.hash")
+    ):
+        for key, (before, after) in sorted(diff_provenance(evidence_config, saved).items()):
+            problems.append(f"stale, config {key}: {before!r} (evidence) -> {after!r} (checkpoint)")
     if identity.get("code.git_commit") is None or actual.get("code.git_commit") is None:
         problems.append(
             "code identity unknown: the evidence or the checkpoint was made from code outside git, so nothing shows"
@@ -557,5 +581,7 @@ def check_bundle(bundle_dir: Path, checkpoint: Path | None) -> tuple[bool, list[
             if not (bundle_dir / rel).is_file():
                 problems.append(f"evidence incomplete: {rel} is missing")
     if checkpoint is not None:
-        problems += claim_problems(evidence["tested_configuration"]["identity"], checkpoint)
+        problems += claim_problems(
+            evidence["tested_configuration"]["identity"], checkpoint, _evidence_config(evidence, bundle_dir)
+        )
     return not problems, problems

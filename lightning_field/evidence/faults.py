@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -33,6 +34,8 @@ def kill_job(record_path: Path, step: int, mode: str) -> None:
     record = {"step": step, "mode": mode, "wall_time": time.time(), "pid": os.getpid()}
     record_path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(record_path, json.dumps(record).encode())
+    print(f"[lightning_field] fault drill: SIGKILL of this job at step {step} ({mode}); recorded in {record_path}",
+          file=sys.stderr, flush=True)  # fmt: skip
     os.killpg(os.getpgrp(), signal.SIGKILL)
 
 

@@ -8,7 +8,6 @@ command for the other ranks, so multi-rank runs need nothing extra.
 
 from __future__ import annotations
 
-import inspect
 import json
 import os
 import sys
@@ -27,6 +26,7 @@ from lightning_field.checkpoint.resolver import latest_recoverable
 from lightning_field.core.distributed import end_process_groups, exit_finished_process
 from lightning_field.evidence.faults import KillAtStep, kill_during_save
 from lightning_field.evidence.trace import StepTracer
+from lightning_field.state.provenance import trajectory_config
 
 STARTED_UNIX = time.time()  # after the interpreter and torch/Lightning imports: start-up cost ends here
 
@@ -60,24 +60,16 @@ class RunSpec:
         return cls(**json.loads(Path(path).read_text()))
 
 
-def source_dir_of(obj: Any) -> str | None:
-    """Where the class of ``obj`` is defined: the user's code, whose git state is its provenance."""
-    try:
-        return str(Path(inspect.getfile(type(obj))).resolve().parent)
-    except (TypeError, OSError):
-        return None
-
-
-def build_checkpoint(config: dict[str, Any], run_dir: Path, model: pl.LightningModule) -> Any:
+def build_checkpoint(config: dict[str, Any], run_dir: Path) -> Any:
     options = dict(config.get("callbacks", {}).get("checkpoint") or {})
     if not options:
         raise ValueError("the configuration has no callbacks.checkpoint: the protocol tests checkpoints")
     options["dirpath"] = str(run_dir / CHECKPOINTS)
     # Every checkpoint of an evidence run is kept: the bundle cites the manifests of all of them.
     options["save_top_k"] = -1
-    if options.get("code_dir") is None:
-        options["code_dir"] = source_dir_of(model)
-    return instantiate(OmegaConf.create(options))
+    # The same view of the config that field-train records, so evidence and checkpoints compare.
+    # (instantiate() owns the keyword `config`, so it goes through a partial.)
+    return instantiate(OmegaConf.create(options), _partial_=True)(config=trajectory_config(config))
 
 
 def run(spec: RunSpec) -> int:
@@ -89,7 +81,7 @@ def run(spec: RunSpec) -> int:
     pl.seed_everything(int(config.get("seed", 0)), workers=bool(config.get("seed_workers", True)), verbose=False)
     model = instantiate(OmegaConf.create(config["model"]))
     data = instantiate(OmegaConf.create(config["data"]))
-    checkpoint = build_checkpoint(config, run_dir, model)
+    checkpoint = build_checkpoint(config, run_dir)
     tracer = StepTracer(run_dir / TRACE, spec.attempt, spec.state_every_n_steps, spec.launched_unix)
     tracer.timeline["worker_started_unix"] = STARTED_UNIX
     callbacks: list[Any] = [tracer]

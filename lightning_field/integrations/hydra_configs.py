@@ -139,10 +139,26 @@ def structured_config(cls: type, target: str, exclude: frozenset[str] = frozense
     return dataclasses.make_dataclass(f"{cls.__name__}Config", fields)
 
 
+def group_options(*groups: str) -> str:
+    """``  group: a, b, c`` per line, from the shipped config directory: the ``--help`` listing of
+    the apps (Hydra's own lists every group twice, once per search-path entry, and the schemas)."""
+    from lightning_field.conf import CONFIG_DIR
+
+    lines = []
+    for group in groups:
+        options = sorted(p.stem for p in (CONFIG_DIR / group).glob("*.yaml"))
+        lines.append(f"  {group}: {', '.join(options)}")
+    return "\n".join(lines)
+
+
 def register_configs(store: ConfigStore | None = None) -> None:
-    """Put every schema in Hydra's ConfigStore under ``lightning_field_schema/<group>/<option>``.
+    """Put every schema in Hydra's ConfigStore under ``lightning_field_schema/<group>/<option>``,
+    and the ``lightning_field_groups`` resolver the apps' ``--help`` uses.
 
     Idempotent, so the plugin and the apps may both call it."""
+    from omegaconf import OmegaConf
+
+    OmegaConf.register_new_resolver("lightning_field_groups", group_options, replace=True)
     store = store or ConfigStore.instance()
     for key, schema in SCHEMAS.items():
         group, _, name = key.rpartition("/")

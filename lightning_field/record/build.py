@@ -145,6 +145,9 @@ def build_record(
     release = _finite(col.release)
     by_id = {s["id"]: s for s in sources}
     results = evaluate_conditions(config.conditions, figures, by_id, release, now, config.roles_for)
+    # Signatures come after the build: an enforced sign-off is missing until then, and holds.
+    bundles = [{"name": b.name, "roles": b.roles} for b in config.bundles]
+    unsigned = missing_signoffs(bundles, []) if config.enforce_signoff else []
     record: dict[str, Any] = {
         "format": FORMAT,
         "created": dt.datetime.fromtimestamp(now, dt.timezone.utc).isoformat(timespec="seconds"),
@@ -152,7 +155,7 @@ def build_record(
         "tool_version": lightning_field.__version__,
         "run_dirs": [str(d.resolve()) for d in run_dirs],
         "release": release,
-        "decision": decide(results),
+        "decision": decide(results, unsigned),
         "exposure": exposure(config.ladder, results),
         "conditions": results,
         "signoff": {

@@ -91,7 +91,8 @@ def check_record(record_dir: Path, now: float | None = None) -> CheckResult:
     for r in results:
         if built.get(r["name"]) not in (None, r["status"]):
             warnings.append(f"{r['name']}: {built[r['name']]} at build, {r['status']} now ({r['detail']})")
-    decision = decide(results)
+    missing = missing_signoffs(record["signoff"]["bundles"], valid)
+    decision = decide(results, missing if config.enforce_signoff else ())
     broken = _source_problems(record, record_dir)
     cited_by_critical = {fid.split(".", 1)[0] for r in results if r["severity"] == "critical" for fid in r["figures"]}
     for key, message in broken.items():
@@ -99,10 +100,7 @@ def check_record(record_dir: Path, now: float | None = None) -> CheckResult:
             problems.append(message + " (cited by a critical condition)")
         else:
             warnings.append(message)
-    missing = missing_signoffs(record["signoff"]["bundles"], valid)
-    if config.enforce_signoff:
-        problems += missing
-    else:
+    if not config.enforce_signoff:
         warnings += missing
     ok = decision["verdict"] == GO and not problems
     return CheckResult(ok, decision, results, exposure(config.ladder, results), problems, warnings, valid)

@@ -326,13 +326,18 @@ def evaluate_conditions(
     return results
 
 
-def decide(results: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """Go only when every critical condition passed; the advisories are listed, never counted."""
+def decide(results: Sequence[Mapping[str, Any]], missing_signoffs: Sequence[str] = ()) -> dict[str, Any]:
+    """Go only when every critical condition passed and no enforced sign-off is missing; the
+    advisories are listed, never counted. ``field record build`` and ``field record check`` both
+    decide here, so the stored decision and a check at the same moment cannot disagree."""
     held = [r for r in results if r["severity"] == "critical" and not r["passed"]]
     advisories = [r for r in results if r["severity"] == "advisory" and not r["passed"]]
+    signoff = (
+        [{"name": "signoff", "status": "missing", "detail": "; ".join(missing_signoffs)}] if missing_signoffs else []
+    )
     return {
-        "verdict": HOLD if held else GO,
-        "held_by": [{"name": r["name"], "status": r["status"], "detail": r["detail"]} for r in held],
+        "verdict": HOLD if held or signoff else GO,
+        "held_by": [{"name": r["name"], "status": r["status"], "detail": r["detail"]} for r in held] + signoff,
         "advisories_not_met": [{"name": r["name"], "status": r["status"]} for r in advisories],
         "rule": RULE,
     }

@@ -7,6 +7,7 @@ of silently continuing somebody else's experiment. Secrets never enter it.
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import os
 import platform
@@ -59,8 +60,22 @@ def _git_diff_hash(cwd: Path) -> str | None:
     return hasher.hexdigest() if seen and proc.returncode == 0 else None
 
 
-def code_provenance(source: str | os.PathLike[str] | None = None) -> dict[str, Any]:
-    """Versions of the stack and, when the user's code is in git, the commit and a hash of its diff."""
+def source_dir(obj: Any) -> str | None:
+    """The folder that defines the class of ``obj`` (a LightningModule): where the user's code is."""
+    try:
+        return str(Path(inspect.getfile(type(obj))).resolve().parent)
+    except (TypeError, OSError):
+        return None
+
+
+def code_provenance(source: str | os.PathLike[str] | None = None, model: Any = None) -> dict[str, Any]:
+    """Versions of the stack and, when the user's code is in git, the commit and a hash of its diff.
+
+    The code is found in this order: ``source`` if given; else the git repository of the folder that
+    defines ``model``'s class, then of the main script, then of the working directory. The model's
+    own folder comes first so that every entry point (a console script in a venv's ``bin``,
+    ``python -m``, the user's own script or Hydra app) names the same code for the same model.
+    """
     import lightning_field  # here, not at the top: the package's __init__ imports this module
 
     info: dict[str, Any] = {
@@ -69,18 +84,55 @@ def code_provenance(source: str | os.PathLike[str] | None = None) -> dict[str, A
         "lightning": lightning.__version__,
         "lightning_field": lightning_field.__version__,
     }
-    if source is None:
-        main = sys.modules.get("__main__")
-        source = getattr(main, "__file__", None) or os.getcwd()
-    where = Path(source).resolve()
-    where = where if where.is_dir() else where.parent
-    commit = _git(["rev-parse", "HEAD"], where)
-    if commit:
-        diff_hash = _git_diff_hash(where)
-        info["git_commit"] = commit.strip()
-        info["git_dirty"] = diff_hash is not None
-        info["git_diff_hash"] = diff_hash
+    if source is not None:
+        candidates = [source]
+    else:
+        main = getattr(sys.modules.get("__main__"), "__file__", None)
+        candidates = [c for c in (source_dir(model) if model is not None else None, main, os.getcwd()) if c]
+    for candidate in candidates:
+        where = Path(candidate).resolve()
+        where = where if where.is_dir() else where.parent
+        commit = _git(["rev-parse", "HEAD"], where)
+        if commit:
+            diff_hash = _git_diff_hash(where)
+            info["git_commit"] = commit.strip()
+            info["git_dirty"] = diff_hash is not None
+            info["git_diff_hash"] = diff_hash
+            break
     return info
+
+
+# Trainer arguments that say how long a run goes or how it is watched, not which trajectory it
+# follows: changing them must not make the resume check refuse the run's own checkpoints.
+TRAINER_NOT_TRAJECTORY = (
+    "max_steps", "max_epochs", "max_time", "limit_val_batches", "val_check_interval", "check_val_every_n_epoch",
+    "log_every_n_steps", "enable_progress_bar", "enable_model_summary", "default_root_dir", "enable_checkpointing",
+    "callbacks", "logger",
+)  # fmt: skip
+TRAJECTORY_SECTIONS = ("model", "data", "seed", "trainer", "strategy")
+
+
+def trajectory_config(resolved: Mapping[str, Any]) -> dict[str, Any]:
+    """The one view of a composed config that defines the training trajectory: the model, the data,
+    the seed, the trainer's trajectory arguments and a configured strategy object.
+
+    ``field-train`` records it in every manifest (so the resume check compares it), ``field-evidence``
+    records the same view in its runs' manifests, and ``field evidence check`` and the release record
+    compare those hashes: one view, so a checkpoint and the evidence about it agree when, and only
+    when, they describe the same training. How a run is watched, stored or interrupted (callbacks,
+    loggers, paths, fault drills, run names) is not part of it.
+    """
+    view: dict[str, Any] = {}
+    for key in TRAJECTORY_SECTIONS:
+        value = resolved.get(key)
+        if key == "strategy" and not (isinstance(value, Mapping) and value.get("_target_")):
+            continue  # a strategy named by trainer.strategy is already in the trainer's arguments
+        if value is None:
+            continue
+        if key == "trainer" and isinstance(value, Mapping):
+            value = {k: v for k, v in value.items() if k not in TRAINER_NOT_TRAJECTORY}
+        view[key] = value
+    return view
 
 
 def config_provenance(config: Any) -> dict[str, Any]:
@@ -138,12 +190,42 @@ def data_provenance(datamodule: Any, train_loader: Any) -> dict[str, Any]:
     return info
 
 
+# Up to this many tensors, a manifest lists every name and shape, so that a resume into a changed
+# model can say what changed; beyond it (rare, and large) only the hash is kept.
+MAX_LISTED_SHAPES = 4096
+
+
+def architecture_shapes(state_dict: Mapping[str, Any]) -> dict[str, list[int]]:
+    """Name -> shape of every tensor in a model state dict (global shapes for DTensors)."""
+    return {k: list(v.shape) for k, v in state_dict.items() if isinstance(v, torch.Tensor)}
+
+
 def model_provenance(state_dict: Mapping[str, Any]) -> dict[str, Any]:
     """Parameter count, dtypes, and an architecture hash from state-dict keys and shapes (not values)."""
-    shapes = {k: list(v.shape) for k, v in state_dict.items() if isinstance(v, torch.Tensor)}
+    shapes = architecture_shapes(state_dict)
     dtypes = sorted({str(v.dtype) for v in state_dict.values() if isinstance(v, torch.Tensor)})
     count = sum(int(v.numel()) for v in state_dict.values() if isinstance(v, torch.Tensor))
-    return {"parameters": count, "dtypes": dtypes, "architecture_hash": stable_hash(shapes)}
+    info: dict[str, Any] = {"parameters": count, "dtypes": dtypes, "architecture_hash": stable_hash(shapes)}
+    if len(shapes) <= MAX_LISTED_SHAPES:
+        info["shapes"] = shapes
+    return info
+
+
+def architecture_differences(saved: Mapping[str, Any], current: Mapping[str, list[int]], limit: int = 8) -> list[str]:
+    """What changed between a checkpoint's model (its manifest's ``provenance.model``) and the current
+    model's shapes: tensors added, removed and reshaped; empty when the architecture is the same."""
+    if saved.get("architecture_hash") in (None, stable_hash(dict(current))):
+        return []
+    before = saved.get("shapes")
+    if not isinstance(before, Mapping):
+        return ["the architecture hash differs (the checkpoint lists no shapes to compare)"]
+    found = [f"added {k} {current[k]}" for k in current if k not in before]
+    found += [f"removed {k} {before[k]}" for k in before if k not in current]
+    found += [f"reshaped {k}: {before[k]} -> {current[k]}" for k in current if k in before and before[k] != current[k]]
+    shown = found[:limit]
+    if len(found) > limit:
+        shown.append(f"... and {len(found) - limit} more")
+    return shown
 
 
 def environment_provenance(trainer: Any) -> dict[str, Any]:

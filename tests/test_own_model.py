@@ -1,0 +1,109 @@
+"""A user's own LightningModule and DataModule in every app, run from the console scripts as the
+README shows (``examples/own_model``): their constructors share no key with the shipped models,
+and bad command lines are refused with exit 2 before anything starts."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import child_env
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "own_model" / "my_project.py"
+BIN = Path(sys.executable).parent
+OWN = ["model._target_=my_project.MyModule", "data._target_=my_project.MyData"]
+BROKEN = '''
+from my_project import MyModule
+
+
+class BrokenModule(MyModule):
+    def training_step(self, batch, batch_idx):
+        raise RuntimeError("my model is broken at step 0")
+'''
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    """A directory holding only the user's code, as they would run the apps from it."""
+    shutil.copy(EXAMPLE, tmp_path / EXAMPLE.name)
+    (tmp_path / "broken.py").write_text(BROKEN)
+    return tmp_path
+
+
+def console(project: Path, script: str, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    command = [str(BIN / script), *args]
+    return subprocess.run(command, cwd=project, env=child_env(), capture_output=True, text=True, timeout=timeout)
+
+
+def test_field_train_builds_the_users_class_with_its_own_defaults_and_only_the_keys_given(project: Path) -> None:
+    run = console(project, "field-train", *OWN, "model.width=8", "run_name=mine", "trainer.max_steps=12",
+                  "progress_bar=none")  # fmt: skip
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    config = yaml.safe_load((project / "outputs" / "field-train" / "mine" / ".hydra" / "config.yaml").read_text())
+    # Exactly the class's signature: width as given, the rest its own defaults; no shipped key
+    # (vocab_size, n_layer, ...) and the user's batch_size 32, not the shipped group's value.
+    assert config["model"] == {"_target_": "my_project.MyModule", "width": 8, "lr": 0.01, "features": 8}
+    assert config["data"] == {"_target_": "my_project.MyData", "n": 320, "batch_size": 32, "features": 8}
+
+
+@pytest.mark.parametrize(
+    ("script", "args", "named"),
+    [
+        ("field-train", [*OWN, "model.widht=3"], "model.widht: MyModule takes no argument 'widht'"),
+        ("field-train", [*OWN, "model.width=abc"], "model.width: Value 'abc'"),
+        ("field-train", ["experiment=nope"], "Could not find 'experiment/nope'"),
+        ("field-train", ["model.hiddn=3"], "model.hiddn: no such key"),
+        ("field-train", ["model._target_=my_project.Nope"], "model._target_=my_project.Nope cannot be imported"),
+        ("field-evidence", [*OWN, "evidence.kill_steps=[3]"], "kill step 3 comes before the first checkpoint"),
+        ("field-evidence", [*OWN, "data.batch_size=big"], "data.batch_size: Value 'big'"),
+        ("field", ["preflight", *OWN, "model.widht=3"], "model.widht: MyModule takes no argument"),
+        ("field", ["scale", "--ranks", "1,2", "experiment=nope"], "Could not find 'experiment/nope'"),
+        ("field", ["scale", "--ranks", "1,2", *OWN, "model.width=abc"], "model.width: Value 'abc'"),
+    ],
+)
+def test_an_unusable_command_line_exits_2_with_the_cause_in_one_line_before_anything_starts(
+    project: Path, script: str, args: list[str], named: str
+) -> None:
+    started = time.monotonic()
+    run = console(project, script, *args, timeout=60)
+    assert run.returncode == 2, run.stdout[-2000:] + run.stderr[-2000:]
+    assert named in run.stderr and "Traceback" not in run.stderr, run.stderr[-2000:]
+    assert len(run.stderr.strip().splitlines()) == 1, run.stderr
+    assert not (project / "outputs").exists() and not (project / "runs").exists(), "something was started"
+    assert time.monotonic() - started < 30
+
+
+def test_field_evidence_reaches_verdict_exact_on_the_users_module(project: Path) -> None:
+    run = console(project, "field-evidence", *OWN, "model.width=12", "evidence.steps=20")
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+    assert "[field-evidence] verdict: exact" in run.stdout and "gate: PASSED" in run.stdout
+
+
+def test_a_failing_user_module_puts_its_error_on_the_console_and_stops_after_the_first_control(
+    project: Path,
+) -> None:
+    run = console(project, "field-evidence", "model._target_=broken.BrokenModule", "data._target_=my_project.MyData",
+                  "evidence.steps=20")  # fmt: skip
+    assert run.returncode == 1, run.stdout[-4000:]
+    assert "RuntimeError: my model is broken at step 0" in run.stdout
+    assert "control-2" not in run.stdout.split("remaining runs are not started")[0]
+    bundle = next(project.glob("outputs/field-evidence/*/field/evidence/*/evidence.json"))
+    conditions = {c["name"]: c for c in json.loads(bundle.read_text())["critical_conditions"]}
+    # Nothing passes over zero items.
+    for name in ("interruptions_were_real", "checkpoints_intact", "interrupted_runs_completed"):
+        assert not conditions[name]["passed"], conditions[name]
+
+
+def test_field_preflight_and_field_scale_run_the_users_module(project: Path) -> None:
+    preflight = console(project, "field", "preflight", *OWN)
+    assert preflight.returncode == 0 and "PREFLIGHT PASSED" in preflight.stdout, preflight.stdout[-3000:]
+    scale = console(project, "field", "scale", "--ranks", "1,2", "--steps", "6", *OWN, "model.width=8")
+    assert scale.returncode == 0, scale.stdout[-3000:] + scale.stderr[-3000:]
+    assert "Workload: my_project.MyModule on my_project.MyData" in scale.stdout
+    assert "PASS" in scale.stdout  # the 2-rank gradients equal the 1-rank reference
