@@ -52,15 +52,30 @@ def _check_targets(config: dict[str, Any]) -> None:
             ) from None
 
 
+def checked(cfg: DictConfig) -> tuple[EvidenceSettings, Path | None, dict[str, Any]]:
+    """The protocol's settings, bundle directory and run config; EvidenceConfigError when unusable."""
+    settings, bundle_dir = settings_from(cfg.evidence)
+    config = OmegaConf.to_container(cfg, resolve=True)
+    assert isinstance(config, dict)
+    config.pop("evidence", None)
+    _check_targets(config)
+    save_every = (config.get("callbacks", {}).get("checkpoint") or {}).get("every_n_train_steps")
+    plan_kills(settings, save_every)
+    return settings, bundle_dir, config
+
+
+def validate(cfg: DictConfig) -> str | None:
+    """Checked before Hydra makes a run directory: a bad setting starts nothing."""
+    try:
+        checked(cfg)
+    except EvidenceConfigError as err:
+        return str(err)
+    return None
+
+
 def run(cfg: DictConfig) -> int:
     try:
-        settings, bundle_dir = settings_from(cfg.evidence)
-        config = OmegaConf.to_container(cfg, resolve=True)
-        assert isinstance(config, dict)
-        config.pop("evidence", None)
-        _check_targets(config)
-        save_every = (config.get("callbacks", {}).get("checkpoint") or {}).get("every_n_train_steps")
-        plan_kills(settings, save_every)
+        settings, bundle_dir, config = checked(cfg)
     except EvidenceConfigError as err:
         print(f"field-evidence: {err}", file=sys.stderr)
         return EXIT_BAD_CONFIG
@@ -92,7 +107,7 @@ def run(cfg: DictConfig) -> int:
 
 
 def main() -> None:
-    hydra_main("field_evidence", run)
+    hydra_main("field_evidence", run, validate=validate)
 
 
 if __name__ == "__main__":

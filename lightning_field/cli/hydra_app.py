@@ -23,11 +23,17 @@ from lightning_field.integrations.hydra_configs import (
 EXIT_BAD_CONFIG = 2
 
 
-def hydra_main(config_name: str, run: Callable[[DictConfig], int], app_name: str | None = None) -> None:
+def hydra_main(
+    config_name: str,
+    run: Callable[[DictConfig], int],
+    app_name: str | None = None,
+    validate: Callable[[DictConfig], str | None] | None = None,
+) -> None:
     """Compose ``config_name`` from the shipped configs (type-checked) and exit with ``run``'s status.
 
     An unusable command line (an unknown key or group option, a swapped target that does not take
-    the given keys) exits 2 with a one-line cause before ``run`` starts anything.
+    the given keys, or what ``validate`` finds wrong in the composed config) exits 2 with a one-line
+    cause before Hydra creates a run directory or ``run`` starts anything.
     """
     app_name = app_name or config_name.replace("_", "-")
     register_configs()
@@ -36,7 +42,7 @@ def hydra_main(config_name: str, run: Callable[[DictConfig], int], app_name: str
         sys.path.insert(0, os.getcwd())
     # Rewritten in sys.argv itself: Lightning's DDP launcher starts the other ranks from it.
     sys.argv[1:] = prepare_target_overrides(sys.argv[1:])
-    problem = composition_problem(config_name, sys.argv[1:])
+    problem = composition_problem(config_name, sys.argv[1:], validate)
     if problem:
         print(f"{app_name}: {problem}", file=sys.stderr)
         sys.exit(EXIT_BAD_CONFIG)
@@ -48,6 +54,7 @@ def hydra_main(config_name: str, run: Callable[[DictConfig], int], app_name: str
         except TargetConfigError as err:
             print(f"{app_name}: {err}", file=sys.stderr)
             sys.exit(EXIT_BAD_CONFIG)
+        _rewrite_saved_config(cfg)
         code = run(cfg)
         if code:
             sys.exit(code)
@@ -55,7 +62,23 @@ def hydra_main(config_name: str, run: Callable[[DictConfig], int], app_name: str
     app()
 
 
-def composition_problem(config_name: str, arguments: Sequence[str]) -> str | None:
+def _rewrite_saved_config(cfg: DictConfig) -> None:
+    """Hydra saved the composed config (``.hydra/config.yaml``) before the target swap: save what runs."""
+    from pathlib import Path
+
+    from omegaconf import OmegaConf
+
+    hydra_cfg = HydraConfig.get()
+    if hydra_cfg.output_subdir is None:
+        return
+    saved = Path(hydra_cfg.runtime.output_dir) / str(hydra_cfg.output_subdir) / "config.yaml"
+    if saved.is_file():
+        saved.write_text(OmegaConf.to_yaml(cfg))
+
+
+def composition_problem(
+    config_name: str, arguments: Sequence[str], validate: Callable[[DictConfig], str | None] | None = None
+) -> str | None:
     """Why these overrides cannot compose into a runnable config, in one line, or None.
 
     Hydra would print the same errors itself, but as a traceback hint and with exit status 1, the
@@ -68,7 +91,8 @@ def composition_problem(config_name: str, arguments: Sequence[str]) -> str | Non
     from omegaconf.errors import OmegaConfBaseException
 
     try:
-        apply_target_swaps(compose_config(config_name, arguments), arguments)
+        cfg = apply_target_swaps(compose_config(config_name, arguments), arguments)
+        return validate(cfg) if validate is not None else None
     except TargetConfigError as err:
         return str(err)
     except (HydraException, OmegaConfBaseException) as err:

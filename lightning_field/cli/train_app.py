@@ -69,8 +69,9 @@ def build_callbacks(cfg: DictConfig, identity: dict[str, Any], run_dir: Path) ->
     if step is not None:
         from lightning_field.evidence.faults import KillAtStep
 
-        if isinstance(step, bool) or not isinstance(step, int) or step < 1:
-            raise TrainConfigError(f"fault.kill_at_step must be a step number >= 1, got {step!r}")
+        problem = kill_step_problem(step)
+        if problem:
+            raise TrainConfigError(problem)
         record = Path(cfg.paths.output_dir) / "field" / "fault.json"
         if record.exists():
             # Once per run directory: the rerun that resumes must not be killed again, and again.
@@ -78,6 +79,18 @@ def build_callbacks(cfg: DictConfig, identity: dict[str, Any], run_dir: Path) ->
         else:
             callbacks.append(KillAtStep(step, record))
     return callbacks
+
+
+def kill_step_problem(step: Any) -> str | None:
+    if isinstance(step, bool) or not isinstance(step, int) or step < 1:
+        return f"fault.kill_at_step must be a step number >= 1, got {step!r}"
+    return None
+
+
+def validate(cfg: DictConfig) -> str | None:
+    """What makes a composed field-train config unrunnable, checked before anything starts."""
+    step = (cfg.get("fault") or {}).get("kill_at_step")
+    return kill_step_problem(step) if step is not None else None
 
 
 def build_loggers(cfg: DictConfig, logged_config: dict[str, Any]) -> list[Any]:
@@ -321,7 +334,7 @@ def _end_distributed_job(environment_before: dict[str, str]) -> None:
 
 
 def main() -> None:
-    hydra_main("field_train", run)
+    hydra_main("field_train", run, validate=validate)
 
 
 if __name__ == "__main__":
