@@ -265,3 +265,37 @@ def _differences(a: Any, b: Any, path: str) -> list[str]:
 
 def _tail(log: str, lines: int = 12) -> str:
     return "\n".join(log.strip().splitlines()[-lines:])
+
+
+def _cell(outcome: Outcome | None, refused_reason: str | None = None) -> str:
+    if outcome is None:
+        return "not run"
+    if outcome.exact:
+        return "exact, bitwise"
+    if refused_reason is not None and outcome.error is not None and refused_reason in outcome.log:
+        return f"**refused**: not recoverable ({refused_reason})"
+    if outcome.differences:
+        return "diverges: " + outcome.differences[0].replace("state_dict.", "").replace("|Δ|", "Δ")
+    return outcome.summary()
+
+
+def main() -> None:
+    """Print the README's conformance table from fresh runs (takes minutes):
+    ``cd tests && python conformance.py [NAME ...]``."""
+    import tempfile
+
+    from test_conformance import REFUSED
+
+    names = sys.argv[1:] or list(CONFIGS)
+    print("| configuration | plain Lightning (`ModelCheckpoint`) | lightning_field (`ManifestCheckpoint`) |")
+    print("|---|---|---|")
+    for name in names:
+        with tempfile.TemporaryDirectory() as tmp:
+            field_outcome = run_protocol(name, "field", Path(tmp))
+            plain = run_protocol(name, "plain", Path(tmp)) if CONFIGS[name].interrupt == "SIGKILL" else None
+        print(f"| `{name}`: {CONFIGS[name].what} | {_cell(plain)} | {_cell(field_outcome, REFUSED.get(name))} |",
+              flush=True)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -141,3 +141,15 @@ def s3_bucket(s3_endpoint: str, request: pytest.FixtureRequest) -> tuple[str, di
     name = "t-" + "".join(c if c.isalnum() else "-" for c in request.node.name.lower())[:50].strip("-")
     boto3.client("s3", endpoint_url=s3_endpoint).create_bucket(Bucket=name)
     return f"s3://{name}", {"endpoint_url": s3_endpoint}
+
+
+# Test files whose tests share nothing (no module fixture): under `--dist loadgroup` (.ci/run) they
+# are dealt out one test at a time, so the long conformance matrix does not leave one worker
+# finishing alone. Every other file stays on one worker, so its module fixtures run once.
+SPREAD_FILES = {"test_conformance.py", "test_conformance_plain.py"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.path.name not in SPREAD_FILES:
+            item.add_marker(pytest.mark.xdist_group(item.path.name))

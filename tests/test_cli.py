@@ -151,7 +151,8 @@ def test_field_preflight_hands_help_and_leading_options_to_hydra(tmp_path: Path)
     assert {c[0] for c in _commands(build_parser())} >= {"preflight", "scale"}  # every command is covered
     shown = run_child(["-m", "lightning_field.cli.main", "preflight", "--help"], cwd=tmp_path)
     assert shown.returncode == 0, shown.stdout[-3000:]
-    assert shown.stdout.startswith("usage: field preflight") and "== Configuration groups ==" in shown.stdout
+    assert shown.stdout.startswith("usage: field preflight") and "Config groups (group=option):" in shown.stdout
+    assert "field preflight: data checks" in shown.stdout and "hydra_app is powered by Hydra" not in shown.stdout
     # A leading Hydra option is Hydra's, not an unrecognized argument of `field`.
     composed = run_child(
         ["-m", "lightning_field.cli.main", "preflight", "--cfg", "job", "experiment=demo"], cwd=tmp_path

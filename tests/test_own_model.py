@@ -43,26 +43,10 @@ def console(project: Path, script: str, *args: str, timeout: float = 240) -> sub
     return subprocess.run(command, cwd=project, env=child_env(), capture_output=True, text=True, timeout=timeout)
 
 
-def test_field_train_builds_the_users_class_with_its_own_defaults_and_only_the_keys_given(project: Path) -> None:
-    run = console(project, "field-train", *OWN, "model.width=8", "run_name=mine", "trainer.max_steps=12",
-                  "progress_bar=none")  # fmt: skip
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    config = yaml.safe_load((project / "outputs" / "field-train" / "mine" / ".hydra" / "config.yaml").read_text())
-    # Exactly the class's signature: width as given, the rest its own defaults; no shipped key
-    # (vocab_size, n_layer, ...) and the user's batch_size 32, not the shipped group's value.
-    assert config["model"] == {"_target_": "my_project.MyModule", "width": 8, "lr": 0.01, "features": 8}
-    assert config["data"] == {"_target_": "my_project.MyData", "n": 320, "batch_size": 32, "features": 8}
-
-
 @pytest.mark.parametrize(
     ("script", "args", "named"),
     [
         ("field-train", [*OWN, "model.widht=3"], "model.widht: MyModule takes no argument 'widht'"),
-        ("field-train", [*OWN, "model.width=abc"], "model.width: Value 'abc'"),
-        ("field-train", ["experiment=nope"], "Could not find 'experiment/nope'"),
-        ("field-train", ["model.hiddn=3"], "model.hiddn: no such key"),
-        ("field-train", ["model._target_=my_project.Nope"], "model._target_=my_project.Nope cannot be imported"),
-        ("field-train", [*OWN, "fault.kill_at_step=soon"], "fault.kill_at_step must be a step number"),
         ("field-evidence", [*OWN, "evidence.kill_steps=[3]"], "kill step 3 comes before the first checkpoint"),
         ("field", ["preflight", *OWN, "data.batch_size=big"], "data.batch_size: Value 'big'"),
         ("field", ["scale", "--ranks", "1,2", "experiment=nope"], "Could not find 'experiment/nope'"),
@@ -80,10 +64,30 @@ def test_an_unusable_command_line_exits_2_with_the_cause_in_one_line_before_anyt
     assert time.monotonic() - started < 30
 
 
-def test_field_evidence_reaches_verdict_exact_on_the_users_module(project: Path) -> None:
-    run = console(project, "field-evidence", *OWN, "model.width=12", "evidence.steps=20")
-    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
-    assert "[field-evidence] verdict: exact" in run.stdout and "gate: PASSED" in run.stdout
+@pytest.mark.parametrize(
+    ("config_name", "args", "named"),
+    [
+        ("field_train", [*OWN, "model.width=abc"], "model.width: Value 'abc' of type 'str' could not be converted"),
+        ("field_train", ["experiment=nope"], "Available options in 'experiment': char_gpt, char_gpt_tiny, demo"),
+        ("field_train", ["model.hiddn=3"], "model.hiddn: no such key; model has _target_, vocab_size"),
+        ("field_train", ["model._target_=my_project.Nope"], "model._target_=my_project.Nope cannot be imported"),
+        ("field_train", [*OWN, "fault.kill_at_step=soon"], "fault.kill_at_step must be a step number"),
+        ("field_evidence", ["model._target_=my_project.MyModule", "+model.depth=2"], "takes no argument 'depth'"),
+        ("field_evidence", [*OWN, "evidence.kill_steps=[3]"], "comes before the first checkpoint (step 5"),
+    ],
+)
+def test_each_apps_pre_launch_check_names_the_problem(
+    project: Path, monkeypatch: pytest.MonkeyPatch, config_name: str, args: list[str], named: str
+) -> None:
+    """The same checks the console scripts run before Hydra starts (one console run each is above)."""
+    from lightning_field.cli import evidence_app, train_app
+    from lightning_field.cli.hydra_app import composition_problem
+    from lightning_field.integrations.hydra_configs import prepare_target_overrides
+
+    monkeypatch.syspath_prepend(str(project))
+    validate = {"field_train": train_app.validate, "field_evidence": evidence_app.validate}[config_name]
+    problem = composition_problem(config_name, prepare_target_overrides(args), validate)
+    assert problem is not None and named in problem and "\n" not in problem, problem
 
 
 def test_a_failing_user_module_puts_its_error_on_the_console_and_stops_after_the_first_control(
@@ -99,6 +103,12 @@ def test_a_failing_user_module_puts_its_error_on_the_console_and_stops_after_the
     # Nothing passes over zero items.
     for name in ("interruptions_were_real", "checkpoints_intact", "interrupted_runs_completed"):
         assert not conditions[name]["passed"], conditions[name]
+    # field scale, too, ends with the rank's own error, not its own traceback.
+    scale = console(project, "field", "scale", "--ranks", "1,2", "--steps", "4", "model._target_=broken.BrokenModule",
+                    "data._target_=my_project.MyData")  # fmt: skip
+    assert scale.returncode == 1 and "the 1-rank run exited 1" in scale.stderr, scale.stderr[-2000:]
+    assert scale.stderr.rstrip().endswith("RuntimeError: my model is broken at step 0")
+    assert not scale.stderr.startswith("Traceback")
 
 
 def test_field_preflight_and_field_scale_run_the_users_module(project: Path) -> None:
@@ -128,7 +138,12 @@ def test_the_documented_flow_from_the_console_scripts_in_a_git_repository_ends_a
              "callbacks.restore_drill.every_n_checkpoints=2"]  # fmt: skip
     trained = console(project, "field-train", *train)
     assert trained.returncode == 0, trained.stdout[-3000:] + trained.stderr[-3000:]
-    evidence = console(project, "field-evidence", *OWN, "evidence.steps=20")
+    config = yaml.safe_load((project / "outputs" / "field-train" / "mine" / ".hydra" / "config.yaml").read_text())
+    # Exactly the class's signature, its own defaults: no shipped key (vocab_size, n_layer, ...) and
+    # the user's batch_size 32, not the shipped group's value.
+    assert config["model"] == {"_target_": "my_project.MyModule", "width": 16, "lr": 0.01, "features": 8}
+    assert config["data"] == {"_target_": "my_project.MyData", "n": 320, "batch_size": 32, "features": 8}
+    evidence = console(project, "field-evidence", *OWN, "evidence.steps=20")  # the user's module, verdict exact
     assert evidence.returncode == 0 and "verdict: exact" in evidence.stdout, evidence.stdout[-3000:]
     bundle = next(project.glob("outputs/field-evidence/*/field/evidence/*"))
     run_dir = project / "outputs" / "field-train" / "mine"

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import signal
 import statistics
 import subprocess
@@ -40,6 +41,10 @@ SECTION_NAMES = {"data": "data", "compute": "compute", "comm": "communication"}
 
 class ScaleInputError(ValueError):
     """The study cannot be run as asked; the message names the numbers. Raised before any process starts."""
+
+
+class ScaleRunError(RuntimeError):
+    """A rank count's run failed; the message ends with the last lines of its log (the cause)."""
 
 
 @dataclass(frozen=True)
@@ -387,8 +392,11 @@ def run_study(config: StudyConfig, cpu_count: int | None = None) -> dict[str, An
         started = time.perf_counter()
         rc = launch(spec_path, run_dir / "log.txt", config.timeout_s)
         if rc != 0:
-            tail = (run_dir / "log.txt").read_text()[-3000:]
-            raise RuntimeError(f"the {plan.ranks}-rank run exited {rc} (log {run_dir / 'log.txt'}):\n{tail}")
+            # Rank 0's lines only (other ranks repeat them), without the `[rank0]: ` prefixes.
+            lines = (run_dir / "log.txt").read_text(errors="replace").rstrip().splitlines()
+            lines = [line.removeprefix("[rank0]: ") for line in lines if not re.match(r"\[rank[1-9]\d*\]:", line)]
+            tail = "\n".join(f"  {line}" for line in lines[-12:])
+            raise ScaleRunError(f"the {plan.ranks}-rank run exited {rc} (log {run_dir / 'log.txt'}):\n{tail}")
         summary = summarize_run(run_dir, plan, config.warmup_steps)
         summary["process_wall_s"] = time.perf_counter() - started
         summary["gradient_file"] = str(run_dir / GRADIENT_FILE)

@@ -97,7 +97,12 @@ def composition_problem(
         return str(err)
     except (HydraException, OmegaConfBaseException) as err:
         unknown = re.search(r"Could not override '([^']+)'", str(err))
-        return _unknown_key(config_name, arguments, unknown.group(1)) if unknown else one_line(str(err))
+        if unknown:
+            return _unknown_key(config_name, arguments, unknown.group(1))
+        merging = re.match(r"Error merging override (\S+)", str(err))
+        if merging and err.__cause__ is not None:  # a wrongly typed value: the cause says how
+            return f"{merging.group(1)}: {str(err.__cause__).strip().splitlines()[0]}"
+        return one_line(str(err))
     return None
 
 

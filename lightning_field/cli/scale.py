@@ -90,7 +90,7 @@ def validate(config: StudyConfig) -> None:
 
 
 def cmd_scale(args: argparse.Namespace) -> int:
-    from lightning_field.baseline.scale import render_report, run_study
+    from lightning_field.baseline.scale import ScaleRunError, render_report, run_study
 
     try:
         config = study_config(args)
@@ -99,6 +99,9 @@ def cmd_scale(args: argparse.Namespace) -> int:
     except ScaleInputError as err:
         print(f"field scale: {err}", file=sys.stderr)
         return 2
+    except ScaleRunError as err:
+        print(f"field scale: {err}", file=sys.stderr)
+        return 1
     if args.json:
         print(json.dumps(record, indent=2, default=str))
     else:
