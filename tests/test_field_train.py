@@ -30,9 +30,12 @@ def test_a_killed_run_resumes_by_itself_when_the_same_command_is_rerun_and_ends_
     assert read_manifest(resume_point).step < 25  # the kill came before step 25's save
     assert "starting fresh" in killed.stdout and "Plan (estimates)" in killed.stdout
     assert "badput budget" in killed.stdout and "checkpoint cadence: every 10 step(s)" in killed.stdout
+    assert "fault drill: SIGKILL of this job at step 25" in killed.stdout
 
-    resumed = field_train(tmp_path)
+    # The same command again, drill included: the drill fired once in this run and is not armed again.
+    resumed = field_train(tmp_path, "fault.kill_at_step=25")
     assert resumed.returncode == 0, resumed.stdout[-3000:]
+    assert "fault.kill_at_step=25: already fired in this run" in resumed.stdout
     assert f"resuming from {resume_point}" in resumed.stdout
     assert "Time to quality (val_loss <= 0.8)" in resumed.stdout and "1 interruption(s)" in resumed.stdout
     assert f"[field-train] checkpoints: {run_dir / 'checkpoints'}" in resumed.stdout

@@ -24,6 +24,12 @@ BROKEN = '''
 from my_project import MyModule
 
 
+class OpenModule(MyModule):
+    def __init__(self, width: int = 16, **options: float) -> None:
+        super().__init__(width=width)
+        self.options = options
+
+
 class BrokenModule(MyModule):
     def training_step(self, batch, batch_idx):
         raise RuntimeError("my model is broken at step 0")
@@ -88,6 +94,20 @@ def test_each_apps_pre_launch_check_names_the_problem(
     validate = {"field_train": train_app.validate, "field_evidence": evidence_app.validate}[config_name]
     problem = composition_problem(config_name, prepare_target_overrides(args), validate)
     assert problem is not None and named in problem and "\n" not in problem, problem
+
+
+def test_a_class_whose_own_constructor_takes_kwargs_accepts_keys_outside_its_signature(
+    project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from lightning_field.cli.hydra_app import composition_problem
+    from lightning_field.conf import compose_config
+    from lightning_field.integrations.hydra_configs import apply_target_swaps, prepare_target_overrides
+
+    monkeypatch.syspath_prepend(str(project))
+    args = prepare_target_overrides(["model._target_=broken.OpenModule", "model.momentum=0.5", "model.width=4"])
+    assert composition_problem("field_train", args) is None
+    model = apply_target_swaps(compose_config("field_train", args), args).model
+    assert dict(model) == {"_target_": "broken.OpenModule", "width": 4, "momentum": 0.5}
 
 
 def test_a_failing_user_module_puts_its_error_on_the_console_and_stops_after_the_first_control(
@@ -180,12 +200,3 @@ def test_the_documented_flow_from_the_console_scripts_in_a_git_repository_ends_a
     stale = console(project, "field", "evidence", "check", str(bundle), "--checkpoint", str(new))
     assert stale.returncode == 1 and "stale, config model.width: 16 (evidence) -> 32 (checkpoint)" in stale.stdout
 
-
-def test_a_drill_kill_fires_once_per_run_directory_so_the_rerun_resumes_and_finishes(project: Path) -> None:
-    args = [*OWN, "run_name=drill", "trainer.max_steps=20", "progress_bar=none", "fault.kill_at_step=12",
-            "callbacks.checkpoint.every_n_train_steps=5"]  # fmt: skip
-    killed = console(project, "field-train", *args)
-    assert killed.returncode == -9 and "fault drill: SIGKILL of this job at step 12" in killed.stderr
-    again = console(project, "field-train", *args)
-    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
-    assert "already fired in this run" in again.stdout and "resuming from" in again.stdout

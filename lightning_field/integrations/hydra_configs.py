@@ -263,8 +263,13 @@ def _overridden_keys(overrides: typing.Sequence[str]) -> dict[str, set[str]]:
 def _lenient_schema(cls: type, target: str) -> tuple[type, bool]:
     """(dataclass, open-ended) from ``cls``'s constructor: typed fields for arguments whose defaults
     YAML can hold; others are typed ``Any`` and left to the constructor's default."""
+    open_ended = _takes_open_kwargs(cls)
+    parameters = _parameters(cls)
+    if open_ended:  # its **kwargs are its own to read: the base classes' arguments are not implied
+        own = inspect.signature(cls).parameters
+        parameters = {k: v for k, v in parameters.items() if k in own}
     fields: list[tuple[str, Any, Any]] = [("_target_", str, dataclasses.field(default=target))]
-    for name, (annotation, default) in _parameters(cls).items():
+    for name, (annotation, default) in parameters.items():
         kind = omegaconf_type(annotation)
         if default is inspect.Parameter.empty:
             fields.append((name, kind, dataclasses.field(default=MISSING)))
@@ -275,21 +280,22 @@ def _lenient_schema(cls: type, target: str) -> tuple[type, bool]:
         elif _is_plain(value):
             fields.append((name, kind, dataclasses.field(default=value)))
         # A default YAML cannot write (a callable, a tensor) stays the constructor's: no field.
-    return dataclasses.make_dataclass(f"{cls.__name__}Config", fields), _takes_open_kwargs(cls)
+    return dataclasses.make_dataclass(f"{cls.__name__}Config", fields), open_ended
 
 
 def _takes_open_kwargs(cls: type) -> bool:
-    """Whether ``**kwargs`` reach a constructor that accepts anything (then unknown keys may be valid)."""
+    """Whether the class's own constructor takes ``**kwargs``: then a key outside its signature may
+    be one it reads itself, and only the constructor can refuse it. (``**kwargs`` that only reach
+    Lightning's or torch's constructors accept none of a user's keys.)"""
     for klass in cls.__mro__:
         init = klass.__dict__.get("__init__")
         if init is None:
             continue
-        params = inspect.signature(inspect.unwrap(init)).parameters.values()
-        if not any(p.kind is p.VAR_KEYWORD for p in params):
-            return False
         if klass.__module__.startswith(("lightning.", "torch.", "builtins")):
-            return False  # LightningModule/nn.Module take **kwargs but use none of a user's keys
-    return True
+            return False
+        params = inspect.signature(inspect.unwrap(init)).parameters.values()
+        return any(p.kind is p.VAR_KEYWORD for p in params)
+    return False
 
 
 def _import_class(section: str, target: str) -> type:
