@@ -22,7 +22,7 @@ import pytest
 from conftest import run_child
 from lightning.pytorch.callbacks import Callback
 
-from lightning_field import ManifestCheckpoint, TimeToQuality, read_manifest
+from lightning_field import ManifestCheckpoint, TimeToQuality, TrainingPreempted, read_events, read_manifest
 from lightning_field.cli.wandb import main as wandb_cli
 from lightning_field.demo import DemoDataModule, DemoRegressor
 from lightning_field.integrations import (
@@ -33,6 +33,7 @@ from lightning_field.integrations import (
     log_evidence_bundle,
     offline_segments,
     read_offline_run,
+    read_wandb_identity,
 )
 from lightning_field.profiling import StragglerMonitor
 from lightning_field.quality.ledger import BUCKETS
@@ -270,6 +271,35 @@ def test_a_reached_target_is_reported_with_its_time_device_hours_cost_mfu_and_ch
     files = [a for a in run["artifacts"] if a["type"] == "checkpoint"]
     assert [a["metadata"]["step"] for a in files] == [4, 8]
     assert sorted(files[0]["files"]) == ["manifest.json", "rank-00000.pt", "state.pt"]
+
+
+class SigtermAtStep(Callback):
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: Any, batch: Any, idx: int) -> None:
+        if trainer.global_step == self.step:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+def test_a_preempted_attempt_ends_as_preempted_in_the_segment_the_event_log_and_with_its_summaries(
+    offline: Path,
+) -> None:
+    root = offline / "run"
+    logger = FieldWandbLogger(run_dir=root)
+    trainer = trainer_for(root, 12, logger, SigtermAtStep(5))
+    with pytest.raises(TrainingPreempted) as stop:
+        trainer.fit(DemoRegressor(), datamodule=DemoDataModule(size=64))
+    close_wandb()
+    assert stop.value.code == 75 and stop.value.step == 6 and stop.value.signal_name == "SIGTERM"
+    assert [s["status"] for s in read_wandb_identity(root)["segments"]] == ["preempted"]  # not "failed"
+    ends = [e["payload"]["status"] for e in read_events(root) if e["event"] == "attempt_end"]
+    assert ends == ["preempted"]
+    # Lightning calls neither on_fit_end nor teardown on this path: the summaries are written anyway.
+    quality = json.loads((root / "field" / "time_to_quality.json").read_text())
+    assert quality["final"] is True and quality["so_far"]["wall_s"] > 0
+    summary = read_offline_run(offline_segments(root)[0])["summary"]
+    assert summary["field/target_reached"] is False
 
 
 def test_restoring_a_checkpoint_of_another_wandb_run_warns_with_both_ids(offline: Path) -> None:
