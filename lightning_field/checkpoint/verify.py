@@ -68,8 +68,9 @@ class LocalFiles:
         file_path = self.root / name
         return file_path.stat().st_size if file_path.is_file() else None
 
-    def digest(self, name: str, on_chunk: Callable[[int], None]) -> str:
-        return hash_file(self.root / name, progress=on_chunk)[1]
+    def digest(self, name: str, on_chunk: Callable[[int], None], algorithm: str) -> str:
+        # All cores: verification runs before training resumes, with nothing else to do.
+        return hash_file(self.root / name, progress=on_chunk, algorithm=algorithm, threads=True)[1]
 
 
 class ObjectFiles:
@@ -89,9 +90,9 @@ class ObjectFiles:
             return None
         return int(info["size"]) if info.get("type") == "file" else None
 
-    def digest(self, name: str, on_chunk: Callable[[int], None]) -> str:
+    def digest(self, name: str, on_chunk: Callable[[int], None], algorithm: str) -> str:
         with self.fs.open(f"{self.prefix}/{name}", "rb", block_size=_REMOTE_BLOCK) as f:
-            return hash_stream(f, progress=on_chunk)[1]
+            return hash_stream(f, progress=on_chunk, algorithm=algorithm, threads=True)[1]
 
 
 _REMOTE_BLOCK = 16 << 20
@@ -130,7 +131,7 @@ def verify_against(
             progress(done, total)
 
     for name, entry in to_hash:
-        digest = reader.digest(name, on_chunk)
+        digest = reader.digest(name, on_chunk, manifest.hash_algorithm)  # the one its format names
         if digest != entry.hash:
             report.problems.append(
                 f"{reader.describe(name)}: content hash {digest[:16]}… does not match the manifest's {entry.hash[:16]}…"

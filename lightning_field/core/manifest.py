@@ -17,7 +17,10 @@ from typing import Any
 from lightning_field.core.fsio import HASH_ALGORITHM, atomic_write_bytes
 from lightning_field.core.storage import StorageOptions, is_url, join, open_fs
 
-FORMAT = "lightning_field.checkpoint/1"
+FORMAT = "lightning_field.checkpoint/2"
+# Every format this version reads, with the one hash algorithm each names: format 1 (SHA-256)
+# checkpoints written by earlier versions still verify and resume.
+READABLE_FORMATS = {"lightning_field.checkpoint/1": "sha256", FORMAT: HASH_ALGORITHM}
 MANIFEST_NAME = "manifest.json"
 SHARED_STATE_FILE = "state.pt"
 
@@ -66,10 +69,15 @@ class Manifest:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Manifest:
         fmt = data.get("format")
-        if fmt != FORMAT:
-            raise ManifestError(f"unsupported checkpoint format {fmt!r}; this version reads {FORMAT!r}")
-        if data.get("hash_algorithm") != HASH_ALGORITHM:
-            raise ManifestError(f"unsupported hash algorithm {data.get('hash_algorithm')!r}")
+        if fmt not in READABLE_FORMATS:
+            raise ManifestError(
+                f"unsupported checkpoint format {fmt!r}; this version reads {', '.join(map(repr, READABLE_FORMATS))}"
+            )
+        if data.get("hash_algorithm") != READABLE_FORMATS[fmt]:
+            raise ManifestError(
+                f"checkpoint format {fmt!r} names hash algorithm {data.get('hash_algorithm')!r};"
+                f" that format uses {READABLE_FORMATS[fmt]!r}"
+            )
         payload = dict(data)
         payload["files"] = {name: FileEntry(**entry) for name, entry in data["files"].items()}
         known = set(cls.__dataclass_fields__)

@@ -1,0 +1,100 @@
+"""Manifest format 2 hashes with BLAKE3; checkpoints of format 1 (SHA-256) still verify and resume."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import make_trainer
+
+from lightning_field import latest_recoverable, read_manifest, verify_checkpoint
+from lightning_field.cli.main import main as field_main
+from lightning_field.core.manifest import FORMAT, MANIFEST_NAME, ManifestError
+from lightning_field.demo import DemoDataModule, DemoRegressor
+
+
+def as_format_1(checkpoint: Path) -> None:
+    """Rewrite a checkpoint's manifest as format 1 wrote it: the same layout, SHA-256 file hashes."""
+    path = checkpoint / MANIFEST_NAME
+    manifest = json.loads(path.read_text())
+    for name, entry in manifest["files"].items():
+        entry["hash"] = hashlib.sha256((checkpoint / name).read_bytes()).hexdigest()
+    manifest.update(format="lightning_field.checkpoint/1", hash_algorithm="sha256")
+    path.write_text(json.dumps(manifest, indent=2, sort_keys=True))
+
+
+def _flip_a_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+@pytest.fixture
+def run(tmp_path: Path) -> Path:
+    trainer = make_trainer(tmp_path, 6, every_n_train_steps=3)
+    trainer.fit(DemoRegressor(), datamodule=DemoDataModule(size=64))
+    return tmp_path
+
+
+def test_new_checkpoints_are_format_2_with_blake3_hashes_of_every_file(run: Path) -> None:
+    checkpoint = run / "ckpts" / "epoch=0-step=3"
+    manifest = read_manifest(checkpoint)
+    assert manifest.format == FORMAT == "lightning_field.checkpoint/2" and manifest.hash_algorithm == "blake3"
+    import blake3
+
+    for name, entry in manifest.files.items():
+        assert entry.hash == blake3.blake3((checkpoint / name).read_bytes()).hexdigest()
+
+
+@pytest.mark.parametrize("fmt", [1, 2])
+def test_a_flipped_byte_is_detected_under_either_format(run: Path, fmt: int) -> None:
+    checkpoint = run / "ckpts" / "epoch=0-step=3"
+    if fmt == 1:
+        as_format_1(checkpoint)
+    assert verify_checkpoint(checkpoint).intact
+    _flip_a_byte(checkpoint / "state.pt")
+    report = verify_checkpoint(checkpoint)
+    assert not report.intact and any("state.pt: content hash" in p for p in report.problems), report.problems
+
+
+def test_a_format_1_checkpoint_verifies_in_the_cli_and_resumes_bit_for_bit(
+    run: Path, tmp_path_factory: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The uninterrupted reference: the same job straight to step 6.
+    weights, step = _weights_after(run)
+    assert step == 6
+    interrupted = tmp_path_factory.mktemp("format1")
+    shutil.copytree(run / "ckpts" / "epoch=0-step=3", interrupted / "ckpts" / "epoch=0-step=3")
+    as_format_1(interrupted / "ckpts" / "epoch=0-step=3")
+    assert field_main(["ckpt", "verify", str(interrupted / "ckpts" / "epoch=0-step=3")]) == 0
+    assert field_main(["ckpt", "inspect", str(interrupted / "ckpts" / "epoch=0-step=3")]) == 0
+    assert "lightning_field.checkpoint/1 (hashes: sha256)" in capsys.readouterr().out
+    resumed_model = DemoRegressor()
+    trainer = make_trainer(interrupted, 6, every_n_train_steps=3)
+    trainer.fit(resumed_model, datamodule=DemoDataModule(size=64), ckpt_path="last")
+    assert trainer.global_step == 6
+    for name, tensor in resumed_model.state_dict().items():
+        assert torch.equal(tensor, weights[name]), name
+    # Its own later saves are format 2.
+    latest = latest_recoverable(interrupted / "ckpts")
+    assert latest is not None and read_manifest(latest).format == FORMAT
+
+
+def _weights_after(run: Path) -> tuple[dict[str, torch.Tensor], int]:
+    checkpoint = latest_recoverable(run / "ckpts")
+    assert checkpoint is not None
+    state = torch.load(checkpoint / "state.pt", weights_only=False)
+    return state["state_dict"], state["global_step"]
+
+
+def test_a_manifest_naming_the_wrong_algorithm_for_its_format_is_refused(run: Path) -> None:
+    path = run / "ckpts" / "epoch=0-step=3" / MANIFEST_NAME
+    manifest = json.loads(path.read_text())
+    manifest["hash_algorithm"] = "sha256"  # format 2 with SHA-256: neither version wrote that
+    path.write_text(json.dumps(manifest))
+    with pytest.raises(ManifestError, match=r"format 'lightning_field\.checkpoint/2' names hash algorithm 'sha256'"):
+        read_manifest(path.parent)
