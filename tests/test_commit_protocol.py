@@ -113,3 +113,32 @@ def test_top_k_with_save_last_keeps_only_the_newest_checkpoint(tmp_path: Path) -
     trainer.fit(DemoRegressor(), datamodule=DemoDataModule(size=64))
     assert [e.path.name for e in committed_checkpoints(tmp_path / "ckpts")] == ["epoch=0-step=6"]
     assert read_last_pointer(tmp_path / "ckpts") == tmp_path / "ckpts" / "epoch=0-step=6"
+
+
+def test_our_saves_skip_the_zip_crc_and_a_users_torch_save_in_another_thread_keeps_it(tmp_path: Path) -> None:
+    import threading
+    import zipfile
+
+    state = {"w": torch.randn(64, 1024, 16), "step": 3}
+    done = threading.Event()
+
+    def ours() -> None:
+        for i in range(5):
+            commit.save_durably(state, tmp_path / f"ours-{i}.pt")
+        done.set()
+
+    saver = threading.Thread(target=ours)
+    saver.start()
+    users = 0
+    while not done.is_set() or users == 0:  # the user's own saves, concurrently with ours
+        torch.save({"x": torch.arange(10_000)}, tmp_path / f"user-{users}.pt")
+        assert torch.serialization.get_crc32_options()  # the process-wide flag is never touched
+        users += 1
+    saver.join()
+    for i in range(users):
+        with zipfile.ZipFile(tmp_path / f"user-{i}.pt") as user_file:
+            assert user_file.testzip() is None and all(info.CRC for info in user_file.infolist())
+    for i in range(5):
+        with zipfile.ZipFile(tmp_path / f"ours-{i}.pt") as our_file:
+            assert all(info.CRC == 0 for info in our_file.infolist())  # no CRC computed
+        assert torch.equal(torch.load(tmp_path / f"ours-{i}.pt")["w"], state["w"])  # a plain torch.load

@@ -19,8 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
+from lightning_field.checkpoint import lightning_internals as internals
 from lightning_field.checkpoint.resolver import TEMP_PREFIXES, write_last_pointer
 from lightning_field.core.fsio import HashingWriter, exchange_or_replace_dir, fsync_dir
 from lightning_field.core.manifest import FileEntry, Manifest
@@ -58,7 +57,7 @@ def save_durably(obj: Any, path: Path, durable: bool = True) -> tuple[int, str]:
     """
     writer = HashingWriter(path)
     try:
-        torch.save(obj, writer)
+        internals.save_without_crc32(obj, writer)  # the manifest's hash covers every byte instead
         return writer.finish(sync=durable)
     except BaseException:
         writer.close()

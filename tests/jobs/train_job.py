@@ -12,6 +12,7 @@ import json
 import os
 import signal
 import threading
+import time
 
 import lightning.pytorch as pl
 import torch
@@ -26,13 +27,22 @@ from lightning_field.state.rng import capture_rng_state, rng_digest
 
 
 class KillAfterStep(Callback):
-    """SIGKILL this rank at the start of the batch after ``step`` (the save of ``step`` is done)."""
+    """SIGKILL this rank at the start of the batch after ``step`` (the save of ``step`` is done).
 
-    def __init__(self, step: int) -> None:
+    With ``after``, ranks other than 0 first wait (up to 60 s) for that file from rank 0: Lightning's
+    child-process observer SIGKILLs rank 0 within seconds of a dead rank, and rank 0 must record
+    what it saw first (a race the loaded suite lost now and then)."""
+
+    def __init__(self, step: int, after: str | None = None) -> None:
         self.step = step
+        self.after = after
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         if trainer.global_step == self.step:
+            if self.after is not None and not trainer.is_global_zero:
+                deadline = time.monotonic() + 60
+                while not os.path.exists(self.after) and time.monotonic() < deadline:
+                    time.sleep(0.05)
             os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -82,8 +92,9 @@ class SeenWhileHeld(Callback):
             "names": sorted(p for p in os.listdir(self.ckpts) if not p.startswith(".")),
             "last_committed": trainer.checkpoint_callback.last_committed[1],
         }
-        with open(self.path, "w") as f:
+        with open(self.path + ".tmp", "w") as f:
             json.dump(seen, f)
+        os.replace(self.path + ".tmp", self.path)  # whole, for the rank that waits on it
 
 
 class SignalAtStep(Callback):
@@ -193,7 +204,8 @@ def main() -> None:
     if args.dump_loaded is not None:
         callbacks.append(DumpLoadedState(args.dump_loaded, args.sharded))
     if args.kill_after_step is not None:
-        callbacks.append(KillAfterStep(args.kill_after_step))
+        seen = args.out + ".seen.json" if args.hold_writer_step is not None else None
+        callbacks.append(KillAfterStep(args.kill_after_step, after=seen))
     trainer = pl.Trainer(
         default_root_dir=args.root,
         accelerator="cpu",
