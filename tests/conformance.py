@@ -182,10 +182,7 @@ def run_protocol(name: str, checkpoint: str, tmp: Path) -> Outcome:
     if rc != 0:
         outcome.error = f"resumed run exited {rc}: {_tail(log)}"
         return outcome
-    expected, got = torch.load(reference, weights_only=False), torch.load(resumed, weights_only=False)
-    outcome.resumed_from_step = got["start_step"]
-    outcome.differences = compare(expected, got)
-    return outcome
+    return _judged(outcome, reference, resumed)
 
 
 def _run_elastic_protocol(name: str, checkpoint: str, tmp: Path) -> Outcome:
@@ -213,6 +210,10 @@ def _run_elastic_protocol(name: str, checkpoint: str, tmp: Path) -> Outcome:
         outcome.error = f"the restarted launch exited {rc}: {_tail(outcome.log)}"
     if outcome.error:
         return outcome
+    return _judged(outcome, reference, resumed)
+
+
+def _judged(outcome: Outcome, reference: Path, resumed: Path) -> Outcome:
     expected, got = torch.load(reference, weights_only=False), torch.load(resumed, weights_only=False)
     outcome.resumed_from_step = got["start_step"]
     outcome.differences = compare(expected, got)

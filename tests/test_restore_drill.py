@@ -6,6 +6,7 @@ import csv
 import errno
 import logging
 import os
+import signal
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -14,7 +15,14 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import CSVLogger
 
-from lightning_field import ManifestCheckpoint, RestoreDrill, latest_recoverable, read_events, read_manifest
+from lightning_field import (
+    ManifestCheckpoint,
+    RestoreDrill,
+    TrainingPreempted,
+    latest_recoverable,
+    read_events,
+    read_manifest,
+)
 from lightning_field.checkpoint.resolver import committed_checkpoints
 from lightning_field.cli.main import main as field_main
 from lightning_field.core.fsio import hash_file
@@ -205,3 +213,31 @@ def test_where_no_private_copy_can_be_made_a_removed_checkpoints_drill_is_report
     assert any("step=3" in w and "skipped" in w and "removed by retention" in w for w in warnings)
     drills = [e for e in read_events(tmp_path) if e["event"] == "restore_drill"]
     assert sorted((e["step"], e["payload"]["outcome"]) for e in drills) == [(3, "skipped"), (6, "passed")]
+
+
+class _SigtermWhileDrilling(Callback):
+    """At ``step``, note the drill processes running, then ask for a preemption (SIGTERM to self)."""
+
+    def __init__(self, drill: RestoreDrill, step: int) -> None:
+        self.drill, self.step = drill, step
+        self.seen: list = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if trainer.global_step == self.step:
+            self.seen = [running.process for running in self.drill._running]
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+def test_a_preemption_stops_running_drills_at_once_instead_of_leaving_them_behind(tmp_path: Path) -> None:
+    pl.seed_everything(0)
+    checkpoint = ManifestCheckpoint(dirpath=tmp_path / "ckpts", every_n_train_steps=3, save_top_k=-1)
+    drill = RestoreDrill(every_n_checkpoints=1)
+    probe = _SigtermWhileDrilling(drill, 5)  # the drill of step 3 starts after step 4
+    trainer = pl.Trainer(
+        default_root_dir=tmp_path, max_steps=10, accelerator="cpu", logger=False, enable_progress_bar=False,
+        enable_model_summary=False, limit_val_batches=0, callbacks=[probe, drill, checkpoint],
+    )  # fmt: skip
+    with pytest.raises(TrainingPreempted):
+        trainer.fit(DemoRegressor(), datamodule=DemoDataModule())
+    assert probe.seen, "no drill was running when the preemption came"
+    assert all(process.poll() is not None for process in probe.seen) and drill._running == []

@@ -1,4 +1,5 @@
-"""Every place lightning_field reaches into Lightning's private loop and data internals.
+"""Every place lightning_field reaches into Lightning's private loop and data internals (and, at
+the end, the one private torch serialization path it uses).
 
 Exact resume needs a hook immediately before each training fetch (time accounting one after it
 too), the train loaders before their first iteration, and corrections for two Lightning 2.6

@@ -517,7 +517,7 @@ class ManifestCheckpoint(ModelCheckpoint):
             self._undo_loader_patch()
             self._undo_loader_patch = None
         if self._events is not None:
-            self._events.end("preempted" if self.preempted_checkpoint else "finished", step=trainer.global_step)
+            self._events.end("finished", step=trainer.global_step)  # a preemption ends in on_exception
             self._events = None
         super().teardown(trainer, pl_module, stage)
 

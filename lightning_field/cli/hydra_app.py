@@ -23,6 +23,13 @@ from lightning_field.integrations.hydra_configs import (
 EXIT_BAD_CONFIG = 2
 
 
+def import_from_working_directory() -> None:
+    """As with ``python -m``, modules in the current directory are importable by ``_target_`` (the
+    child processes the apps start get it on their PYTHONPATH likewise)."""
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+
+
 def hydra_main(
     config_name: str,
     run: Callable[[DictConfig], int],
@@ -37,9 +44,7 @@ def hydra_main(
     """
     app_name = app_name or config_name.replace("_", "-")
     register_configs()
-    # As with `python -m`, modules in the current directory are importable by _target_.
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
+    import_from_working_directory()
     # Rewritten in sys.argv itself: Lightning's DDP launcher starts the other ranks from it.
     sys.argv[1:] = prepare_target_overrides(sys.argv[1:])
     problem = composition_problem(config_name, sys.argv[1:], validate)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -33,7 +32,7 @@ def study_config(args: argparse.Namespace) -> StudyConfig:
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-    from lightning_field.cli.hydra_app import one_line
+    from lightning_field.cli.hydra_app import import_from_working_directory, one_line
     from lightning_field.conf import compose_config
     from lightning_field.integrations.hydra_configs import (
         TargetConfigError,
@@ -41,9 +40,7 @@ def study_config(args: argparse.Namespace) -> StudyConfig:
         prepare_target_overrides,
     )
 
-    # As the study's rank processes do (their PYTHONPATH has it), and as with `python -m`.
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
+    import_from_working_directory()
     overrides = prepare_target_overrides(args.overrides)
     try:
         cfg = apply_target_swaps(compose_config("field_scale", overrides), overrides)

@@ -269,8 +269,7 @@ class RestoreDrill(Callback):
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._disarm()  # the final checkpoint has no next step in this run to compare with
-        preempted = self._checkpoint is not None and self._checkpoint.preempted_checkpoint is not None
-        if self.wait_at_end and not preempted:  # a preempted job has seconds to leave, not minutes
+        if self.wait_at_end:
             for running in list(self._running):
                 remaining = self.timeout_s - (time.monotonic() - running.started)
                 with contextlib.suppress(subprocess.TimeoutExpired):
@@ -292,6 +291,12 @@ class RestoreDrill(Callback):
                     payload={"checkpoint": running.checkpoint, "outcome": "abandoned"},
                 )
         self._running = []
+
+    @override
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        # A preempted attempt (TrainingPreempted) has seconds to leave, and Lightning calls neither
+        # on_train_end nor teardown after an exception: stop the drills here, unwaited.
+        self.teardown(trainer, pl_module, "fit")
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:

@@ -151,6 +151,10 @@ class StepTracer(Callback):
         self._write_timeline()
 
     @override
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        self.teardown(trainer, pl_module, "fit")  # Lightning calls no teardown after an exception
+
+    @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if self._file is not None:
             self._file.close()

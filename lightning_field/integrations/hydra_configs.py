@@ -202,7 +202,6 @@ def apply_target_swaps(cfg: Any, overrides: typing.Sequence[str]) -> Any:
         node = cfg[section]
         target = str(node["_target_"])
         cls = _import_class(section, target)
-        signature = _signature_text(cls)
         schema, open_ended = _lenient_schema(cls, target)
         keys = [k for k in given[section] if k != "_target_"]
         raw = OmegaConf.to_container(node, resolve=False)
@@ -221,7 +220,7 @@ def apply_target_swaps(cfg: Any, overrides: typing.Sequence[str]) -> Any:
                 reason = f"{cls.__name__} needs it (no default): pass {where}=..."
             elif type(err).__name__ == "ConfigAttributeError" or "not in" in reason:
                 reason = f"{cls.__name__} takes no argument {key!r}"
-            raise TargetConfigError(f"{where}: {reason}; {signature}") from None
+            raise TargetConfigError(f"{where}: {reason}; {_signature_text(cls)}") from None
         with open_dict(cfg):
             cfg[section] = OmegaConf.create(OmegaConf.to_container(typed, resolve=False))
     return cfg

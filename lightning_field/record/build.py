@@ -146,7 +146,7 @@ def build_record(
     by_id = {s["id"]: s for s in sources}
     results = evaluate_conditions(config.conditions, figures, by_id, release, now, config.roles_for)
     # Signatures come after the build: an enforced sign-off is missing until then, and holds.
-    bundles = [{"name": b.name, "roles": b.roles} for b in config.bundles]
+    bundles = [{"name": b.name, "roles": b.roles, "conditions": b.conditions} for b in config.bundles]
     unsigned = missing_signoffs(bundles, []) if config.enforce_signoff else []
     record: dict[str, Any] = {
         "format": FORMAT,
@@ -160,7 +160,7 @@ def build_record(
         "conditions": results,
         "signoff": {
             "roles": list(config.roles),
-            "bundles": [{"name": b.name, "roles": b.roles, "conditions": b.conditions} for b in config.bundles],
+            "bundles": bundles,
             "enforce": config.enforce_signoff,
         },
         "figures": figures,
