@@ -59,7 +59,7 @@ from save_benchmark import BigLinear, BigLinearData, default_parent, width_for
 from lightning_field import JumpRandomSampler, ManifestCheckpoint
 from lightning_field.checkpoint.io import ManifestCheckpointIO
 from lightning_field.checkpoint.object_store import ObjectStore
-from lightning_field.core.fsio import hash_file
+from lightning_field.core.hashing import hash_file
 from lightning_field.core.manifest import SHARED_STATE_FILE, rank_state_file, read_manifest
 
 
@@ -161,7 +161,7 @@ def bench_verify(args: argparse.Namespace, workdir: Path) -> None:
     import json
 
     from lightning_field.cli.main import main as field_main
-    from lightning_field.core.fsio import hash_file
+    from lightning_field.core.hashing import hash_file
     from lightning_field.core.manifest import MANIFEST_NAME
 
     torch.set_num_threads(1)

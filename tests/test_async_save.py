@@ -11,12 +11,15 @@ import lightning.pytorch as pl
 import pytest
 import torch
 from conftest import make_trainer
+from lightning.pytorch.callbacks import EMAWeightAveraging, ModelCheckpoint
+from lightning.pytorch.demos.boring_classes import BoringModel
 from lightning.pytorch.loggers import CSVLogger
 
 from lightning_field import CheckpointSaveError, ManifestCheckpoint, latest_recoverable, read_events, verify_checkpoint
 from lightning_field.checkpoint import committed_checkpoints
-from lightning_field.checkpoint.async_save import HostSnapshot
+from lightning_field.checkpoint.async_save import DeferredCopies, HostSnapshot
 from lightning_field.checkpoint.commit import LocalStore, RankOutcome
+from lightning_field.core.manifest import SHARED_STATE_FILE
 from lightning_field.demo import DemoDataModule, DemoRegressor
 
 
@@ -134,13 +137,14 @@ def test_host_snapshot_is_independent_of_the_live_state_and_reuses_its_buffers()
     snapshot = HostSnapshot()
     weight = torch.ones(1000)
     state = {"model": {"w": weight, "tied": weight}, "loops": [{"step": 3}], "name": "x"}
-    first = snapshot.take(state)
+    first, deferred = snapshot.take(state)
+    assert len(deferred) == 0, "nothing is deferred unless its storage is named"
     weight.add_(1)
     state["loops"][0]["step"] = 4
     assert torch.equal(first["model"]["w"], torch.ones(1000)) and first["loops"][0]["step"] == 3
     assert first["model"]["w"] is first["model"]["tied"], "a tensor saved twice stays one tensor"
     buffer = first["model"]["w"]
-    second = snapshot.take(state)
+    second, _ = snapshot.take(state)
     assert second["model"]["w"] is buffer and torch.equal(buffer, torch.full((1000,), 2.0))
     assert snapshot.nbytes == 4000
     assert snapshot.pin_memory == torch.cuda.is_available()
@@ -149,3 +153,152 @@ def test_host_snapshot_is_independent_of_the_live_state_and_reuses_its_buffers()
 def test_async_save_refuses_an_unknown_error_policy(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"on_save_error must be one of \('stop', 'warn'\), got 'ignore'"):
         ManifestCheckpoint(dirpath=tmp_path, async_save=True, on_save_error="ignore")
+
+
+# ---------------------------------------------------------------------------------------------- deferred copies
+class AdamBoring(BoringModel):
+    """Lightning's BoringModel with AdamW (optimizer state to copy) and an epoch-stepped scheduler."""
+
+    def __init__(self, write_in_place_at_step: int | None = None) -> None:
+        super().__init__()
+        self.write_in_place_at_step = write_in_place_at_step
+
+    def configure_optimizers(self) -> Any:
+        optimizer = torch.optim.AdamW(self.parameters(), lr=0.01)
+        return [optimizer], [torch.optim.lr_scheduler.StepLR(optimizer, step_size=1)]
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        # A tracked in-place write outside optimizer.step(), right after a save.
+        if self.trainer.global_step == self.write_in_place_at_step:
+            with torch.no_grad():
+                self.layer.weight.mul_(0.5)
+
+
+class SlowCopies:
+    """Each deferred copy starts only once the training thread waits for it (or after
+    ``patience`` s): the widest window in which a write the gate misses would reach the snapshot."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, patience: float = 3.0) -> None:
+        self.waited = threading.Event()
+        self.started_before_waiting = 0
+        run, wait = DeferredCopies.run, DeferredCopies.wait
+
+        def slow_run(copies: DeferredCopies) -> str | None:
+            if not self.waited.wait(patience):
+                self.started_before_waiting += 1
+            self.waited.clear()
+            return run(copies)
+
+        def signalling_wait(copies: DeferredCopies) -> None:
+            if not copies.done:
+                self.waited.set()
+            wait(copies)
+
+        monkeypatch.setattr(DeferredCopies, "run", slow_run)
+        monkeypatch.setattr(DeferredCopies, "wait", signalling_wait)
+
+
+def _ours_and_plain(root: Path, max_steps: int, *extra: pl.Callback, **trainer_options: Any) -> pl.Trainer:
+    ours = ManifestCheckpoint(dirpath=root / "ours", every_n_train_steps=2, save_top_k=-1, async_save=True,
+                              on_save_error="warn")  # fmt: skip
+    plain = ModelCheckpoint(dirpath=root / "plain", every_n_train_steps=2, save_top_k=-1, filename="{step}")
+    return pl.Trainer(
+        default_root_dir=root, max_steps=max_steps, accelerator="cpu", logger=False, enable_progress_bar=False,
+        enable_model_summary=False, callbacks=[*extra, ours, plain], **trainer_options,
+    )  # fmt: skip
+
+
+def _saved_tensors(checkpoint: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """Every tensor that decides the continuation, by a readable name."""
+    tensors = {f"state_dict.{k}": v for k, v in checkpoint["state_dict"].items()}
+    tensors |= {f"current_model_state.{k}": v for k, v in checkpoint.get("current_model_state", {}).items()}
+    for i, opt in enumerate(checkpoint["optimizer_states"]):
+        for param, state in opt["state"].items():
+            tensors |= {f"optimizer.{i}.{param}.{k}": torch.as_tensor(v) for k, v in state.items()}
+    return tensors
+
+
+def _assert_same_as_plain(root: Path, steps: list[int]) -> None:
+    for step in steps:
+        ours = torch.load(root / "ours" / f"epoch=0-step={step}" / SHARED_STATE_FILE, weights_only=False)
+        plain = torch.load(root / "plain" / f"step={step}.ckpt", weights_only=False)
+        a, b = _saved_tensors(ours), _saved_tensors(plain)
+        assert a.keys() == b.keys(), f"step {step}: {sorted(a.keys() ^ b.keys())}"
+        differing = [k for k in a if not torch.equal(a[k], b[k])]
+        assert not differing, f"step {step}: the async snapshot differs from plain Lightning's save in {differing}"
+
+
+def test_async_checkpoints_hold_exactly_what_plain_lightning_saves_at_the_same_steps_despite_weight_swaps(
+    tmp_path: Path, quiet_lightning: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # EMAWeightAveraging swaps the weights through .data at every validation start, right after a
+    # save at the same batch end: only the copy gate (not the write counter) keeps it out.
+    slow = SlowCopies(monkeypatch)
+    trainer = _ours_and_plain(tmp_path, 8, EMAWeightAveraging(), val_check_interval=2, limit_val_batches=1)
+    trainer.fit(AdamBoring())
+    assert slow.started_before_waiting == 0, "every copy was held until the training thread needed it"
+    assert trainer.checkpoint_callback.save_failures == 0
+    _assert_same_as_plain(tmp_path, [2, 4, 6, 8])
+
+
+def test_an_async_copy_overlaps_the_next_forward_and_backward_and_the_update_waits_for_it(
+    tmp_path: Path, quiet_lightning: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    backward_done = threading.Event()
+    overlapped: list[bool] = []
+    run = DeferredCopies.run
+
+    def run_after_backward(copies: DeferredCopies) -> str | None:
+        # Had the step waited before its closure, backward could never run while this waits.
+        overlapped.append(backward_done.wait(10))
+        return run(copies)
+
+    class MarksBackward(pl.Callback):
+        def on_after_backward(self, trainer: pl.Trainer, pl_module: Any) -> None:
+            backward_done.set()
+
+        def on_train_batch_end(self, *args: Any) -> None:
+            backward_done.clear()
+
+    monkeypatch.setattr(DeferredCopies, "run", run_after_backward)
+    trainer = _ours_and_plain(tmp_path, 6, MarksBackward(), limit_val_batches=0)
+    trainer.fit(AdamBoring())
+    assert overlapped[:2] == [True, True], overlapped  # the saves at steps 2 and 4 (6 is the last step)
+    _assert_same_as_plain(tmp_path, [2, 4, 6])
+    waited = [e["payload"]["blocking_s"] for e in read_events(tmp_path) if e["event"] == "ckpt_committed"]
+    assert len(waited) == 3
+
+
+def test_a_write_in_place_before_the_copy_fails_that_save_and_later_saves_copy_everything_first(
+    tmp_path: Path, quiet_lightning: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    SlowCopies(monkeypatch)
+    trainer = _ours_and_plain(tmp_path, 8, limit_val_batches=0)
+    callback = trainer.checkpoint_callback
+    written = r"step=2 was not saved: rank 0: state\.pt: state_dict/layer\.weight was written in place"
+    with pytest.warns(UserWarning, match=written):
+        trainer.fit(AdamBoring(write_in_place_at_step=2))
+    assert callback.save_failures == 1 and callback._copy_everything_first
+    assert [e.path.name for e in committed_checkpoints(tmp_path / "ours")] == [
+        "epoch=0-step=8", "epoch=0-step=6", "epoch=0-step=4"
+    ]  # fmt: skip
+    _assert_same_as_plain(tmp_path, [4, 6, 8])
+
+
+def test_deferred_copies_detect_a_tracked_write_and_let_go_of_the_live_tensors() -> None:
+    snapshot = HostSnapshot()
+    weight, moment = torch.ones(1000), torch.zeros(1000)
+    state = {"model": {"w": weight}, "optimizer": {"exp_avg": moment}, "other": torch.ones(3)}
+    deferrable = {weight.untyped_storage().data_ptr(), moment.untyped_storage().data_ptr()}
+    copied, deferred = snapshot.take(state, deferrable)
+    assert len(deferred) == 2 and deferred.nbytes == 8000
+    state["other"].add_(1)  # copied before take returned
+    assert torch.equal(copied["other"], torch.ones(3))
+    moment.add_(1)  # before its copy: the snapshot would mix two steps
+    assert deferred.run() is not None and "optimizer/exp_avg was written in place" in deferred.error
+    assert deferred.done and len(deferred) == 0
+
+    copied, deferred = snapshot.take(state, deferrable)
+    assert deferred.run() is None
+    weight.add_(1)  # after the copy: the snapshot keeps the saved value
+    assert torch.equal(copied["model"]["w"], torch.ones(1000))

@@ -11,7 +11,8 @@ import torch
 
 from lightning_field.checkpoint import commit, committed_checkpoints, latest_recoverable, read_last_pointer
 from lightning_field.checkpoint.manifest_checkpoint import ManifestCheckpoint
-from lightning_field.core.fsio import HashingWriter, atomic_write_bytes, exchange_or_replace_dir, hash_file
+from lightning_field.core.fsio import HashingWriter, atomic_write_bytes, exchange_or_replace_dir
+from lightning_field.core.hashing import hash_file
 from lightning_field.core.manifest import FORMAT, Manifest, ManifestError, read_manifest
 
 

@@ -1,11 +1,19 @@
-"""Async save: the step blocks only to copy state into host memory; a background thread commits it.
+"""Async save: the step blocks only for what cannot wait; a background thread copies and commits.
 
-Two pieces, each with one job:
+Three pieces, each with one job:
 
 * :class:`HostSnapshot` copies a nested checkpoint structure into host buffers that are reused from
   one save to the next (pinned when CUDA is present, so device-to-host copies run asynchronously and
-  the step waits for one synchronisation, not one per tensor). After it returns, training may
-  mutate the live tensors freely.
+  the step waits for one synchronisation, not one per tensor). Containers, small leaves, buffers and
+  device tensors are copied before the save returns.
+* :class:`DeferredCopies`: the bulk of a CPU checkpoint is the parameters and the optimizer's state,
+  and nothing changes those until the next ``optimizer.step()`` updates them. Their copies are
+  therefore made by the writer thread while the next batch's forward and backward run. The
+  training thread waits for them (:meth:`DeferredCopies.wait`) at the latest before that update,
+  and before every hook outside the training batch, where callbacks such as Lightning's
+  ``WeightAveraging`` and ``StochasticWeightAveraging`` write weights. Each copy is checked against
+  the tensor's in-place write counter: state written in place before its copy was made fails that
+  save (nothing is committed), and later saves copy everything before returning.
 * :class:`BackgroundSave` runs one commit at a time on a daemon thread and hands its outcome back
   to the training thread, which alone advertises, prunes and applies the error policy. At most one
   save is in flight: the snapshot buffers are reused, so a new snapshot first waits for the writer.
@@ -26,6 +34,8 @@ from typing import Any
 
 import torch
 
+from lightning_field.checkpoint import lightning_internals as internals
+
 log = logging.getLogger(__name__)
 
 _IMMUTABLE = (str, bytes, int, float, bool, complex, type(None), torch.dtype, torch.device)
@@ -34,6 +44,62 @@ _IMMUTABLE = (str, bytes, int, float, bool, complex, type(None), torch.dtype, to
 def cuda_present() -> bool:
     """Whether pinned host buffers can help: only with a CUDA device to copy from."""
     return torch.cuda.is_available()
+
+
+class DeferredCopies:
+    """The tensor copies of one snapshot that the writer thread makes after the save returned.
+
+    Call order: the training thread fills it during :meth:`HostSnapshot.take`; the writer thread
+    calls :meth:`run` once, first thing in its job; the training thread calls :meth:`wait` before
+    anything may write those tensors (any number of times, from any point after ``take``).
+    """
+
+    def __init__(self) -> None:
+        self._copies: list[tuple[str, torch.Tensor, torch.Tensor, int]] = []
+        self._done = threading.Event()
+        self.error: str | None = None
+        self.nbytes = 0
+        self.waited_seconds = 0.0
+        """How long the training thread waited for the copies: the async save's remaining blocking time."""
+
+    def add(self, name: str, source: torch.Tensor, buffer: torch.Tensor) -> None:
+        self._copies.append((name, source, buffer, internals.tensor_version(source)))
+        self.nbytes += buffer.untyped_storage().nbytes()
+
+    def __len__(self) -> int:
+        return len(self._copies)
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def run(self) -> str | None:
+        """Make every copy (writer thread); the reason the snapshot is unusable, else None."""
+        try:
+            for name, source, buffer, version in self._copies:
+                buffer.copy_(source.detach())
+                if internals.tensor_version(source) != version:
+                    self.error = (
+                        f"{name} was written in place after the async save returned and before its copy was"
+                        " made (outside optimizer.step(), in a batch-level hook or the forward pass); the"
+                        " snapshot would mix two steps, so it was not committed, and later saves copy the"
+                        " state before returning"
+                    )
+                    break
+        except Exception as err:  # reported like any other commit error: nothing is committed
+            self.error = f"copying the async snapshot failed: {type(err).__name__}: {err}"
+        finally:
+            self._copies = []  # no references to live training tensors outlive the copy
+            self._done.set()
+        return self.error
+
+    def wait(self) -> None:
+        """Block until :meth:`run` has finished (training thread)."""
+        if self._done.is_set():
+            return
+        start = time.perf_counter()
+        self._done.wait()
+        self.waited_seconds += time.perf_counter() - start
 
 
 class HostSnapshot:
@@ -48,17 +114,35 @@ class HostSnapshot:
     def __init__(self, pin_memory: bool | None = None) -> None:
         self.pin_memory = cuda_present() if pin_memory is None else pin_memory
         self._buffers: dict[tuple[Any, ...], torch.Tensor] = {}
+        self._deferrable: set[int] = set()
+        self._deferred: DeferredCopies | None = None
+        self._label: Callable[[tuple[Any, ...]], str] = _slash_path
 
-    def take(self, obj: Any) -> Any:
-        """A copy of ``obj`` that shares no mutable state with it; blocks until device copies land."""
+    def take(
+        self, obj: Any, deferrable: set[int] | None = None, label: Callable[[tuple[Any, ...]], str] | None = None
+    ) -> tuple[Any, DeferredCopies]:
+        """A copy of ``obj`` that shares no mutable state with it, and the copies still to make.
+
+        CPU tensors whose storage is in ``deferrable`` (storage data pointers: the parameters' and
+        the optimizer state's, which only ``optimizer.step()`` updates) get their buffer now and
+        their bytes when the returned :class:`DeferredCopies` runs. Everything else is copied
+        before this returns, device copies included. ``label`` names a tensor by its position in
+        ``obj`` for error messages.
+        """
         memo: dict[int, Any] = {}
         used: set[tuple[Any, ...]] = set()
-        copied = self._copy(obj, (), memo, used)
+        self._deferrable, self._deferred = set(deferrable or ()), DeferredCopies()
+        self._label = label or _slash_path
+        try:
+            copied = self._copy(obj, (), memo, used)
+            deferred = self._deferred
+        finally:
+            self._deferrable, self._deferred = set(), None
         if any(t.is_cuda for t in _tensors(obj)):
             torch.cuda.synchronize()
         for key in set(self._buffers) - used:
             del self._buffers[key]  # layout changed: let go of buffers no longer needed
-        return copied
+        return copied, deferred
 
     @property
     def nbytes(self) -> int:
@@ -97,10 +181,36 @@ class HostSnapshot:
             buffer = torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu", pin_memory=self.pin_memory)
             self._buffers[key] = buffer
         used.add(key)
-        buffer.copy_(tensor.detach(), non_blocking=self.pin_memory and tensor.is_cuda)
+        if self._deferred is not None and self._defers(tensor):
+            self._deferred.add(self._label(path), tensor, buffer)
+        else:
+            buffer.copy_(tensor.detach(), non_blocking=self.pin_memory and tensor.is_cuda)
         if isinstance(tensor, torch.nn.Parameter):
             return torch.nn.Parameter(buffer, requires_grad=tensor.requires_grad)
         return buffer
+
+    def _defers(self, tensor: torch.Tensor) -> bool:
+        if tensor.device.type != "cpu" or not self._deferrable:
+            return False
+        pointer = tensor.untyped_storage().data_ptr()
+        return pointer != 0 and pointer in self._deferrable
+
+
+def _slash_path(path: tuple[Any, ...]) -> str:
+    return "/".join(str(p) for p in path)
+
+
+def optimizer_written_storages(module: torch.nn.Module, optimizers: Any) -> set[int]:
+    """Storage data pointers of everything ``optimizer.step()`` updates: the module's parameters
+    and every tensor in the optimizers' state."""
+    pointers = {p.untyped_storage().data_ptr() for p in module.parameters()}
+    for optimizer in optimizers:
+        for state in optimizer.state.values():
+            for value in state.values():
+                if isinstance(value, torch.Tensor):
+                    pointers.add(value.untyped_storage().data_ptr())
+    pointers.discard(0)
+    return pointers
 
 
 def _host_dtensor(tensor: Any, local: torch.Tensor) -> Any:

@@ -406,3 +406,14 @@ def save_without_crc32(obj: Any, buffer: Any) -> None:
         # process if it is destroyed unfinished.
         zip_file.write_end_of_file()
     buffer.flush()
+
+
+def tensor_version(tensor: Any) -> int:
+    """The in-place write counter autograd keeps per tensor (``Tensor._version``, every torch 2.x).
+
+    An async snapshot copies optimizer state and parameters after the save returned; this counter
+    is how it proves nothing wrote them in place before their copy was made. It does not see writes
+    through ``tensor.data`` (a separate counter), which is why the copy also completes before every
+    hook outside the training batch (``checkpoint/async_save.py``).
+    """
+    return int(tensor._version)

@@ -24,7 +24,7 @@ import fsspec
 import lightning.pytorch as pl
 import torch
 from lightning.fabric.utilities.data import sized_len
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.data import extract_batch_size
@@ -33,7 +33,13 @@ from typing_extensions import override
 
 from lightning_field.checkpoint import commit, sharded
 from lightning_field.checkpoint import lightning_internals as internals
-from lightning_field.checkpoint.async_save import BackgroundSave, HostSnapshot, SaveOutcome
+from lightning_field.checkpoint.async_save import (
+    BackgroundSave,
+    DeferredCopies,
+    HostSnapshot,
+    SaveOutcome,
+    optimizer_written_storages,
+)
 from lightning_field.checkpoint.components import missing_components, present_components
 from lightning_field.checkpoint.io import FIELD_KEY, ManifestCheckpointIO, attach_rank_state
 from lightning_field.checkpoint.object_store import DEFAULT_CONCURRENCY, DEFAULT_PART_BYTES, ObjectStore
@@ -129,9 +135,15 @@ class ManifestCheckpoint(ModelCheckpoint):
             commit; see :mod:`lightning_field.checkpoint.object_store`.
         upload_part_bytes, upload_concurrency: multipart part size and parts in flight per file for
             uploads and downloads to an object store.
-        async_save: block the step only to copy the state into reusable host buffers (pinned where
-            CUDA is present); a background thread runs the commit. At most one save is in flight; a
-            checkpoint is advertised, resolvable and counted for retention only once committed.
+        async_save: a background thread runs the commit. The save itself copies only what training
+            may change next into reusable host buffers (pinned where CUDA is present); on CPU the
+            parameters and optimizer state are copied by the writer thread while the next batch's
+            forward and backward run, and training waits for that copy (if at all) just before the
+            optimizer updates them, or at the next hook outside the training batch. A write to them
+            in place before then (a batch hook or forward pass that edits weights) is detected and
+            fails that save, after which saves copy everything first. At most one save is in
+            flight; a checkpoint is advertised, resolvable and counted for retention only once
+            committed.
         on_save_error: what a failed background save does, once reported in the log, the
             ``checkpoint/save_failures`` metric and the event log: ``"stop"`` (raise
             :class:`CheckpointSaveError` on every rank) or ``"warn"`` (keep training).
@@ -215,6 +227,10 @@ class ManifestCheckpoint(ModelCheckpoint):
         self._pending: _PendingSave | None = None
         self._host_group: Any = None
         self._force_sync = False
+        self._copies: DeferredCopies | None = None  # the in-flight save's copies still to be made
+        self._copy_everything_first = False  # set once a deferred copy saw its state written in place
+        self._step_hooks: dict[int, Any] = {}
+        self._copy_gate: _SnapshotCopyGate | None = None
         self.resume_inexact = resume_inexact
         self._inexact_resume: dict[str, Any] | None = None
         self._show_hint_again: Callable[[], None] | None = None
@@ -248,6 +264,11 @@ class ManifestCheckpoint(ModelCheckpoint):
         self._trainer = trainer
         if self.async_save and trainer.world_size > 1 and self._host_group is None:
             self._host_group = new_host_group()  # every rank runs setup: the group creation is collective
+        if self.async_save and self._copy_gate not in trainer.callbacks:
+            # First in the list: its hooks run before every other callback's, which is where
+            # callbacks like WeightAveraging write the weights a pending copy still reads.
+            self._copy_gate = _SnapshotCopyGate(self)
+            trainer.callbacks.insert(0, self._copy_gate)
         if not isinstance(trainer.strategy.checkpoint_io, ManifestCheckpointIO):
             trainer.strategy.checkpoint_io = ManifestCheckpointIO(
                 trainer.strategy.checkpoint_io, self._check_resume, self._object_store
@@ -493,6 +514,7 @@ class ManifestCheckpoint(ModelCheckpoint):
     @override
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         self._watcher.uninstall()
+        self._remove_step_hooks()
         if self._pending is not None and trainer.world_size == 1:
             # Its snapshot is consistent: let it commit. (With peers, they may be gone and its
             # receipt exchange would wait on them; it stays uncommitted, which is safe.)
@@ -513,6 +535,7 @@ class ManifestCheckpoint(ModelCheckpoint):
         if self._pending is not None:
             self._collect_background_save(trainer, block=True)
             self._pending = None
+        self._remove_step_hooks()
         if self._undo_loader_patch is not None:
             self._undo_loader_patch()
             self._undo_loader_patch = None
@@ -596,14 +619,26 @@ class ManifestCheckpoint(ModelCheckpoint):
             return
         snapshot = self._snapshot or HostSnapshot()
         self._snapshot = snapshot
+        # Sharded saves copy everything now: DCP's write is collective, so a rank whose deferred
+        # copy failed could not skip it alone.
+        deferrable = None
+        if job.shards is None and not self._copy_everything_first:
+            deferrable = optimizer_written_storages(trainer.lightning_module, trainer.optimizers)
+            self._hook_optimizer_steps(trainer)
         # One take for both: its buffers are keyed by position in what it copies.
-        job.files, shards = snapshot.take((job.files, job.shards))
+        (job.files, shards), copies = snapshot.take((job.files, job.shards), deferrable, _label_in_files)
         if shards is not None:
             job.shards, job.model_state = shards, shards["state_dict"]
         job.blocking_seconds = time.perf_counter() - start
         group = self._host_group
-        self._background.submit(str(final), job.step, lambda: self._commit(job, group))
-        self._pending = _PendingSave(job)
+        self._copies = copies
+
+        def copy_then_commit() -> str | None:
+            job.snapshot_error = copies.run()
+            return self._commit(job, group)
+
+        self._background.submit(str(final), job.step, copy_then_commit)
+        self._pending = _PendingSave(job, copies)
         # ModelCheckpoint's own bookkeeping (no double save of a step, "last" as an alias of this
         # step's save). What others see (events, loggers, last_committed, pruning) waits for the commit.
         self._last_global_step_saved = job.step
@@ -659,7 +694,9 @@ class ManifestCheckpoint(ModelCheckpoint):
         # The broadcast also orders every rank's writes after rank 0's preparation.
         token = broadcast_object(uuid.uuid4().hex[:8], group=group)
         referenced: list[str] = []
-        if job.shards is not None:
+        if job.snapshot_error is not None:  # this rank has nothing to write; the exchange still runs
+            outcome = commit.RankOutcome(job.rank, [], job.snapshot_error)
+        elif job.shards is not None:
             outcome, referenced = self._write_sharded(job, token, group)
         else:
             outcome = store.write(final, token, job.rank, job.files)
@@ -736,9 +773,12 @@ class ManifestCheckpoint(ModelCheckpoint):
         if outcome is None:
             return
         pending.outcome = outcome
+        blocking = pending.job.blocking_seconds + (pending.copies.waited_seconds if pending.copies else 0.0)
         if outcome.error is None:
-            self._advertise(trainer, pending.job, pending.job.blocking_seconds, outcome.finished - outcome.started)
+            self._advertise(trainer, pending.job, blocking, outcome.finished - outcome.started)
             return
+        if pending.job.snapshot_error is not None and not self._copy_everything_first:
+            self._copy_everything_first = True
         self.save_failures += 1
         message = self._not_saved_message(pending.job.final, outcome.error)
         self.last_save_error = message
@@ -748,6 +788,54 @@ class ManifestCheckpoint(ModelCheckpoint):
         if self._events is not None:
             self._events.emit("ckpt_save_failed", step=outcome.step, payload={"path": outcome.path, "error": message})
         rank_zero_warn(f"Background checkpoint save failed: {message}")
+
+    # ------------------------------------------------------------------ the deferred snapshot copy
+    def wait_for_snapshot_copy(self) -> None:
+        """Block until the in-flight async save has copied the parameters and optimizer state.
+
+        Training calls it before every optimizer step and at every hook outside the training
+        batch. Call it yourself before writing parameters or optimizer state in place anywhere
+        else (a batch-level hook, the forward pass) while an async save may be pending.
+        """
+        copies = self._copies
+        if copies is not None:
+            copies.wait()
+            self._copies = None
+
+    def _hook_optimizer_steps(self, trainer: pl.Trainer) -> None:
+        for optimizer in trainer.optimizers:
+            if id(optimizer) not in self._step_hooks:
+                self._step_hooks[id(optimizer)] = optimizer.register_step_pre_hook(self._before_optimizer_step)
+
+    def _remove_step_hooks(self) -> None:
+        for handle in self._step_hooks.values():
+            handle.remove()
+        self._step_hooks.clear()
+
+    def _before_optimizer_step(self, optimizer: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Step pre-hook: the update must not start before the pending copy is made.
+
+        Lightning passes the closure (training_step and backward) into ``step``, which runs it
+        before updating anything: waiting after the closure, not before it, keeps the forward and
+        backward overlapped with the copy.
+        """
+        copies = self._copies
+        if copies is None or copies.done:
+            return None
+        closure_in_kwargs = "closure" in kwargs
+        closure = kwargs["closure"] if closure_in_kwargs else (args[0] if args else None)
+        if closure is None:
+            self.wait_for_snapshot_copy()
+            return None
+
+        def closure_then_wait() -> Any:
+            result = closure()
+            self.wait_for_snapshot_copy()
+            return result
+
+        if closure_in_kwargs:
+            return args, {**kwargs, "closure": closure_then_wait}
+        return (closure_then_wait, *args[1:]), kwargs
 
     def _settle_background_save(self, trainer: pl.Trainer) -> None:
         """Wait for the in-flight save, then prune for it (a commit) or apply ``on_save_error``.
@@ -1097,6 +1185,7 @@ class _SaveJob:
     shared_missing: list[str]
     start: float
     blocking_seconds: float = 0.0
+    snapshot_error: str | None = None  # this rank's deferred copy saw its state written in place
     shared_file: str = SHARED_STATE_FILE
     shards: dict[str, Any] | None = None  # DTensor state for DCP, under sharding strategies
     model_state: Any = None
@@ -1115,8 +1204,36 @@ class _PendingSave:
     """A background save not yet settled, with the removals that wait for its commit."""
 
     job: _SaveJob
+    copies: DeferredCopies | None = None
     outcome: SaveOutcome | None = None
     removals: list[str] = field(default_factory=list)
+
+
+def _label_in_files(path: tuple[Any, ...]) -> str:
+    """``(0, "state.pt", 0, "state_dict", "w")`` (a position in ``(files, shards)``) as ``state.pt: state_dict/w``."""
+    if len(path) >= 3 and path[0] == 0:
+        return f"{path[1]}: {'/'.join(str(p) for p in path[3:])}"
+    return "/".join(str(p) for p in path)
+
+
+class _SnapshotCopyGate(Callback):
+    """Placed first among the Trainer's callbacks: at every hook outside the training batch, the
+    pending async copy is made before any callback runs (Lightning's WeightAveraging swaps weights
+    in ``on_validation_epoch_start``, StochasticWeightAveraging writes them in
+    ``on_train_epoch_start`` and ``on_train_end``, both through ``.data``, which no counter sees)."""
+
+    def __init__(self, owner: ManifestCheckpoint) -> None:
+        self._owner = owner
+
+    @property
+    def state_key(self) -> str:
+        return f"_SnapshotCopyGate[{self._owner.state_key}]"
+
+    def _wait(self, *args: Any, **kwargs: Any) -> None:
+        self._owner.wait_for_snapshot_copy()
+
+    on_train_epoch_start = on_train_epoch_end = on_validation_start = on_test_start = _wait
+    on_predict_start = on_sanity_check_start = on_train_end = on_fit_end = on_exception = teardown = _wait
 
 
 def _epoch_closed(trainer: pl.Trainer) -> bool:

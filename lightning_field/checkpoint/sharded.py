@@ -34,7 +34,7 @@ from lightning_field.checkpoint.io import attach_rank_state, rank_files_to_load
 from lightning_field.checkpoint.object_store import ObjectStore
 from lightning_field.checkpoint.verify import CheckpointCorruptError, LocalFiles, verify_against
 from lightning_field.core.distributed import all_gather_objects
-from lightning_field.core.fsio import hash_file
+from lightning_field.core.hashing import hash_file
 from lightning_field.core.manifest import Manifest
 
 SHARDED_SHARED_FILE = "meta.pt"

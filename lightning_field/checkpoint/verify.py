@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lightning_field.core.fsio import hash_file, hash_stream
+from lightning_field.core.hashing import hash_file, hash_stream
 from lightning_field.core.manifest import Manifest, ManifestError, read_manifest
 from lightning_field.core.storage import Location, StorageOptions, as_location, open_fs
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import ctypes
 import errno
-import hashlib
 import io
 import os
 import sys
@@ -18,16 +17,7 @@ from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any, BinaryIO
 
-HASH_ALGORITHM = "blake3"
-"""The hash algorithm of every manifest written now (format 2). BLAKE3 is cryptographic, so tampering
-and corruption stay detectable, and runs at ~7 GB/s on one core of the 2-core dev box (more with its
-own threads), against SHA-256's ~1.8 GB/s: at SHA-256's speed, hashing, not the disk, bounded a save
-and every verified resume. ``HashingWriter`` still overlaps the hash with the write."""
-
-HASH_ALGORITHMS = ("sha256", "blake3")
-"""Every algorithm a manifest may name: format 1 used SHA-256, and those checkpoints still verify."""
-
-_CHUNK = 8 << 20
+from lightning_field.core.hashing import new_hasher, write_hash_threads
 
 _THREADED_HASH_MIN = 1 << 20
 """Buffers at least this big are hashed on a helper thread while being written; smaller ones inline."""
@@ -53,18 +43,6 @@ def _load_sync_file_range() -> Any:
 _sync_file_range = _load_sync_file_range()
 
 
-def new_hasher(algorithm: str = HASH_ALGORITHM, threads: bool = False) -> Any:
-    """A streaming hasher for ``algorithm``; ``threads`` lets BLAKE3 hash large updates on all cores
-    (for verification, where nothing else runs; a save keeps it to one, beside the write)."""
-    if algorithm == "blake3":
-        import blake3
-
-        return blake3.blake3(max_threads=blake3.blake3.AUTO if threads else 1)
-    if algorithm == "sha256":
-        return hashlib.sha256()
-    raise ValueError(f"unsupported hash algorithm {algorithm!r}; known: {', '.join(HASH_ALGORITHMS)}")
-
-
 def fsync_dir(path: str | os.PathLike[str]) -> None:
     """Persist a directory entry (a rename or a new file) itself, not just the file's data."""
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
@@ -86,14 +64,16 @@ class HashingWriter(io.RawIOBase):
       GIL), and ``write`` returns only when both are done, so the caller may reuse the buffer;
     * the kernel is asked to start writing each written chunk back to disk straight away (Linux
       ``sync_file_range``), so ``finish``'s fsync waits for the tail instead of the whole file;
-    * hashing stays strictly in write order: one hasher, fed by one call at a time.
+    * hashing stays strictly in write order: one hasher, fed by one call at a time; where at least
+      four cores are ours, that hasher spreads each large buffer over BLAKE3's threads
+      (``hashing.write_hash_threads``), so the hash keeps up with disks faster than one core hashes.
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         super().__init__()
         self.path = Path(path)
         self._file: BinaryIO = open(self.path, "xb", buffering=0)  # noqa: SIM115 - closed in close()
-        self._hasher = new_hasher()
+        self._hasher = new_hasher(threads=write_hash_threads())
         self._pool: ThreadPoolExecutor | None = None
         self._writeback = _sync_file_range is not None
         self._kicked = 0
@@ -177,33 +157,6 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
     write_bytes_durably(tmp, data)
     os.replace(tmp, path)
     fsync_dir(path.parent)
-
-
-def hash_file(
-    path: str | os.PathLike[str], progress: Any = None, algorithm: str = HASH_ALGORITHM, threads: bool = False
-) -> tuple[int, str]:
-    """Stream a file through ``algorithm``; ``progress(n_bytes)`` is called per chunk."""
-    with open(path, "rb", buffering=0) as f:
-        return hash_stream(f, progress, algorithm, threads)
-
-
-def hash_stream(
-    f: Any, progress: Any = None, algorithm: str = HASH_ALGORITHM, threads: bool = False
-) -> tuple[int, str]:
-    """Hash a binary file object (local or fsspec) to its end; returns (size, hex digest)."""
-    hasher = new_hasher(algorithm, threads)
-    size = 0
-    buf = bytearray(_CHUNK)
-    view = memoryview(buf)
-    while True:
-        n = f.readinto(buf)
-        if not n:
-            break
-        hasher.update(view[:n])
-        size += n
-        if progress is not None:
-            progress(n)
-    return size, hasher.hexdigest()
 
 
 _RENAME_EXCHANGE = 2

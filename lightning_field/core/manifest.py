@@ -14,7 +14,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lightning_field.core.fsio import HASH_ALGORITHM, atomic_write_bytes
+from lightning_field.core.fsio import atomic_write_bytes
+from lightning_field.core.hashing import HASH_ALGORITHM
 from lightning_field.core.storage import StorageOptions, is_url, join, open_fs
 
 FORMAT = "lightning_field.checkpoint/2"

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import hashlib
 import json
 import os
 import platform
@@ -28,6 +27,7 @@ import torch
 
 from lightning_field.checkpoint.verify import verify_checkpoint
 from lightning_field.core.fsio import atomic_write_bytes
+from lightning_field.core.hashing import file_digest, file_matches
 from lightning_field.core.manifest import ManifestError, read_manifest
 from lightning_field.evidence import compare, plots
 from lightning_field.evidence.identity import identity_differences, identity_of
@@ -35,7 +35,11 @@ from lightning_field.evidence.protocol import EvidenceSettings, RunResult
 from lightning_field.state.provenance import diff_provenance, stable_hash
 from lightning_field.state.secrets import scrub_secrets
 
-FORMAT = "lightning_field.evidence/1"
+FORMAT = "lightning_field.evidence/2"
+"""Format 2 records each manifest copy's labelled digest (``manifest_digest``, ``"blake3:<hex>"``)."""
+
+READABLE_FORMATS = ("lightning_field.evidence/1", FORMAT)
+"""Format 1 bundles (``manifest_sha256``, a bare SHA-256) are still checked."""
 RECOVERY_PHASES = {
     "restart_gap": "kill to relaunch (the harness restarts at once; a scheduler adds its queueing time)",
     "process_start": "interpreter start and imports",
@@ -53,10 +57,6 @@ class Condition:
     name: str
     passed: bool
     detail: str
-
-
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def _versions() -> dict[str, str | None]:
@@ -396,7 +396,7 @@ def build_evidence(
                     "recoverable": c["recoverable"],
                     "intact": c["intact"],
                     "manifest": os.path.relpath(c["manifest_copy"], bundle_dir),
-                    "manifest_sha256": _sha256(Path(c["manifest_copy"])),
+                    "manifest_digest": file_digest(Path(c["manifest_copy"])),
                 }
                 for name, c in manifests
             ],
@@ -563,8 +563,9 @@ def check_bundle(bundle_dir: Path, checkpoint: Path | None) -> tuple[bool, list[
         return False, [f"evidence missing: {path} does not exist"]
     except json.JSONDecodeError as err:
         return False, [f"evidence unreadable: {path}: {err}"]
-    if evidence.get("format") != FORMAT:
-        return False, [f"unsupported evidence format {evidence.get('format')!r}; this version reads {FORMAT!r}"]
+    if evidence.get("format") not in READABLE_FORMATS:
+        readable = " and ".join(repr(f) for f in READABLE_FORMATS)
+        return False, [f"unsupported evidence format {evidence.get('format')!r}; this version reads {readable}"]
     problems = []
     if not evidence["gate"]["passed"]:
         problems.append(
@@ -574,7 +575,7 @@ def check_bundle(bundle_dir: Path, checkpoint: Path | None) -> tuple[bool, list[
         copy = bundle_dir / entry["manifest"]
         if not copy.is_file():
             problems.append(f"evidence incomplete: {entry['manifest']} is missing")
-        elif _sha256(copy) != entry["manifest_sha256"]:
+        elif not file_matches(copy, entry.get("manifest_digest") or entry["manifest_sha256"]):
             problems.append(f"evidence altered: {entry['manifest']} does not match its recorded hash")
     for run in evidence["artifacts"]["runs"].values():
         for rel in run["traces"]:

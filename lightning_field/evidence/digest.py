@@ -8,13 +8,13 @@ loss moved.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping
 from typing import Any
 
 import lightning.pytorch as pl
 import torch
 
+from lightning_field.core.hashing import new_hasher
 from lightning_field.state.rng import capture_rng_state, rng_digest
 
 DIGEST_CHARS = 16
@@ -44,7 +44,7 @@ def _update(h: Any, value: Any) -> None:
 
 def value_digest(value: Any) -> str:
     """Hash of every tensor's dtype, shape and bytes and every other leaf's ``repr``, in a stable order."""
-    h = hashlib.sha256()
+    h = new_hasher()
     _update(h, value)
     return h.hexdigest()[:DIGEST_CHARS]
 

@@ -21,7 +21,6 @@ each other when synced (wandb #3841). This module fixes each of those where it s
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
 import math
@@ -49,6 +48,7 @@ from lightning_field.checkpoint.observe import CommitWatcher, find_manifest_chec
 from lightning_field.checkpoint.preemption import TrainingPreempted
 from lightning_field.core.events import process_start_unix, read_events, read_jsonl
 from lightning_field.core.fsio import atomic_write_bytes
+from lightning_field.core.hashing import bytes_digest
 from lightning_field.core.manifest import MANIFEST_NAME, Manifest, ManifestError, is_checkpoint_dir, read_manifest
 from lightning_field.profiling.straggler import PROFILE_RELPATH, StragglerMonitor
 from lightning_field.quality.ledger import BUCKETS, goodput_ledger
@@ -436,7 +436,7 @@ def _artifact_name(prefix: str, key: str) -> str:
 def _files_digest(manifest: Manifest) -> str:
     """One hash over every file's name and hash: equal digests mean identical checkpoint bytes."""
     lines = "".join(f"{name}\t{entry.hash}\n" for name, entry in sorted(manifest.files.items()))
-    return hashlib.sha256(lines.encode()).hexdigest()
+    return bytes_digest(lines.encode())
 
 
 def manifest_metadata(manifest: Manifest, path: str | os.PathLike[str]) -> dict[str, Any]:

@@ -13,7 +13,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from lightning_field.core.fsio import atomic_write_bytes, hash_file
+from lightning_field.core.fsio import atomic_write_bytes
+from lightning_field.core.hashing import file_digest
 from lightning_field.record import plots
 from lightning_field.record.collect import RECORD_JSON, Collection, collect, json_default
 from lightning_field.record.conditions import decide, evaluate_conditions
@@ -28,7 +29,11 @@ from lightning_field.record.signing import (
     verify_signatures,
 )
 
-FORMAT = "lightning_field.record/1"
+FORMAT = "lightning_field.record/2"
+"""Format 2 cites every source and plot by its labelled digest (``digest``, ``"blake3:<hex>"``)."""
+
+READABLE_FORMATS = ("lightning_field.record/1", FORMAT)
+"""Format 1 records (``sha256``, a bare SHA-256 per source and plot) are still checked."""
 RECORD_HTML = "record.html"
 RECORD_RELPATH = Path("field") / "record"
 LIMITATIONS = [
@@ -90,13 +95,13 @@ def _plots(col: Collection, out: Path) -> list[dict[str, Any]]:
         made.append((plots.plot_throughput(col.plots["throughput"], out / "throughput.png"),
                      "throughput per straggler report (field/profile/reports.jsonl)"))  # fmt: skip
     entries = [
-        {"file": path.name, "sha256": hash_file(path)[1], "caption": caption}
+        {"file": path.name, "digest": file_digest(path), "caption": caption}
         for path, caption in made
         if path is not None
     ]
     # The evidence bundle's own plots are linked by path and hash, like the rest of its files.
     for png in col.plots.get("evidence", []):
-        entries.append({"file": png, "sha256": hash_file(png)[1], "caption": f"resume evidence: {Path(png).name}"})
+        entries.append({"file": png, "digest": file_digest(png), "caption": f"resume evidence: {Path(png).name}"})
     return entries
 
 

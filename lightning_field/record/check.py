@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lightning_field.core.fsio import hash_file
-from lightning_field.record.collect import RECORD_JSON
+from lightning_field.core.hashing import file_matches
+from lightning_field.record.collect import RECORD_JSON, cited_digest
 from lightning_field.record.conditions import GO, decide, evaluate_conditions
 from lightning_field.record.config import parse_record_config
 from lightning_field.record.ladder import exposure
@@ -47,9 +47,9 @@ def load_record(record_dir: Path) -> dict[str, Any]:
         raise RecordUnreadableError(f"{path}: no record here (field record build writes it)") from None
     except json.JSONDecodeError as err:
         raise RecordUnreadableError(f"{path}: not valid JSON ({err})") from None
-    from lightning_field.record.build import FORMAT
+    from lightning_field.record.build import FORMAT, READABLE_FORMATS
 
-    if not isinstance(record, dict) or record.get("format") != FORMAT:
+    if not isinstance(record, dict) or record.get("format") not in READABLE_FORMATS:
         raise RecordUnreadableError(f"{path}: not a {FORMAT} record")
     return record
 
@@ -61,11 +61,11 @@ def _source_problems(record: Mapping[str, Any], record_dir: Path) -> dict[str, s
         path = record_dir / source["copied_to"] if source.get("copied_to") else Path(source["path"])
         if not path.is_file():
             problems[source["id"]] = f"source {source['id']} ({source['kind']}) is gone: {path}"
-        elif hash_file(path)[1] != source["sha256"]:
+        elif not file_matches(path, cited_digest(source)):
             problems[source["id"]] = f"source {source['id']} ({source['kind']}) changed since the build: {path}"
     for plot in record.get("plots", []):
         path = Path(plot["file"]) if Path(plot["file"]).is_absolute() else record_dir / plot["file"]
-        if not path.is_file() or hash_file(path)[1] != plot["sha256"]:
+        if not path.is_file() or not file_matches(path, cited_digest(plot)):
             problems[f"plot:{plot['file']}"] = f"plot {plot['file']} is missing or changed since the build"
     return problems
 

@@ -21,7 +21,7 @@ from typing import Any
 from lightning_field.checkpoint.resolver import committed_checkpoints, latest_recoverable
 from lightning_field.checkpoint.verify import verify_checkpoint
 from lightning_field.core.events import EVENTS_RELPATH, read_events, read_jsonl
-from lightning_field.core.fsio import hash_file
+from lightning_field.core.hashing import file_digest
 from lightning_field.evidence.bundle import EVIDENCE_JSON, check_bundle
 from lightning_field.profiling.straggler import PROFILE_RELPATH
 from lightning_field.quality.ledger import goodput_ledger
@@ -48,6 +48,11 @@ def iso(unix: float | None) -> str | None:
     return dt.datetime.fromtimestamp(unix, dt.timezone.utc).isoformat(timespec="seconds")
 
 
+def cited_digest(entry: Mapping[str, Any]) -> str:
+    """A cited source's or plot's digest: labelled in format 2 (``digest``), a bare SHA-256 in format 1."""
+    return entry.get("digest") or entry["sha256"]
+
+
 @dataclass
 class Source:
     """One artifact the record cites. ``identity``: the comparable identity (``record.identity``)."""
@@ -55,7 +60,7 @@ class Source:
     id: str
     kind: str
     path: Path
-    sha256: str
+    digest: str
     size: int
     date_unix: float | None
     date_basis: str
@@ -69,7 +74,7 @@ class Source:
             "id": self.id,
             "kind": self.kind,
             "path": str(self.path),
-            "sha256": self.sha256,
+            "digest": self.digest,
             "size": self.size,
             "date": iso(self.date_unix),
             "date_unix": self.date_unix,
@@ -102,7 +107,7 @@ class Collection:
         projection: dict[str, Any] | None,
         limitations: Sequence[str] = (),
     ) -> Source:
-        size, digest = hash_file(path)
+        size, digest = path.stat().st_size, file_digest(path)
         source = Source(
             f"S{len(self.sources) + 1}", kind, path.resolve(), digest, size, date_unix, date_basis, identity,
             projection, list(limitations),
@@ -132,7 +137,7 @@ class Collection:
             "value": value,
             "unit": unit,
             "estimate": estimate,
-            "source": {"id": source.id, "path": str(source.path), "sha256": source.sha256},
+            "source": {"id": source.id, "path": str(source.path), "digest": source.digest},
             "config_hash": source.identity.get("config.hash"),
             "code_version": code_version(source.identity),
             "date": iso(when),

@@ -14,6 +14,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from lightning_field.record.collect import cited_digest
+
 STATUS_COLOUR = {"pass": "#1a7f37", "fail": "#cf222e", "missing": "#9a6700", "stale": "#9a6700"}
 STYLE = """
 body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:24px;color:#1f2328;max-width:1150px}
@@ -127,11 +129,11 @@ def render_html(record: Mapping[str, Any], record_dir: Path, signature_state: Ma
 
     parts.append("<h2>Figures</h2>")
     parts.append(_table(
-        ["figure", "value", "source (sha256)", "config hash", "code", "date", "population / denominator",
+        ["figure", "value", "source (digest)", "config hash", "code", "date", "population / denominator",
          "limitations"],
         [[_e(f["label"]) + (" <i>(estimate)</i>" if f["estimate"] else ""),
           _e(fmt(f["value"]) + (f" {f['unit']}" if f["unit"] and isinstance(f["value"], (int, float)) else "")),
-          f"<code>{_e(f['source']['path'])}</code> <code>{_e(f['source']['sha256'][:12])}</code>",
+          f"<code>{_e(f['source']['path'])}</code> <code>{_e(cited_digest(f['source'])[:19])}</code>",
           f"<code>{_e(str(f['config_hash'])[:12])}</code>", _e(f["code_version"]), _e(f["date"]),
           _e(f"{f['population']} / {f['denominator']}"), _e("; ".join(f["limitations"]) or "-")]
          for f in record["figures"]],
@@ -145,8 +147,8 @@ def render_html(record: Mapping[str, Any], record_dir: Path, signature_state: Ma
         ]))  # fmt: skip
 
     parts.append("<h2>Sources</h2>")
-    parts.append(_table(["id", "kind", "path", "sha256", "date", "code", "linked or copied"], [
-        [_e(s["id"]), _e(s["kind"]), f"<code>{_e(s['path'])}</code>", f"<code>{_e(s['sha256'])}</code>",
+    parts.append(_table(["id", "kind", "path", "digest", "date", "code", "linked or copied"], [
+        [_e(s["id"]), _e(s["kind"]), f"<code>{_e(s['path'])}</code>", f"<code>{_e(cited_digest(s))}</code>",
          _e(f"{s['date']} ({s['date_basis']})"), _e(s["code_version"]), _e(s["copied_to"] or "linked")]
         for s in record["sources"]
     ]))  # fmt: skip

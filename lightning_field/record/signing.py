@@ -9,10 +9,11 @@ it names, because it carries that content's SHA-256 and any later edit changes i
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+from lightning_field.core.hashing import IDENTITY_ALGORITHM, hash_bytes
 
 SIGNATURES = "signatures"
 CONTENT_SHA256 = "content_sha256"
@@ -26,7 +27,7 @@ def canonical_bytes(record: Mapping[str, Any]) -> bytes:
 
 
 def content_sha256(record: Mapping[str, Any]) -> str:
-    return hashlib.sha256(canonical_bytes(record)).hexdigest()
+    return hash_bytes(canonical_bytes(record), IDENTITY_ALGORITHM)
 
 
 def sign(record: dict[str, Any], role: str, name: str, note: str, now: float) -> dict[str, Any]:

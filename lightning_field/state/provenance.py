@@ -6,7 +6,6 @@ of silently continuing somebody else's experiment. Secrets never enter it.
 
 from __future__ import annotations
 
-import hashlib
 import inspect
 import json
 import os
@@ -23,6 +22,7 @@ import lightning
 import numpy as np
 import torch
 
+from lightning_field.core.hashing import IDENTITY_ALGORITHM, hash_bytes, new_hasher
 from lightning_field.state.rng import capture_rng_state, restore_rng_state
 from lightning_field.state.secrets import is_redacted, scrub_secrets
 
@@ -32,7 +32,7 @@ LEGACY_REDACTED = "<redacted>"
 
 
 def stable_hash(value: Any) -> str:
-    return hashlib.sha256(json.dumps(value, sort_keys=True, default=repr).encode()).hexdigest()
+    return hash_bytes(json.dumps(value, sort_keys=True, default=repr).encode(), IDENTITY_ALGORITHM)
 
 
 def _git(args: list[str], cwd: Path) -> str | None:
@@ -49,7 +49,7 @@ def _git_diff_hash(cwd: Path) -> str | None:
         proc = subprocess.Popen(["git", "diff", "HEAD"], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     except OSError:
         return None
-    hasher = hashlib.sha256()
+    hasher = new_hasher(IDENTITY_ALGORITHM)
     seen = 0
     assert proc.stdout is not None
     with proc.stdout:
@@ -174,7 +174,7 @@ def data_provenance(datamodule: Any, train_loader: Any) -> dict[str, Any]:
     if length and hasattr(dataset, "__getitem__"):
         saved = capture_rng_state()
         try:
-            h = hashlib.sha256()
+            h = new_hasher(IDENTITY_ALGORITHM)
             for index in sorted({0, length // 2, length - 1}):
                 random.seed(index)
                 np.random.seed(index)

@@ -73,9 +73,9 @@ def restore_rng_state(state: Mapping[str, Any], generators: Mapping[str, torch.G
 
 def rng_digest(state: Mapping[str, Any]) -> str:
     """A short, stable fingerprint of an RNG state, for comparing runs without storing the state."""
-    import hashlib
+    from lightning_field.core.hashing import new_hasher
 
-    h = hashlib.sha256()
+    h = new_hasher()
     h.update(repr(state["python"]).encode())
     h.update(state["numpy"]["keys"])
     h.update(str(state["numpy"]["pos"]).encode())
