@@ -10,6 +10,7 @@ variants are copies of it with one file edited, as the test names say.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import json
 import os
@@ -142,7 +143,8 @@ def test_a_record_from_a_run_with_passing_evidence_checks_out_and_every_figure_c
     for figure in record["figures"]:
         for key in ("source", "config_hash", "code_version", "date", "population", "denominator", "limitations"):
             assert key in figure, (figure["id"], key)
-        assert len(figure["source"]["sha256"]) == 64 and Path(figure["source"]["path"]).is_file()
+        assert figure["source"]["digest"].startswith("blake3:") and len(figure["source"]["digest"]) == 7 + 64
+        assert Path(figure["source"]["path"]).is_file()
         assert figure["population"] and figure["denominator"] and figure["date"]
     # linked and hashed, not copied, by default
     assert not (made["good"] / "sources").exists() and all(s["copied_to"] is None for s in record["sources"])
@@ -319,6 +321,67 @@ def test_copy_keeps_the_sources_in_the_record_and_a_changed_linked_source_holds_
     in_run = _load(run / "field" / "record")
     assert len(in_run["sources"]) == len(_load(copied)["sources"])
     assert not any("/field/record/" in s["path"] for s in in_run["sources"])
+
+
+def _sha256_of(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _as_format_1_evidence(bundle: Path) -> None:
+    """Rewrite a bundle as the SHA-256 version wrote it (``manifest_sha256``, a bare hex digest)."""
+    evidence = json.loads((bundle / "evidence.json").read_text())
+    evidence["format"] = "lightning_field.evidence/1"
+    for entry in evidence["tested_configuration"]["manifests"]:
+        del entry["manifest_digest"]
+        entry["manifest_sha256"] = _sha256_of(bundle / entry["manifest"])
+    (bundle / "evidence.json").write_text(json.dumps(evidence, indent=2))
+
+
+def _as_format_1_record(record_dir: Path) -> None:
+    """Rewrite a record as the SHA-256 version wrote it: ``sha256`` per source, figure and plot."""
+    record = _load(record_dir)
+    record["format"] = "lightning_field.record/1"
+    paths = {s["id"]: Path(s["path"]) for s in record["sources"]}
+    for entry in record["sources"]:
+        del entry["digest"]
+        entry["sha256"] = _sha256_of(Path(entry["path"]))
+    for figure in record["figures"]:
+        figure["source"].pop("digest")
+        figure["source"]["sha256"] = _sha256_of(paths[figure["source"]["id"]])
+    for plot in record["plots"]:
+        plot.pop("digest")
+        file = Path(plot["file"]) if Path(plot["file"]).is_absolute() else record_dir / plot["file"]
+        plot["sha256"] = _sha256_of(file)
+    record["content_sha256"] = content_sha256(record)
+    (record_dir / "record.json").write_text(json.dumps(record, indent=2))
+
+
+def test_evidence_and_records_written_with_sha256_still_check_and_still_catch_a_changed_file(
+    made: dict[str, Path],
+) -> None:
+    run = made["root"] / "run_format_1"
+    shutil.copytree(made["run"], run, ignore=shutil.ignore_patterns("wandb"))
+    bundle = run / "field" / "evidence" / "demo"
+    _as_format_1_evidence(bundle)
+    rc, out = field("evidence", "check", bundle)
+    assert rc == 0, out
+    record_dir = made["root"] / "rec_format_1"
+    assert field("record", "build", run, "--out", record_dir, "--no-wandb")[0] == 0
+    _as_format_1_record(record_dir)
+    assert any(s["kind"] == "evidence" for s in _load(record_dir)["sources"])
+    rc, out = field("record", "check", record_dir)
+    assert rc == 0 and "GO" in out, out
+
+    manifest_copy = bundle / json.loads((bundle / "evidence.json").read_text())["tested_configuration"]["manifests"][0][
+        "manifest"
+    ]
+    manifest_copy.write_text(manifest_copy.read_text().replace('"step"', '"step" ', 1))
+    rc, out = field("evidence", "check", bundle)
+    assert rc == 1 and "evidence altered" in out and "does not match its recorded hash" in out, out
+    with open(bundle / "evidence.json", "a") as f:
+        f.write("\n")  # a source the record cites by its SHA-256
+    rc, out = field("record", "check", record_dir)
+    assert rc == 1 and "changed since the build" in out, out
 
 
 def test_evidence_that_ages_past_its_maximum_holds_a_later_check(made: dict[str, Path]) -> None:
