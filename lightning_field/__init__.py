@@ -1,36 +1,59 @@
-"""lightning_field: recoverable, economically bounded training for PyTorch Lightning."""
+"""lightning_field: recoverable, economically bounded training for PyTorch Lightning.
+
+The public names below are imported on first use (PEP 562), so ``import lightning_field`` and its
+pytest plugin cost nothing until something is used: a test suite that never asks for exact-resume
+checks does not import torch at collection time, and ``field --help`` answers without Lightning.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-from lightning_field.baseline import (
-    PreflightSettings,
-    StudyConfig,
-    check_data,
-    run_preflight,
-    run_study,
-    tiny_overfit,
-)
-from lightning_field.checkpoint import (
-    PREEMPTED_EXIT_CODE,
-    CheckpointCorruptError,
-    CheckpointSaveError,
-    ManifestCheckpoint,
-    NoRecoverableCheckpointError,
-    ResumeMismatchError,
-    TrainingPreempted,
-    latest_recoverable,
-    load_weights,
-    verify_checkpoint,
-)
-from lightning_field.core.events import EventLog, read_events
-from lightning_field.core.manifest import Manifest, read_manifest
-from lightning_field.evidence import EvidenceSettings, RestoreDrill, StepTracer, check_bundle
-from lightning_field.integrations import FieldWandbLogger, WandbReview, log_evidence_bundle, read_offline_run
-from lightning_field.integrations.hydra_configs import register_configs
-from lightning_field.profiling import ProfiledDDPStrategy, StragglerMonitor
-from lightning_field.quality import CheckpointCadence, TimeToQuality, goodput_ledger
-from lightning_field.record import build_record, check_record
-from lightning_field.state.samplers import JumpRandomSampler, JumpSequentialSampler
+_EXPORTS: dict[str, str] = {
+    "PreflightSettings": "lightning_field.baseline",
+    "StudyConfig": "lightning_field.baseline",
+    "check_data": "lightning_field.baseline",
+    "run_preflight": "lightning_field.baseline",
+    "run_study": "lightning_field.baseline",
+    "tiny_overfit": "lightning_field.baseline",
+    "PREEMPTED_EXIT_CODE": "lightning_field.checkpoint",
+    "CheckpointCorruptError": "lightning_field.checkpoint",
+    "CheckpointSaveError": "lightning_field.checkpoint",
+    "ManifestCheckpoint": "lightning_field.checkpoint",
+    "NoRecoverableCheckpointError": "lightning_field.checkpoint",
+    "ResumeMismatchError": "lightning_field.checkpoint",
+    "TrainingPreempted": "lightning_field.checkpoint",
+    "latest_recoverable": "lightning_field.checkpoint",
+    "load_weights": "lightning_field.checkpoint",
+    "verify_checkpoint": "lightning_field.checkpoint",
+    "EventLog": "lightning_field.core.events",
+    "read_events": "lightning_field.core.events",
+    "Manifest": "lightning_field.core.manifest",
+    "read_manifest": "lightning_field.core.manifest",
+    "EvidenceSettings": "lightning_field.evidence",
+    "RestoreDrill": "lightning_field.evidence",
+    "StepTracer": "lightning_field.evidence",
+    "check_bundle": "lightning_field.evidence",
+    "FieldWandbLogger": "lightning_field.integrations",
+    "WandbReview": "lightning_field.integrations",
+    "log_evidence_bundle": "lightning_field.integrations",
+    "read_offline_run": "lightning_field.integrations",
+    "register_configs": "lightning_field.integrations.hydra_configs",
+    "ProfiledDDPStrategy": "lightning_field.profiling",
+    "StragglerMonitor": "lightning_field.profiling",
+    "CheckpointCadence": "lightning_field.quality",
+    "TimeToQuality": "lightning_field.quality",
+    "goodput_ledger": "lightning_field.quality",
+    "build_record": "lightning_field.record",
+    "check_record": "lightning_field.record",
+    "JumpRandomSampler": "lightning_field.state.samplers",
+    "JumpSequentialSampler": "lightning_field.state.samplers",
+    "ResumeCheckFailed": "lightning_field.testing",
+    "assert_resumes_exactly": "lightning_field.testing",
+}
 
 __all__ = [
     "PREEMPTED_EXIT_CODE",
@@ -48,6 +71,7 @@ __all__ = [
     "PreflightSettings",
     "ProfiledDDPStrategy",
     "RestoreDrill",
+    "ResumeCheckFailed",
     "ResumeMismatchError",
     "StepTracer",
     "StragglerMonitor",
@@ -56,6 +80,7 @@ __all__ = [
     "TrainingPreempted",
     "WandbReview",
     "__version__",
+    "assert_resumes_exactly",
     "build_record",
     "check_bundle",
     "check_data",
@@ -73,3 +98,49 @@ __all__ = [
     "tiny_overfit",
     "verify_checkpoint",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'lightning_field' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})
+
+
+if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerly
+    from lightning_field.baseline import (
+        PreflightSettings,
+        StudyConfig,
+        check_data,
+        run_preflight,
+        run_study,
+        tiny_overfit,
+    )
+    from lightning_field.checkpoint import (
+        PREEMPTED_EXIT_CODE,
+        CheckpointCorruptError,
+        CheckpointSaveError,
+        ManifestCheckpoint,
+        NoRecoverableCheckpointError,
+        ResumeMismatchError,
+        TrainingPreempted,
+        latest_recoverable,
+        load_weights,
+        verify_checkpoint,
+    )
+    from lightning_field.core.events import EventLog, read_events
+    from lightning_field.core.manifest import Manifest, read_manifest
+    from lightning_field.evidence import EvidenceSettings, RestoreDrill, StepTracer, check_bundle
+    from lightning_field.integrations import FieldWandbLogger, WandbReview, log_evidence_bundle, read_offline_run
+    from lightning_field.integrations.hydra_configs import register_configs
+    from lightning_field.profiling import ProfiledDDPStrategy, StragglerMonitor
+    from lightning_field.quality import CheckpointCadence, TimeToQuality, goodput_ledger
+    from lightning_field.record import build_record, check_record
+    from lightning_field.state.samplers import JumpRandomSampler, JumpSequentialSampler
+    from lightning_field.testing import ResumeCheckFailed, assert_resumes_exactly

@@ -17,10 +17,10 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -155,6 +155,23 @@ def child_env(extra_path: Sequence[str]) -> dict[str, str]:
     return env
 
 
+class Launcher(Protocol):
+    """How the protocol starts one attempt of one run and waits for it.
+
+    Call order, per attempt: ``spawn`` (returns at once; the attempt runs), then ``wait`` (blocks
+    until it exited, was killed by its own fault drill, or ran past ``timeout_s``, in which case the
+    launcher kills its whole process group). Several attempts may be spawned before the first
+    ``wait``. The attempt must run ``lightning_field.evidence.worker.run(spec)`` in a process of its
+    own, in a process group of its own, so that a drill's SIGKILL takes every rank and DataLoader
+    worker of that attempt and nothing else. Its output goes to ``attempt-<n>.log`` in the run
+    directory.
+    """
+
+    def spawn(self, spec: RunSpec, cwd: Path) -> Any: ...
+
+    def wait(self, handle: Any, timeout_s: float) -> Attempt: ...
+
+
 @dataclass
 class _Child:
     spec: RunSpec
@@ -162,43 +179,52 @@ class _Child:
     log_path: Path
 
 
-def _spawn(spec: RunSpec, cwd: Path) -> _Child:
+def prepare_attempt(spec: RunSpec) -> tuple[Path, Path]:
+    """Write the attempt's spec into its run directory; (spec path, log path)."""
     run_dir = Path(spec.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     spec_path = run_dir / f"spec-{spec.attempt}.json"
-    log_path = run_dir / f"attempt-{spec.attempt}.log"
     spec.launched_unix = time.time()
     spec.write(spec_path)
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "lightning_field.evidence.worker", str(spec_path)],
-            cwd=cwd,
-            env=child_env(spec.extra_sys_path),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # its own process group: a kill takes every rank and worker with it
-        )
-    return _Child(spec, process, log_path)
+    return spec_path, run_dir / f"attempt-{spec.attempt}.log"
 
 
-def _wait(child: _Child, timeout_s: float) -> Attempt:
-    proc = child.process
-    try:
-        returncode = proc.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        returncode = proc.wait()
-        with open(child.log_path, "a") as log:
-            log.write(f"\n[lightning_field] attempt killed after the {timeout_s:.0f} s timeout\n")
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)  # ranks or loader workers left behind
-    assert child.spec.launched_unix is not None
-    return Attempt(child.spec.attempt, returncode, child.spec.launched_unix, time.time(), child.log_path)
+def note_timeout(log_path: Path, timeout_s: float) -> None:
+    with open(log_path, "a") as log:
+        log.write(f"\n[lightning_field] attempt killed after the {timeout_s:.0f} s timeout\n")
 
 
-def _launch(spec: RunSpec, cwd: Path, timeout_s: float) -> Attempt:
-    return _wait(_spawn(spec, cwd), timeout_s)
+class SubprocessLauncher:
+    """A fresh interpreter per attempt (``python -m lightning_field.evidence.worker SPEC``), as a
+    user starts a job: a resume is a real cold start, imports and all. Lightning's DDP launcher
+    re-runs the same command for the other ranks."""
+
+    def spawn(self, spec: RunSpec, cwd: Path) -> _Child:
+        spec_path, log_path = prepare_attempt(spec)
+        with open(log_path, "wb") as log:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "lightning_field.evidence.worker", str(spec_path)],
+                cwd=cwd,
+                env=child_env(spec.extra_sys_path),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own process group: a kill takes every rank and worker with it
+            )
+        return _Child(spec, process, log_path)
+
+    def wait(self, handle: _Child, timeout_s: float) -> Attempt:
+        proc = handle.process
+        try:
+            returncode = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            returncode = proc.wait()
+            note_timeout(handle.log_path, timeout_s)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)  # ranks or loader workers left behind
+        assert handle.spec.launched_unix is not None
+        return Attempt(handle.spec.attempt, returncode, handle.spec.launched_unix, time.time(), handle.log_path)
 
 
 def _collect(result: RunResult, keep_checkpoints: bool) -> None:
@@ -261,52 +287,106 @@ def _spec_for(
     )
 
 
+def _announce(name: str, kill: Kill | None, note: str = "") -> None:
+    what = "uninterrupted" if kill is None else f"kill at step {kill.step} ({kill.mode})"
+    print(f"[field-evidence] {name}: {what}{note}", flush=True)
+
+
+def _report(result: RunResult) -> None:
+    for attempt in result.attempts:
+        print(f"[field-evidence]   attempt {attempt.attempt}: exit {attempt.returncode}, log {attempt.log}")
+        planned = result.kill is not None and attempt.attempt == 1 and attempt.returncode == -signal.SIGKILL
+        if attempt.returncode != 0 and not planned:
+            print(failure_tail(attempt.log), flush=True)
+
+
+def _run_together(
+    runs: Sequence[tuple[RunResult, RunSpec]], launcher: Launcher, cwd: Path, settings: EvidenceSettings
+) -> None:
+    """Every run's first attempt at once, then every killed run's resume at once; collected after."""
+    handles = [launcher.spawn(spec, cwd) for _, spec in runs]
+    for (result, _), handle in zip(runs, handles, strict=True):
+        result.attempts.append(launcher.wait(handle, settings.attempt_timeout_s))
+    resumes = []
+    for result, spec in runs:
+        if result.kill is not None and result.attempts[-1].returncode == -signal.SIGKILL:
+            resume = RunSpec(**{**spec.__dict__, "attempt": 2, "resume": True, "kill_step": None})
+            resumes.append((result, launcher.spawn(resume, cwd)))
+    for result, handle in resumes:
+        result.attempts.append(launcher.wait(handle, settings.attempt_timeout_s))
+    for result, _ in runs:
+        _report(result)
+        _collect(result, settings.keep_checkpoints)
+
+
 def run_protocol(
-    config: Mapping[str, Any], settings: EvidenceSettings, bundle_dir: Path, cwd: Path | None = None
+    config: Mapping[str, Any],
+    settings: EvidenceSettings,
+    bundle_dir: Path,
+    cwd: Path | None = None,
+    launcher: Launcher | None = None,
+    resolve_kill_steps: Callable[[RunResult], list[int]] | None = None,
+    concurrent: bool = False,
 ) -> list[RunResult]:
-    """Run the controls and the interrupted runs; return what each left behind."""
+    """Run the controls and the interrupted runs; return what each left behind.
+
+    Args:
+        launcher: how attempts are started (default: a fresh interpreter each, ``SubprocessLauncher``).
+        resolve_kill_steps: where the kills go, decided from control 1's record once it has run
+            (a named position such as an epoch's end needs the run's epoch length); it replaces
+            ``settings.kill_steps``, and is validated like it.
+        concurrent: after control 1, run control 2 and every interrupted run at once (then every
+            resume at once), where cores allow; ``settings.parallel_controls`` pairs the two controls.
+    """
     cwd = cwd or Path.cwd()
+    launcher = launcher or SubprocessLauncher()
     save_every = (config.get("callbacks", {}).get("checkpoint") or {}).get("every_n_train_steps")
-    kills = plan_kills(settings, save_every)
+    kills = plan_kills(settings, save_every) if resolve_kill_steps is None else []
     extra_path = [str(cwd)]
     runs_dir = bundle_dir / "runs"
     if bundle_dir.exists() and any(bundle_dir.iterdir()):
         raise EvidenceConfigError(f"the bundle directory {bundle_dir} is not empty: each bundle needs a fresh one")
-    plan: list[tuple[str, Kill | None]] = [("control-1", None), ("control-2", None)]
-    plan += [(f"interrupted-{i + 1}", kill) for i, kill in enumerate(kills)]
-    results = []
-    if settings.parallel_controls:
-        # Both controls at once: halves their wall time where cores (and device memory) allow.
-        controls = [_spec_for(name, kill, config, settings, runs_dir, extra_path) for name, kill in plan[:2]]
-        children = [_spawn(spec, cwd) for spec in controls]
-        for spec, child in zip(controls, children, strict=True):
-            result = RunResult(name=spec.name, run_dir=Path(spec.run_dir), kill=None)
-            result.attempts.append(_wait(child, settings.attempt_timeout_s))
-            print(f"[field-evidence] {spec.name}: uninterrupted (in parallel), exit {result.attempts[-1].returncode}")
-            _collect(result, settings.keep_checkpoints)
-            results.append(result)
-        plan = plan[2:]
-    for name, kill in plan:
-        run_dir = runs_dir / name
-        result = RunResult(name=name, run_dir=run_dir, kill=kill)
+
+    def prepared(name: str, kill: Kill | None) -> tuple[RunResult, RunSpec]:
         spec = _spec_for(name, kill, config, settings, runs_dir, extra_path)
-        print(
-            f"[field-evidence] {name}: {'uninterrupted' if kill is None else f'kill at step {kill.step} ({kill.mode})'}"
-        )
-        result.attempts.append(_launch(spec, cwd, settings.attempt_timeout_s))
-        if kill is not None and result.attempts[-1].returncode == -signal.SIGKILL:
-            resume = RunSpec(**{**spec.__dict__, "attempt": 2, "resume": True, "kill_step": None})
-            result.attempts.append(_launch(resume, cwd, settings.attempt_timeout_s))
-        for attempt in result.attempts:
-            print(f"[field-evidence]   attempt {attempt.attempt}: exit {attempt.returncode}, log {attempt.log}")
-            planned = kill is not None and attempt.attempt == 1 and attempt.returncode == -signal.SIGKILL
-            if attempt.returncode != 0 and not planned:
-                print(failure_tail(attempt.log), flush=True)
-        _collect(result, settings.keep_checkpoints)
+        return RunResult(name=name, run_dir=runs_dir / name, kill=kill), spec
+
+    results: list[RunResult] = []
+    if settings.parallel_controls and not concurrent and resolve_kill_steps is None:
+        # Both controls at once: halves their wall time where cores (and device memory) allow.
+        controls = [prepared(name, None) for name in ("control-1", "control-2")]
+        for result, _ in controls:
+            _announce(result.name, None, " (in parallel)")
+        _run_together(controls, launcher, cwd, settings)
+        results += [result for result, _ in controls]
+        rest = [prepared(f"interrupted-{i + 1}", kill) for i, kill in enumerate(kills)]
+    else:
+        first = prepared("control-1", None)
+        _announce("control-1", None)
+        _run_together([first], launcher, cwd, settings)
+        results.append(first[0])
+        if first[0].attempts[-1].returncode != 0:
+            print("[field-evidence] control-1 failed: the remaining runs are not started", flush=True)
+            return results
+        if resolve_kill_steps is not None:
+            settings.kill_steps = resolve_kill_steps(first[0])
+            settings.interruptions = len(settings.kill_steps)
+            kills = plan_kills(settings, save_every)
+        rest = [prepared("control-2", None)] + [
+            prepared(f"interrupted-{i + 1}", kill) for i, kill in enumerate(kills)
+        ]
+    if concurrent:
+        for result, _ in rest:
+            _announce(result.name, result.kill, " (concurrently)")
+        _run_together(rest, launcher, cwd, settings)
+        return results + [result for result, _ in rest]
+    for result, spec in rest:
+        _announce(result.name, result.kill)
+        _run_together([(result, spec)], launcher, cwd, settings)
         results.append(result)
-        if kill is None and result.attempts[-1].returncode != 0:
+        if result.kill is None and result.attempts[-1].returncode != 0:
             # The rest would run the same code into the same failure: the gate fails on what ran.
-            print(f"[field-evidence] {name} failed: the remaining runs are not started", flush=True)
+            print(f"[field-evidence] {result.name} failed: the remaining runs are not started", flush=True)
             break
     return results
 

@@ -80,7 +80,11 @@ def run(spec: RunSpec) -> int:
     run_dir = Path(spec.run_dir)
     pl.seed_everything(int(config.get("seed", 0)), workers=bool(config.get("seed_workers", True)), verbose=False)
     model = instantiate(OmegaConf.create(config["model"]))
-    data = instantiate(OmegaConf.create(config["data"]))
+    # A DataModule, a factory returning one or a train DataLoader, or none (the module's own loaders).
+    data = instantiate(OmegaConf.create(config["data"])) if config.get("data") else None
+    fit_data = {"datamodule": data} if data is None or isinstance(data, pl.LightningDataModule) else {
+        "train_dataloaders": data
+    }
     checkpoint = build_checkpoint(config, run_dir)
     tracer = StepTracer(run_dir / TRACE, spec.attempt, spec.state_every_n_steps, spec.launched_unix)
     tracer.timeline["worker_started_unix"] = STARTED_UNIX
@@ -105,7 +109,7 @@ def run(spec: RunSpec) -> int:
         else nullcontext()
     )
     with saving_kill:
-        trainer.fit(model, datamodule=data, ckpt_path=str(ckpt_path) if ckpt_path else None)
+        trainer.fit(model, **fit_data, ckpt_path=str(ckpt_path) if ckpt_path else None)
     if trainer.is_global_zero:
         torch.save(
             {
