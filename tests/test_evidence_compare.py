@@ -127,3 +127,22 @@ def test_runs_without_a_loss_are_judged_on_their_final_state_alone() -> None:
     controls = compare_run("control-2", reference, reference, FINAL, {**FINAL, "weights": {"w": torch.ones(3) + 0.1}})
     far = compare_run("interrupted-1", reference, reference, FINAL, {**FINAL, "weights": {"w": torch.ones(3) + 1}}, 2)
     assert far.deviation_loss is None and decide(controls, [far], 3.0).verdict == FAIL
+
+
+def test_the_scheduler_and_torchmetrics_states_are_components_of_their_own() -> None:
+    import torchmetrics
+    from torch import nn
+
+    from lightning_field.evidence.digest import metric_state_digest
+
+    module = nn.Module()
+    module.mean = torchmetrics.MeanMetric()
+    before = metric_state_digest(module)
+    module.mean.update(torch.tensor(2.0))
+    assert metric_state_digest(module) != before, "an epoch metric's accumulated state is digested"
+    assert metric_state_digest(nn.Linear(2, 2)) is None, "no metric, no field"
+    reference = {0: {(0, 3): {"step": 4, "weights": "w", "scheduler": "s4", "metrics": "m4", "loss": 0.5}}}
+    other = {0: {(0, 3): {"step": 4, "weights": "w", "scheduler": "s3", "metrics": "m0", "loss": 0.5}}}
+    divergence = first_divergence(reference, other)
+    assert divergence is not None and divergence.components == ["scheduler", "metrics"]
+    assert divergence.describe() == "step 4 (epoch 0, batch 3, rank 0): scheduler, logged metrics"

@@ -22,13 +22,16 @@ from typing import Any
 import torch
 
 # Causal order within one batch: where the loader is (the same batch index must be the same step),
-# the RNG and the data go in, the weights and optimizer state are the starting point, the loss comes out.
+# the RNG and the data go in, the weights, optimizer and scheduler state and the torchmetrics states
+# accumulated so far are the starting point, the loss comes out.
 COMPONENTS: tuple[tuple[str, str, str], ...] = (
     ("position", "step", "data position"),
     ("rng", "rng", "RNG"),
     ("data", "batch", "data order"),
     ("weights", "weights", "weights"),
     ("optimizer", "optimizer", "optimizer"),
+    ("scheduler", "scheduler", "scheduler"),
+    ("metrics", "metrics", "logged metrics"),
     ("loss", "loss", "loss"),
 )
 LABELS = {name: label for name, _, label in COMPONENTS}

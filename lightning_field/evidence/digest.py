@@ -59,9 +59,25 @@ def weights_digest(module: torch.nn.Module) -> str:
 
 
 def optimizer_digest(trainer: pl.Trainer) -> str:
-    """Optimizer and LR-scheduler state together: both decide the next update."""
-    schedulers = [config.scheduler.state_dict() for config in trainer.lr_scheduler_configs]
-    return value_digest({"optimizers": [opt.state_dict() for opt in trainer.optimizers], "schedulers": schedulers})
+    """Every optimizer's state and param groups (learning rates included)."""
+    return value_digest([opt.state_dict() for opt in trainer.optimizers])
+
+
+def scheduler_digest(trainer: pl.Trainer) -> str:
+    """Every LR scheduler's own state (its step count, its schedule), apart from the optimizer's:
+    a scheduler restored wrongly shows here a step before the learning rate it sets does."""
+    return value_digest([config.scheduler.state_dict() for config in trainer.lr_scheduler_configs])
+
+
+def metric_state_digest(module: torch.nn.Module) -> str | None:
+    """The accumulated state of every torchmetrics ``Metric`` in the module (None without any).
+
+    These states are not in ``state_dict`` (torchmetrics registers them non-persistent), yet an
+    epoch-level metric computed after a resume depends on them."""
+    from torchmetrics import Metric
+
+    states = {name: m.metric_state for name, m in module.named_modules() if isinstance(m, Metric)}
+    return value_digest(states) if states else None
 
 
 def rng_state_digest(generators: Mapping[str, torch.Generator] | None = None) -> str:

@@ -23,7 +23,14 @@ from typing_extensions import override
 from lightning_field.checkpoint.observe import find_manifest_checkpoint
 from lightning_field.core.events import read_jsonl
 from lightning_field.core.fsio import atomic_write_bytes
-from lightning_field.evidence.digest import batch_digest, optimizer_digest, rng_state_digest, weights_digest
+from lightning_field.evidence.digest import (
+    batch_digest,
+    metric_state_digest,
+    optimizer_digest,
+    rng_state_digest,
+    scheduler_digest,
+    weights_digest,
+)
 
 
 def trace_file(trace_dir: str | os.PathLike[str], rank: int) -> Path:
@@ -126,6 +133,10 @@ class StepTracer(Callback):
         if trainer.global_step % self.state_every_n_steps == 0:
             record["weights"] = weights_digest(pl_module)
             record["optimizer"] = optimizer_digest(trainer)
+            record["scheduler"] = scheduler_digest(trainer)
+            metrics = metric_state_digest(pl_module)
+            if metrics is not None:
+                record["metrics"] = metrics
         self._pending = record
         if "first_batch_unix" not in self.timeline:
             self.timeline["first_batch_unix"] = now
