@@ -98,3 +98,30 @@ def test_a_manifest_naming_the_wrong_algorithm_for_its_format_is_refused(run: Pa
     path.write_text(json.dumps(manifest))
     with pytest.raises(ManifestError, match=r"format 'lightning_field\.checkpoint/2' names hash algorithm 'sha256'"):
         read_manifest(path.parent)
+
+
+@pytest.mark.parametrize("cores", [2, 8])
+def test_a_save_hashes_with_blake3_threads_only_where_cores_are_free_and_the_digest_is_the_same(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cores: int
+) -> None:
+    import blake3
+
+    from lightning_field.core import hashing
+    from lightning_field.core.fsio import HashingWriter
+
+    made: list[int] = []
+    real = blake3.blake3
+
+    def recording(*args: object, max_threads: int = 1, **kwargs: object) -> object:
+        made.append(max_threads)
+        return real(*args, max_threads=max_threads, **kwargs)
+
+    monkeypatch.setattr(hashing, "available_cores", lambda: cores)
+    monkeypatch.setattr(blake3, "blake3", recording)
+    monkeypatch.setattr(blake3.blake3, "AUTO", real.AUTO, raising=False)
+    data = torch.randint(0, 256, (8 << 20,), dtype=torch.uint8).numpy().tobytes()
+    writer = HashingWriter(tmp_path / "f")
+    writer.write(data)
+    size, digest = writer.finish()
+    assert made == [real.AUTO if cores >= 4 else 1]
+    assert size == len(data) and digest == real(data).hexdigest() == hashing.hash_file(tmp_path / "f")[1]

@@ -637,7 +637,11 @@ class ManifestCheckpoint(ModelCheckpoint):
             job.snapshot_error = copies.run()
             return self._commit(job, group)
 
-        self._background.submit(str(final), job.step, copy_then_commit)
+        try:
+            self._background.submit(str(final), job.step, copy_then_commit)
+        except BaseException:
+            copies.run()  # no writer thread will: nobody may wait on these copies forever
+            raise
         self._pending = _PendingSave(job, copies)
         # ModelCheckpoint's own bookkeeping (no double save of a step, "last" as an alias of this
         # step's save). What others see (events, loggers, last_committed, pruning) waits for the commit.
@@ -777,7 +781,7 @@ class ManifestCheckpoint(ModelCheckpoint):
         if outcome.error is None:
             self._advertise(trainer, pending.job, blocking, outcome.finished - outcome.started)
             return
-        if pending.job.snapshot_error is not None and not self._copy_everything_first:
+        if pending.job.snapshot_error is not None:
             self._copy_everything_first = True
         self.save_failures += 1
         message = self._not_saved_message(pending.job.final, outcome.error)
