@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from lightning_field._version import __version__
 
 _EXPORTS: dict[str, str] = {
     "PreflightSettings": "lightning_field.baseline",

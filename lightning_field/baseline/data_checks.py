@@ -32,7 +32,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import itertools
-import random
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -40,6 +39,7 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
+from lightning.pytorch.utilities.seed import isolate_rng
 from torch.utils.data import DataLoader, IterableDataset
 
 Severity = Literal["error", "warning", "info"]
@@ -147,15 +147,13 @@ def _batch_size(tensors: Iterable[torch.Tensor]) -> int | None:
 
 @contextlib.contextmanager
 def _rng_preserved(*generators: torch.Generator) -> Iterator[None]:
-    """Restore torch (CPU), ``random``, NumPy and the given generators: the draw must not shift training's."""
-    py_state, np_state = random.getstate(), np.random.get_state()
+    """Restore torch (CPU), ``random``, NumPy (Lightning's ``isolate_rng``) and the given generators,
+    which it does not know of: the draw must not shift training's."""
     gen_states = [g.get_state() for g in generators]
-    with torch.random.fork_rng(devices=[]):
+    with isolate_rng(include_cuda=False):
         try:
             yield
         finally:
-            random.setstate(py_state)
-            np.random.set_state(np_state)
             for g, state in zip(generators, gen_states, strict=True):
                 g.set_state(state)
 

@@ -256,6 +256,10 @@ class BackgroundSave:
     The training thread calls :meth:`submit` with a job (the snapshot's commit) and later collects
     the outcome with :meth:`poll` (never blocks) or :meth:`wait`. An error is logged by the writer
     thread the moment it happens; what to do about it is the training thread's decision.
+
+    Why a daemon thread and not ``ThreadPoolExecutor(max_workers=1)``: the executor's worker is
+    joined at interpreter exit, and a commit stuck in its receipt exchange with a peer rank that
+    died would then hang the process's exit forever; an abandoned daemon writer dies with it.
     """
 
     def __init__(self) -> None:

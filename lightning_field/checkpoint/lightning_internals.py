@@ -24,6 +24,30 @@ from lightning_field.state.rng import WorkerRngCapture
 
 _MARK = "_lightning_field"
 
+TESTED_LIGHTNING = ">=2.6,<2.7"
+"""The Lightning releases every workaround in this module was written against and tested with
+(``pyproject.toml`` pins the same range). A newer release may move a private name or fix a quirk
+this module corrects twice, and exact resume would break silently, so it is refused at import."""
+
+
+def unsupported_lightning(version: str, tested: str = TESTED_LIGHTNING) -> str | None:
+    """Why ``version`` of Lightning cannot be used (None when it is in the tested range)."""
+    from packaging.specifiers import SpecifierSet
+
+    if SpecifierSet(tested).contains(version, prereleases=True):
+        return None
+    return (
+        f"lightning_field is tested with Lightning {tested} and reaches into its private loop and"
+        f" checkpoint internals (lightning_field/checkpoint/lightning_internals.py); Lightning {version} is"
+        " installed. Install a tested release (pip install 'lightning" + tested + "') or a"
+        " lightning_field release that supports yours."
+    )
+
+
+_problem = unsupported_lightning(pl.__version__)
+if _problem is not None:
+    raise ImportError(_problem)
+
 
 def dump_checkpoint(trainer: pl.Trainer, weights_only: bool) -> dict[str, Any]:
     """The checkpoint dict ``trainer.save_checkpoint`` would write, built on every rank."""

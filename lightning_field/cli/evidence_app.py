@@ -18,6 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from lightning_field.cli.hydra_app import hydra_main
+from lightning_field.core.layout import EVIDENCE_RELPATH
 from lightning_field.evidence.bundle import EVIDENCE_JSON, EVIDENCE_MD, build_evidence, write_bundle
 from lightning_field.evidence.protocol import EvidenceConfigError, EvidenceSettings, plan_kills, run_protocol
 
@@ -81,7 +82,7 @@ def run(cfg: DictConfig) -> int:
         return EXIT_BAD_CONFIG
     if bundle_dir is None:
         stamp = time.strftime("%Y%m%d-%H%M%S") + "-" + os.urandom(2).hex()
-        bundle_dir = Path(HydraConfig.get().runtime.output_dir) / "field" / "evidence" / stamp
+        bundle_dir = Path(HydraConfig.get().runtime.output_dir) / EVIDENCE_RELPATH / stamp
     bundle_dir = bundle_dir.resolve()
     if bundle_dir.exists() and any(bundle_dir.iterdir()):
         print(f"field-evidence: the bundle directory {bundle_dir} is not empty: pass a fresh one", file=sys.stderr)

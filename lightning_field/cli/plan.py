@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from lightning_field.core.events import read_events, read_jsonl
+from lightning_field.core.layout import PROFILE_RELPATH
 from lightning_field.planning.intervals import DEFAULT_RESTART_SECONDS
 from lightning_field.planning.plan import PlanInputError, PlanInputs, make_plan, parse_count, parse_duration
-from lightning_field.profiling.straggler import PROFILE_RELPATH
 from lightning_field.quality.ledger import goodput_ledger
 
 

@@ -15,6 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from lightning_field.cli.hydra_app import hydra_main
+from lightning_field.core.layout import PREFLIGHT_RELPATH
 
 EXIT_PASSED, EXIT_FAILED, EXIT_BAD_CONFIG = 0, 1, 2
 # The baseline measures one device, whatever the trainer config says about several.
@@ -53,7 +54,7 @@ def run(cfg: DictConfig) -> int:
         print(f"field preflight: {err}", file=sys.stderr)
         return EXIT_BAD_CONFIG
     print(render_report(report))
-    paths = write_report(report, run_dir / "field" / "preflight")
+    paths = write_report(report, run_dir / PREFLIGHT_RELPATH)
     print(f"[field preflight] {paths['json']}\n[field preflight] {paths['md']}\n[field preflight] {paths['png']}")
     return EXIT_PASSED if report["passed"] else EXIT_FAILED
 

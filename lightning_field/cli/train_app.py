@@ -18,6 +18,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from lightning_field.cli.hydra_app import hydra_main
+from lightning_field.core.layout import EVIDENCE_RELPATH, FAULT_RELPATH, LAUNCH_RELPATH
 
 EXIT_BAD_CONFIG = 2
 LAUNCH_CONFIG = "launch_config"
@@ -72,7 +73,7 @@ def build_callbacks(cfg: DictConfig, identity: dict[str, Any], run_dir: Path) ->
         problem = kill_step_problem(step)
         if problem:
             raise TrainConfigError(problem)
-        record = Path(cfg.paths.output_dir) / "field" / "fault.json"
+        record = Path(cfg.paths.output_dir) / FAULT_RELPATH
         if record.exists():
             # Once per run directory: the rerun that resumes must not be killed again, and again.
             print(f"[field-train] fault.kill_at_step={step}: already fired in this run ({record}); not armed again")
@@ -169,7 +170,7 @@ def prepare_rank_launch(cfg: DictConfig, run_dir: Path) -> None:
     #16694), so every rank would run its own sweep elsewhere. Instead the ranks compose the job's
     saved config and get the job's directory.
     """
-    launch_dir = run_dir / "field" / "launch"
+    launch_dir = run_dir / LAUNCH_RELPATH
     launch_dir.mkdir(parents=True, exist_ok=True)
     (launch_dir / f"{LAUNCH_CONFIG}.yaml").write_text(OmegaConf.to_yaml(cfg))
     sys.argv = [sys.argv[0], "--config-path", str(launch_dir), "--config-name", LAUNCH_CONFIG]
@@ -200,7 +201,7 @@ def end_summary(run_dir: Path, checkpoint_dir: Path | None, printed_ttq: bool) -
             f"[field-train] checkpoints: {checkpoint_dir} ({len(entries)} committed, {tested} restore-tested);"
             f" resume point: {last.name if last else 'none'}  (field ckpt list {checkpoint_dir})"
         )
-    bundles = sorted((run_dir / "field" / "evidence").glob("*/evidence.json"))
+    bundles = sorted((run_dir / EVIDENCE_RELPATH).glob("*/evidence.json"))
     if bundles:
         lines.append(f"[field-train] evidence bundles: {', '.join(str(b.parent) for b in bundles)}")
     else:

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-EVENTS_RELPATH = Path("field") / "events.jsonl"
+from lightning_field.core.layout import EVENTS_RELPATH
 
 
 def process_start_unix() -> float | None:

@@ -16,7 +16,8 @@ import struct
 from pathlib import Path
 from typing import Any
 
-HEARTBEAT_DIR = Path("field") / "heartbeat"
+from lightning_field.core.layout import HEARTBEAT_RELPATH as HEARTBEAT_DIR
+
 _MAGIC = b"LFHB0001"
 # magic, attempt, step, first_step_unix, last_beat_unix, data_wait_s, eval_s, batches
 _LAYOUT = struct.Struct("<8sqqddddq")

@@ -28,6 +28,7 @@ import torch
 from lightning_field.checkpoint.verify import verify_checkpoint
 from lightning_field.core.fsio import atomic_write_bytes
 from lightning_field.core.hashing import file_digest, file_matches
+from lightning_field.core.layout import EVENTS_RELPATH
 from lightning_field.core.manifest import ManifestError, read_manifest
 from lightning_field.evidence import compare, plots
 from lightning_field.evidence.identity import identity_differences, identity_of
@@ -417,7 +418,7 @@ def _artifacts(results: Sequence[RunResult], bundle_dir: Path) -> dict[str, Any]
             "traces": [os.path.relpath(p, bundle_dir) for p in files if p.parent.name == "trace"],
             "manifests": [os.path.relpath(c["manifest_copy"], bundle_dir) for c in r.checkpoints],
             "logs": [os.path.relpath(a.log, bundle_dir) for a in r.attempts],
-            "events": os.path.relpath(r.run_dir / "field" / "events.jsonl", bundle_dir),
+            "events": os.path.relpath(r.run_dir / EVENTS_RELPATH, bundle_dir),
         }
     return {"runs": runs, "plots": [LOSS_PLOT, DIVERGENCE_PLOT]}
 

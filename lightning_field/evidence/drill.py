@@ -42,6 +42,7 @@ from typing_extensions import override
 
 from lightning_field.checkpoint.manifest_checkpoint import ManifestCheckpoint
 from lightning_field.checkpoint.observe import CommitWatcher, find_manifest_checkpoint
+from lightning_field.core.layout import DRILLS_RELPATH
 from lightning_field.core.manifest import ManifestError, read_manifest
 from lightning_field.core.storage import is_url
 from lightning_field.evidence.digest import batch_digest, parameter_norms, weights_digest
@@ -49,7 +50,6 @@ from lightning_field.evidence.trace import StepTracer, loss_value, read_trace
 
 log = logging.getLogger(__name__)
 
-DRILLS_RELPATH = Path("field") / "drills"
 PASSED, MISMATCH, ERROR, SKIPPED = "passed", "mismatch", "error", "skipped"
 # Next to the checkpoint, so a hard link never crosses filesystems. The ".tmp-" prefix hides it from
 # resolvers and listings, and has the next run's ManifestCheckpoint delete it if this process dies.

@@ -49,6 +49,7 @@ from lightning_field.checkpoint.preemption import TrainingPreempted
 from lightning_field.core.events import process_start_unix, read_events, read_jsonl
 from lightning_field.core.fsio import atomic_write_bytes
 from lightning_field.core.hashing import bytes_digest
+from lightning_field.core.layout import WANDB_RELPATH
 from lightning_field.core.manifest import MANIFEST_NAME, Manifest, ManifestError, is_checkpoint_dir, read_manifest
 from lightning_field.profiling.straggler import PROFILE_RELPATH, StragglerMonitor
 from lightning_field.quality.ledger import BUCKETS, goodput_ledger
@@ -57,7 +58,6 @@ from lightning_field.state.secrets import scrub_secrets
 
 log = logging.getLogger(__name__)
 
-WANDB_RELPATH = Path("field") / "wandb.json"
 """The run's W&B identity, beside the event log: the one thing a restart needs to continue the run."""
 SEGMENTS_DIRNAME = "wandb"
 """Under the run directory: one ``attempt-<N>`` folder of wandb files per attempt."""

@@ -43,6 +43,7 @@ from lightning_field.checkpoint import lightning_internals as internals
 from lightning_field.checkpoint.manifest_checkpoint import ManifestCheckpoint
 from lightning_field.checkpoint.observe import CommitWatcher, find_manifest_checkpoint
 from lightning_field.core.distributed import all_gather_objects
+from lightning_field.core.layout import PROFILE_RELPATH
 from lightning_field.profiling.comm import CommTimer, ProfiledDDPStrategy
 from lightning_field.profiling.throughput import (
     batch_counts,
@@ -56,7 +57,6 @@ from lightning_field.profiling.timers import FetchClock, SectionHooks, SectionTi
 log = logging.getLogger(__name__)
 
 POLICIES = ("warn", "checkpoint_and_stop")
-PROFILE_RELPATH = Path("field") / "profile"
 # The fixed-size summary each rank contributes to a report, in this order.
 SUMMARY_FIELDS = (
     "steps",

@@ -33,10 +33,10 @@ from lightning_field.checkpoint.preemption import TrainingPreempted
 from lightning_field.core.events import EventLog, read_events
 from lightning_field.core.fsio import atomic_write_bytes
 from lightning_field.core.heartbeat import Heartbeat, heartbeat_path, read_heartbeat
+from lightning_field.core.layout import SUMMARY_RELPATH
 from lightning_field.quality.forecast import forecast
 from lightning_field.quality.ledger import Ledger, goodput_ledger
 
-SUMMARY_RELPATH = Path("field") / "time_to_quality.json"
 MODES = ("min", "max")
 
 

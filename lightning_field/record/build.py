@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from lightning_field._version import __version__
 from lightning_field.core.fsio import atomic_write_bytes
 from lightning_field.core.hashing import file_digest
 from lightning_field.record import plots
@@ -35,7 +36,6 @@ FORMAT = "lightning_field.record/2"
 READABLE_FORMATS = ("lightning_field.record/1", FORMAT)
 """Format 1 records (``sha256``, a bare SHA-256 per source and plot) are still checked."""
 RECORD_HTML = "record.html"
-RECORD_RELPATH = Path("field") / "record"
 LIMITATIONS = [
     "Signatures are accountability, not cryptographic identity: a signature is a typed name over the SHA-256 of"
     " the record's content.",
@@ -136,8 +136,6 @@ def build_record(
     plan: Path | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """Collect every source under ``run_dirs`` and write the record into ``out``; returns the record."""
-    import lightning_field
-
     out = out.resolve()
     col = collect(run_dirs, config.config_keys, config.verify_checkpoints == "all", plan, exclude=[out])
     out.mkdir(parents=True, exist_ok=True)
@@ -157,7 +155,7 @@ def build_record(
         "format": FORMAT,
         "created": dt.datetime.fromtimestamp(now, dt.timezone.utc).isoformat(timespec="seconds"),
         "created_unix": now,
-        "tool_version": lightning_field.__version__,
+        "tool_version": __version__,
         "run_dirs": [str(d.resolve()) for d in run_dirs],
         "release": release,
         "decision": decide(results, unsigned),

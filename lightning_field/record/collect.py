@@ -20,12 +20,11 @@ from typing import Any
 
 from lightning_field.checkpoint.resolver import committed_checkpoints, latest_recoverable
 from lightning_field.checkpoint.verify import verify_checkpoint
-from lightning_field.core.events import EVENTS_RELPATH, read_events, read_jsonl
+from lightning_field.core.events import read_events, read_jsonl
 from lightning_field.core.hashing import file_digest
+from lightning_field.core.layout import EVENTS_RELPATH, PLAN_RELPATH, PROFILE_RELPATH, SUMMARY_RELPATH
 from lightning_field.evidence.bundle import EVIDENCE_JSON, check_bundle
-from lightning_field.profiling.straggler import PROFILE_RELPATH
 from lightning_field.quality.ledger import goodput_ledger
-from lightning_field.quality.time_to_quality import SUMMARY_RELPATH
 from lightning_field.record.identity import (
     code_version,
     comparable_identity,
@@ -34,7 +33,6 @@ from lightning_field.record.identity import (
 )
 from lightning_field.state.secrets import scrub_secrets
 
-PLAN_RELPATH = Path("field") / "plan.json"
 RECORD_JSON = "record.json"
 
 

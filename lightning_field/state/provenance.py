@@ -22,6 +22,7 @@ import lightning
 import numpy as np
 import torch
 
+from lightning_field._version import __version__
 from lightning_field.core.hashing import IDENTITY_ALGORITHM, hash_bytes, new_hasher
 from lightning_field.state.rng import capture_rng_state, restore_rng_state
 from lightning_field.state.secrets import is_redacted, scrub_secrets
@@ -76,13 +77,12 @@ def code_provenance(source: str | os.PathLike[str] | None = None, model: Any = N
     own folder comes first so that every entry point (a console script in a venv's ``bin``,
     ``python -m``, the user's own script or Hydra app) names the same code for the same model.
     """
-    import lightning_field  # here, not at the top: the package's __init__ imports this module
 
     info: dict[str, Any] = {
         "python": platform.python_version(),
         "torch": torch.__version__,
         "lightning": lightning.__version__,
-        "lightning_field": lightning_field.__version__,
+        "lightning_field": __version__,
     }
     if source is not None:
         candidates = [source]
