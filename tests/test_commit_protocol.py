@@ -143,3 +143,17 @@ def test_our_saves_skip_the_zip_crc_and_a_users_torch_save_in_another_thread_kee
         with zipfile.ZipFile(tmp_path / f"ours-{i}.pt") as our_file:
             assert all(info.CRC == 0 for info in our_file.infolist())  # no CRC computed
         assert torch.equal(torch.load(tmp_path / f"ours-{i}.pt")["w"], state["w"])  # a plain torch.load
+
+
+def test_both_shipped_stores_are_checkpoint_stores_and_anything_else_is_refused_by_name(tmp_path: Path) -> None:
+    from lightning_field import ManifestCheckpoint
+    from lightning_field.checkpoint.commit import LocalStore
+    from lightning_field.checkpoint.object_store import ObjectStore
+    from lightning_field.checkpoint.store import CheckpointStore
+
+    assert isinstance(LocalStore(), CheckpointStore) and isinstance(ObjectStore(), CheckpointStore)
+    assert LocalStore.writes_in_place and not ObjectStore.writes_in_place
+    given = LocalStore()
+    assert ManifestCheckpoint(dirpath=tmp_path, store=given)._store is given
+    with pytest.raises(TypeError, match=r"store must implement .*CheckpointStore .* got dict"):
+        ManifestCheckpoint(dirpath=tmp_path, store={})

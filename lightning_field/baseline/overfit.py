@@ -32,6 +32,8 @@ import numpy as np
 import torch
 from torch.optim import Optimizer
 
+from lightning_field.compat.lightning import detached_trainer
+
 DETACHED_HINT = (
     "detached graph: the loss does not reach the trained parameters. Look for .detach(), .item(), .data,"
     " torch.no_grad()/inference_mode or a NumPy round trip between the model's output and the loss, and for"
@@ -92,12 +94,8 @@ def _takes_batch_idx(module: pl.LightningModule) -> bool:
 
 def _copy_module(model: pl.LightningModule) -> pl.LightningModule:
     """A deep copy without the attached Trainer (copying it would copy the loop, loggers and data)."""
-    trainer = model._trainer
-    model._trainer = None
-    try:
+    with detached_trainer(model):
         return copy.deepcopy(model)
-    finally:
-        model._trainer = trainer
 
 
 def tiny_overfit(

@@ -43,6 +43,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset, Sampler, default_collate
 from typing_extensions import override
 
+from lightning_field.compat.torch import is_dropout
 from lightning_field.core.distributed import end_process_groups, exit_finished_process
 from lightning_field.demo import NoisyRegressionDataset
 from lightning_field.profiling.comm import CommTimer, ProfiledDDPStrategy
@@ -187,7 +188,7 @@ def disable_dropout(model: nn.Module) -> int:
     """Set every dropout module's ``p`` to 0; returns how many had a non-zero ``p`` (the record states it)."""
     count = 0
     for module in model.modules():
-        if isinstance(module, nn.modules.dropout._DropoutNd) and module.p > 0:
+        if is_dropout(module) and module.p > 0:
             module.p = 0.0
             count += 1
     return count

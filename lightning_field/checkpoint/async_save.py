@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from lightning_field.checkpoint import lightning_internals as internals
+from lightning_field.compat import torch as torch_compat
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ class DeferredCopies:
         """How long the training thread waited for the copies: the async save's remaining blocking time."""
 
     def add(self, name: str, source: torch.Tensor, buffer: torch.Tensor) -> None:
-        self._copies.append((name, source, buffer, internals.tensor_version(source)))
+        self._copies.append((name, source, buffer, torch_compat.tensor_version(source)))
         self.nbytes += buffer.untyped_storage().nbytes()
 
     def __len__(self) -> int:
@@ -78,7 +78,7 @@ class DeferredCopies:
         try:
             for name, source, buffer, version in self._copies:
                 buffer.copy_(source.detach())
-                if internals.tensor_version(source) != version:
+                if torch_compat.tensor_version(source) != version:
                     self.error = (
                         f"{name} was written in place after the async save returned and before its copy was"
                         " made (outside optimizer.step(), in a batch-level hook or the forward pass); the"
@@ -172,7 +172,7 @@ class HostSnapshot:
         from torch.distributed.tensor import DTensor
 
         if isinstance(tensor, DTensor):
-            return _host_dtensor(tensor, self._copy_tensor(tensor.to_local(), (*path, "local"), used))
+            return torch_compat.host_dtensor(tensor, self._copy_tensor(tensor.to_local(), (*path, "local"), used))
         if tensor.is_sparse or tensor.layout != torch.strided or tensor.is_quantized:
             return tensor.detach().to("cpu", copy=True)
         key = (path, tuple(tensor.shape), tensor.dtype)
@@ -211,18 +211,6 @@ def optimizer_written_storages(module: torch.nn.Module, optimizers: Any) -> set[
                     pointers.add(value.untyped_storage().data_ptr())
     pointers.discard(0)
     return pointers
-
-
-def _host_dtensor(tensor: Any, local: torch.Tensor) -> Any:
-    """A DTensor with ``tensor``'s sharding whose local shard is the host copy ``local``.
-
-    Built like DCP's own async staging (which swaps the local tensor of a DTensor copy): the public
-    ``DTensor.from_local`` would move the host copy back onto the mesh's device, and DCP's planner
-    needs only the sharding metadata plus this rank's bytes.
-    """
-    from torch.distributed.tensor import DTensor
-
-    return DTensor(local, tensor._spec, requires_grad=False)
 
 
 def _tensors(obj: Any) -> list[torch.Tensor]:

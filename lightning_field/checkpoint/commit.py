@@ -11,16 +11,18 @@ which no resolver considers and the next run deletes. After it, the checkpoint i
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import shutil
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lightning_field.checkpoint import lightning_internals as internals
 from lightning_field.checkpoint.resolver import TEMP_PREFIXES, write_last_pointer
+from lightning_field.compat.torch import save_without_crc32
 from lightning_field.core.fsio import HashingWriter, exchange_or_replace_dir, fsync_dir
 from lightning_field.core.manifest import FileEntry, Manifest
 
@@ -57,7 +59,7 @@ def save_durably(obj: Any, path: Path, durable: bool = True) -> tuple[int, str]:
     """
     writer = HashingWriter(path)
     try:
-        internals.save_without_crc32(obj, writer)  # the manifest's hash covers every byte instead
+        save_without_crc32(obj, writer)  # the manifest's hash covers every byte instead
         return writer.finish(sync=durable)
     except BaseException:
         writer.close()
@@ -143,17 +145,29 @@ def clean_leftovers(dirpath: Path) -> list[Path]:
 
 
 class LocalStore:
-    """The commit protocol on a POSIX filesystem: hidden temporary directory, fsync, atomic rename."""
+    """The commit protocol on a POSIX filesystem: hidden temporary directory, fsync, atomic rename.
+    A :class:`~lightning_field.checkpoint.store.CheckpointStore`."""
+
+    writes_in_place = True
 
     def prepare(self, final: Path) -> None:
         """Nothing to do: the rename in :meth:`publish` swaps out any checkpoint of the same name."""
 
-    def staging(self, final: Path, token: str) -> Path:
+    def hidden_dir(self, final: Path, token: str) -> Path:
         """The hidden directory this save's files are written into before the rename publishes it."""
         return temp_dir_for(final.parent, final.name, token)
 
+    @contextlib.contextmanager
+    def staging(self, final: Path, token: str) -> Iterator[Path]:
+        """The hidden directory itself: what is written there is what the rename publishes."""
+        yield self.hidden_dir(final, token)
+
+    def upload(self, final: Path, staging: Path, names: list[str]) -> str | None:
+        """Nothing to upload: the files are already in place."""
+        return None
+
     def write(self, final: Path, token: str, rank: int, files: dict[str, tuple[Any, list[str]]]) -> RankOutcome:
-        return write_rank_files(self.staging(final, token), rank, files)
+        return write_rank_files(self.hidden_dir(final, token), rank, files)
 
     def publish(self, final: Path, token: str, manifest: Manifest) -> None:
         publish(temp_dir_for(final.parent, final.name, token), final, manifest)

@@ -9,7 +9,6 @@ needed for an exact continuation are marked recoverable, and only those are resu
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import signal
@@ -32,7 +31,6 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
 from lightning_field.checkpoint import commit, sharded
-from lightning_field.checkpoint import lightning_internals as internals
 from lightning_field.checkpoint.async_save import (
     BackgroundSave,
     DeferredCopies,
@@ -51,7 +49,9 @@ from lightning_field.checkpoint.preemption import (
     requeue_slurm_job,
 )
 from lightning_field.checkpoint.resolver import committed_checkpoints, latest_recoverable
+from lightning_field.checkpoint.store import CheckpointStore
 from lightning_field.checkpoint.verify import CheckpointCorruptError
+from lightning_field.compat import lightning as internals
 from lightning_field.core.distributed import (
     all_gather_objects,
     broadcast_object,
@@ -147,6 +147,9 @@ class ManifestCheckpoint(ModelCheckpoint):
         on_save_error: what a failed background save does, once reported in the log, the
             ``checkpoint/save_failures`` metric and the event log: ``"stop"`` (raise
             :class:`CheckpointSaveError` on every rank) or ``"warn"`` (keep training).
+        store: where the checkpoints go and how a save commits there, a
+            :class:`~lightning_field.checkpoint.store.CheckpointStore` (default: a ``LocalStore``
+            for a path, an ``ObjectStore`` for a URL); a test double or a backend of your own.
         resume_inexact: when ``ckpt_path="last"`` finds checkpoints but none is recoverable, resume
             the newest one's weights, optimizer and loop state anyway instead of raising
             :class:`NoRecoverableCheckpointError`. Every later manifest of the run then records
@@ -172,14 +175,24 @@ class ManifestCheckpoint(ModelCheckpoint):
         async_save: bool = False,
         on_save_error: str = "stop",
         resume_inexact: bool = False,
+        store: CheckpointStore | None = None,
         **kwargs: Any,
     ) -> None:
         if on_save_error not in _SAVE_ERROR_POLICIES:
             raise ValueError(f"on_save_error must be one of {_SAVE_ERROR_POLICIES}, got {on_save_error!r}")
+        if store is not None and not isinstance(store, CheckpointStore):
+            raise TypeError(
+                f"store must implement lightning_field.checkpoint.store.CheckpointStore (writes_in_place, prepare,"
+                f" write, staging, upload, publish, discard, remove, clean_leftovers); got {type(store).__name__}"
+            )
         # Set before ModelCheckpoint's __init__, whose first filesystem handle already needs them.
         self.storage_options = dict(storage_options or {})
-        self._object_store = ObjectStore(self.storage_options, upload_part_bytes, upload_concurrency)
+        self._object_store = (
+            store if isinstance(store, ObjectStore) else ObjectStore(self.storage_options, upload_part_bytes,
+                                                                     upload_concurrency)
+        )  # fmt: skip
         self._local_store = commit.LocalStore()
+        self._given_store = store
         super().__init__(*args, **kwargs)
         if preemption_check_every_n_steps is not None and preemption_check_every_n_steps < 1:
             raise ValueError(f"preemption_check_every_n_steps must be >= 1, got {preemption_check_every_n_steps}")
@@ -308,8 +321,11 @@ class ManifestCheckpoint(ModelCheckpoint):
         return config
 
     @property
-    def _store(self) -> commit.LocalStore | ObjectStore:
-        """How this callback's ``dirpath`` commits: rename on a local disk, manifest PUT on a URL."""
+    def _store(self) -> CheckpointStore:
+        """How this callback's ``dirpath`` commits: the store given, else a rename on a local disk
+        and a manifest PUT under a URL."""
+        if self._given_store is not None:
+            return self._given_store
         return self._object_store if is_url(self.dirpath or "") else self._local_store
 
     @property
@@ -735,15 +751,14 @@ class ManifestCheckpoint(ModelCheckpoint):
         URL into a private staging directory, uploaded only when everything in it was written."""
         assert job.shards is not None
         store = job.store
-        local = isinstance(store, commit.LocalStore)
-        directory = contextlib.nullcontext(store.staging(job.final, token)) if local else store.staged(token)
-        with directory as staging:
-            outcome, referenced = sharded.write_shards(staging, job.rank, job.shards, group, durable=local)
-            written = commit.write_rank_files(staging, job.rank, job.files, durable=local)
+        with store.staging(job.final, token) as staging:
+            durable = store.writes_in_place
+            outcome, referenced = sharded.write_shards(staging, job.rank, job.shards, group, durable=durable)
+            written = commit.write_rank_files(staging, job.rank, job.files, durable=durable)
             outcome.receipts += written.receipts
             outcome.error = outcome.error or written.error
-            if outcome.error is None and not local:
-                outcome.error = store.upload(str(job.final), staging, [receipt.file for receipt in outcome.receipts])
+            if outcome.error is None:
+                outcome.error = store.upload(job.final, staging, [receipt.file for receipt in outcome.receipts])
             return outcome, referenced
 
     def _not_saved_message(self, final: Location, error: str) -> str:
@@ -1176,7 +1191,7 @@ class _SaveJob:
     """One save, captured on the training thread: the commit needs nothing else."""
 
     final: Location
-    store: commit.LocalStore | ObjectStore
+    store: CheckpointStore
     rank: int
     is_global_zero: bool
     step: int

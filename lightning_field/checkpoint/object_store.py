@@ -36,7 +36,8 @@ DEFAULT_CONCURRENCY = 8
 
 
 class ObjectStore:
-    """Checkpoint commits, removals and cleanup under an fsspec URL.
+    """Checkpoint commits, removals and cleanup under an fsspec URL
+    (a :class:`~lightning_field.checkpoint.store.CheckpointStore`).
 
     Args:
         storage_options: passed to fsspec for every access, e.g. ``{"endpoint_url": ...}`` for s3fs.
@@ -75,8 +76,10 @@ class ObjectStore:
         no reader ever sees its manifest over a mix of old and new objects."""
         self.remove(final)
 
+    writes_in_place = False
+
     @contextlib.contextmanager
-    def staged(self, token: str) -> Iterator[Path]:
+    def staging(self, final: str, token: str) -> Iterator[Path]:
         """A private local directory for one rank's files of one save, removed afterwards: an
         object store has no temporary prefix a crash could not leave behind, the local disk does."""
         staging = Path(tempfile.mkdtemp(prefix=f"lightning-field-stage-{token}-"))
@@ -88,7 +91,7 @@ class ObjectStore:
     def write(self, final: str, token: str, rank: int, files: dict[str, tuple[Any, list[str]]]) -> RankOutcome:
         """Stage this rank's files locally (hashing while writing), then upload them under ``final``.
         Errors are returned, not raised, so every rank still reaches the receipt exchange."""
-        with self.staged(token) as staging:
+        with self.staging(final, token) as staging:
             outcome = write_rank_files(staging, rank, files, durable=False)
             if outcome.error is None:
                 outcome.error = self.upload(final, staging, [r.file for r in outcome.receipts])

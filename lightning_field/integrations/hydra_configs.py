@@ -44,7 +44,7 @@ class Schema:
 # group/option -> the class its YAML mirrors. Model, data and strategy configs have none on purpose:
 # users point them at their own classes (model._target_=my_pkg.MyModule) with their own arguments.
 SCHEMAS: dict[str, Schema] = {
-    "callbacks/checkpoint": Schema("lightning_field.ManifestCheckpoint", frozenset({"generators", "config"})),
+    "callbacks/checkpoint": Schema("lightning_field.ManifestCheckpoint", frozenset({"generators", "config", "store"})),
     "callbacks/time_to_quality": Schema("lightning_field.TimeToQuality"),
     "callbacks/checkpoint_cadence": Schema("lightning_field.CheckpointCadence"),
     "callbacks/straggler_monitor": Schema("lightning_field.StragglerMonitor"),

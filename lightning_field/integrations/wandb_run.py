@@ -36,7 +36,6 @@ from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
-from lightning.fabric.utilities.logger import _convert_params
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.loggers.logger import rank_zero_experiment
@@ -46,6 +45,8 @@ from typing_extensions import override
 from lightning_field.checkpoint.manifest_checkpoint import ManifestCheckpoint
 from lightning_field.checkpoint.observe import CommitWatcher, find_manifest_checkpoint
 from lightning_field.checkpoint.preemption import TrainingPreempted
+from lightning_field.compat import wandb as wandb_compat
+from lightning_field.compat.lightning import convert_params
 from lightning_field.core.events import process_start_unix, read_events, read_jsonl
 from lightning_field.core.fsio import atomic_write_bytes
 from lightning_field.core.hashing import bytes_digest
@@ -140,7 +141,7 @@ def scrub_config(config: Any) -> dict[str, Any]:
             config = OmegaConf.to_container(config, resolve=True, throw_on_missing=False)
     except ImportError:  # hydra-core is a dependency, but a bare install of the logger need not have it
         pass
-    scrubbed = scrub_secrets(_convert_params(config) if not isinstance(config, Mapping) else config)
+    scrubbed = scrub_secrets(convert_params(config) if not isinstance(config, Mapping) else config)
     if not isinstance(scrubbed, dict):
         raise TypeError(f"config must be a mapping (dict, DictConfig or Namespace), got {type(config).__name__}")
     return scrubbed
@@ -283,8 +284,9 @@ class FieldWandbLogger(WandbLogger):
             config=self.logged_config,
             **kwargs,
         )
-        if self._wandb_init.get("anonymous") is None:
-            del self._wandb_init["anonymous"]  # wandb 0.31 warns that the setting is deprecated, even as None
+        init = wandb_compat.init_arguments(self)
+        if init.get("anonymous") is None:
+            del init["anonymous"]  # wandb 0.31 warns that the setting is deprecated, even as None
 
     def _load_identity(self, project: str, entity: str | None) -> dict[str, Any] | None:
         identity = read_wandb_identity(self.run_dir)
@@ -319,7 +321,7 @@ class FieldWandbLogger(WandbLogger):
     @rank_zero_experiment
     def experiment(self) -> Any:
         """The W&B run; created on first use as a new segment of this run's one W&B run."""
-        if self._experiment is None and getattr(self, "_attach_id", None) is None:
+        if wandb_compat.run_pending(self):
             self._prepare_segment()
         run = super().experiment
         pending, self._pending_segment = self._pending_segment, None
@@ -339,9 +341,11 @@ class FieldWandbLogger(WandbLogger):
             return  # the same run, still open in this process: WandbLogger reuses it
         identity = read_wandb_identity(self.run_dir)
         if identity is None:  # deleted since construction: start again rather than log to a run nobody can find
-            identity = self._load_identity(self._wandb_init["project"], self._wandb_init.get("entity"))
+            init = wandb_compat.init_arguments(self)
+            identity = self._load_identity(init["project"], init.get("entity"))
             assert identity is not None
-        self.run_id = self._id = identity["run_id"]
+        self.run_id = identity["run_id"]
+        wandb_compat.set_run_id(self, self.run_id)
         earlier = _segment_attempts(self.run_dir, identity)
         self.attempt = max(_event_log_attempt(self.run_dir), (earlier[-1] + 1) if earlier else 1)
         last_step = _last_history_step(offline_segments(self.run_dir, self.run_id))
@@ -358,14 +362,15 @@ class FieldWandbLogger(WandbLogger):
         # Recorded before wandb.init, so an attempt killed during start-up still takes its number.
         identity["segments"].append(segment)
         _write_identity(self.run_dir, identity)
-        settings = self._wandb_init.get("settings")
+        init = wandb_compat.init_arguments(self)
+        settings = init.get("settings")
         if settings is None:
             settings = {}
         if isinstance(settings, dict) and "x_transaction_log_flush_interval" in wandb.Settings.model_fields:
             settings = {"x_transaction_log_flush_interval": TRANSACTION_LOG_FLUSH_S, **settings}
-        self._wandb_init.update(id=self.run_id, resume="allow", dir=os.fspath(self.segment_dir), settings=settings)
+        init.update(id=self.run_id, resume="allow", dir=os.fspath(self.segment_dir), settings=settings)
         if self.offline is not None:
-            self._wandb_init["mode"] = "offline" if self.offline else "online"
+            init["mode"] = "offline" if self.offline else "online"
         self._pending_segment = segment
 
     def _start_segment(self, run: Any, segment: dict[str, Any]) -> None:
@@ -401,7 +406,7 @@ class FieldWandbLogger(WandbLogger):
         """This attempt ends in a preemption: Lightning's ``finalize("failed")`` that follows is
         recorded as ``preempted``, and W&B is told the run is preempting (not crashed)."""
         self._preempted = True
-        run = self._experiment
+        run = wandb_compat.current_run(self)
         if run is not None and hasattr(run, "mark_preempting"):
             with contextlib.suppress(Exception):  # reporting must not turn a safe stop into a crash
                 run.mark_preempting()

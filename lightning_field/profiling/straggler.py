@@ -39,9 +39,9 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.flop_counter import FlopCounterMode
 from typing_extensions import override
 
-from lightning_field.checkpoint import lightning_internals as internals
 from lightning_field.checkpoint.manifest_checkpoint import ManifestCheckpoint
 from lightning_field.checkpoint.observe import CommitWatcher, find_manifest_checkpoint
+from lightning_field.compat import lightning as internals
 from lightning_field.core.distributed import all_gather_objects
 from lightning_field.core.layout import PROFILE_RELPATH
 from lightning_field.profiling.comm import CommTimer, ProfiledDDPStrategy
@@ -214,7 +214,7 @@ class StragglerMonitor(SectionHooks):
         elif (
             isinstance(strategy, DDPStrategy)
             and isinstance(strategy.model, DistributedDataParallel)
-            and strategy._ddp_comm_hook is None
+            and not internals.has_ddp_comm_hook(strategy)
         ):
             # A plain DDPStrategy registers no hook on CPU and none of its own: time the default all-reduce.
             self._comm = CommTimer(trainer.world_size)

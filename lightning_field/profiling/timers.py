@@ -117,7 +117,7 @@ class FetchClock:
         self._waited_s = 0.0
 
     def install(self, trainer: pl.Trainer) -> None:
-        from lightning_field.checkpoint import lightning_internals as internals
+        from lightning_field.compat import lightning as internals
 
         internals.install_fetch_hook(trainer, "before", self._before)
         internals.install_fetch_hook(trainer, "after", self._after)

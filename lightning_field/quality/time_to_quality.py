@@ -26,10 +26,10 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from typing_extensions import override
 
-from lightning_field.checkpoint import lightning_internals as internals
 from lightning_field.checkpoint.manifest_checkpoint import ManifestCheckpoint
 from lightning_field.checkpoint.observe import CommitWatcher, find_manifest_checkpoint
 from lightning_field.checkpoint.preemption import TrainingPreempted
+from lightning_field.compat import lightning as internals
 from lightning_field.core.events import EventLog, read_events
 from lightning_field.core.fsio import atomic_write_bytes
 from lightning_field.core.heartbeat import Heartbeat, heartbeat_path, read_heartbeat

@@ -45,29 +45,21 @@ def sampler_generators(loader: Any) -> dict[str, torch.Generator]:
 
 
 def _wrapped_sampler_orders(loader: Any) -> dict[str, Any]:
-    """The ``_DatasetSamplerWrapper`` objects (inside Lightning's DistributedSamplerWrapper), by path."""
-    from lightning.pytorch.overrides.distributed import _DatasetSamplerWrapper
+    from lightning_field.compat.lightning import wrapped_sampler_datasets  # compat imports this module
 
-    batch_sampler = getattr(loader, "batch_sampler", None)
-    candidates = {
-        "sampler": getattr(loader, "sampler", None),
-        "batch_sampler.sampler": getattr(batch_sampler, "sampler", None),
-    }
-    return {
-        path: sampler.dataset
-        for path, sampler in candidates.items()
-        if isinstance(getattr(sampler, "dataset", None), _DatasetSamplerWrapper)
-    }
+    return wrapped_sampler_datasets(loader)
 
 
 def capture_sampler_state(loaders: Iterable[Any]) -> list[dict[str, Any]]:
     """Per loader: its sampler generators' states and any wrapped sampler's current epoch order."""
     states = []
     for loader in loaders:
+        from lightning_field.compat.lightning import wrapped_sampler_order
+
         orders = {
-            path: torch.tensor(wrapper._sampler_list, dtype=torch.int64)
+            path: torch.tensor(order, dtype=torch.int64)
             for path, wrapper in _wrapped_sampler_orders(loader).items()
-            if getattr(wrapper, "_sampler_list", None) is not None
+            if (order := wrapped_sampler_order(wrapper)) is not None
         }
         generators = {path: gen.get_state() for path, gen in sampler_generators(loader).items()}
         states.append({"generators": generators, "wrapped_orders": orders})
@@ -94,7 +86,9 @@ def replaying_sampler_state(loaders: list[Any], saved: list[dict[str, Any]]) -> 
                 continue
 
             def reset(wrapper: Any = wrapper, order: torch.Tensor = order) -> None:
-                wrapper._sampler_list = order.tolist()
+                from lightning_field.compat.lightning import set_wrapped_sampler_order
+
+                set_wrapped_sampler_order(wrapper, order.tolist())
 
             wrapper.reset = reset
             patched.append(wrapper)

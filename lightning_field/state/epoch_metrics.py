@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torchmetrics import Metric
 
-from lightning_field.checkpoint import lightning_internals as internals
+from lightning_field.compat import lightning as internals
 
 _MERGEABLE = ("mean", "sum", "max", "min")
 

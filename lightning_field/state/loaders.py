@@ -27,6 +27,8 @@ from torch.utils.data.distributed import DistributedSampler
 from torchdata.stateful_dataloader import StatefulDataLoader
 from torchdata.stateful_dataloader.sampler import RandomSampler as StatefulRandomSampler
 
+from lightning_field.compat.torch import random_sampler_num_samples
+
 _FIX = "build it as torchdata.stateful_dataloader.StatefulDataLoader"
 
 
@@ -94,7 +96,7 @@ def _resumable_sampler(sampler: Any) -> tuple[Any, str | None]:
     if type(sampler) is RandomSampler:
         # Same data source, replacement and length, and the same generator when the user gave one.
         stateful = StatefulRandomSampler(
-            sampler.data_source, sampler.replacement, sampler._num_samples, sampler.generator
+            sampler.data_source, sampler.replacement, random_sampler_num_samples(sampler), sampler.generator
         )
         return stateful, None
     if isinstance(sampler, (SequentialSampler, DistributedSampler)) or callable(getattr(sampler, "state_dict", None)):

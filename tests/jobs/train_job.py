@@ -180,6 +180,12 @@ def main() -> None:
     pl.seed_everything(1234, workers=False)
     ckpt_dir = args.ckpt_url or os.path.join(args.root, "checkpoints")
     storage_options = {"endpoint_url": args.endpoint_url} if args.endpoint_url else {}
+    # The real commit protocols, with a fault or a hold at one step where the test asks for one.
+    store = None
+    if args.kill_before_commit_step is not None:
+        store = KillBeforeCommit(args.kill_before_commit_step, storage_options=storage_options)
+    elif args.hold_writer_step is not None:
+        store = HoldWriter(args.hold_writer_step)
     if args.checkpoint == "manifest":
         checkpoint = ManifestCheckpoint(
             dirpath=ckpt_dir,
@@ -190,15 +196,13 @@ def main() -> None:
             storage_options=storage_options,
             async_save=args.async_save,
             allow_resume_mismatch=args.allow_mismatch,
+            store=store,
         )
-        if args.kill_before_commit_step is not None:
-            checkpoint._object_store = KillBeforeCommit(args.kill_before_commit_step, storage_options=storage_options)
     else:
         checkpoint = ModelCheckpoint(dirpath=ckpt_dir, every_n_train_steps=args.every, save_top_k=-1, save_last=True)
     callbacks = [checkpoint, StepTrace(args.out + ".trace")]
-    if args.hold_writer_step is not None:
-        checkpoint._local_store = HoldWriter(args.hold_writer_step)
-        callbacks.append(SeenWhileHeld(checkpoint._local_store, ckpt_dir, args.out + ".seen.json"))
+    if isinstance(store, HoldWriter):
+        callbacks.append(SeenWhileHeld(store, ckpt_dir, args.out + ".seen.json"))
     if args.signal_after_step is not None:
         callbacks.append(SignalAtStep(args.signal_after_step, signal.Signals[args.signal], args.signal_rank))
     if args.dump_loaded is not None:

@@ -1,5 +1,4 @@
-"""Every place lightning_field reaches into Lightning's private loop and data internals (and, at
-the end, the one private torch serialization path it uses).
+"""Every place lightning_field reaches into Lightning's private loop, data and checkpoint internals.
 
 Exact resume needs a hook immediately before each training fetch (time accounting one after it
 too), the train loaders before their first iteration, and corrections for two Lightning 2.6
@@ -10,7 +9,8 @@ they rely on.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+import contextlib
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import lightning.pytorch as pl
@@ -38,7 +38,7 @@ def unsupported_lightning(version: str, tested: str = TESTED_LIGHTNING) -> str |
         return None
     return (
         f"lightning_field is tested with Lightning {tested} and reaches into its private loop and"
-        f" checkpoint internals (lightning_field/checkpoint/lightning_internals.py); Lightning {version} is"
+        f" checkpoint internals (lightning_field/compat/lightning.py); Lightning {version} is"
         " installed. Install a tested release (pip install 'lightning" + tested + "') or a"
         " lightning_field release that supports yours."
     )
@@ -399,45 +399,54 @@ def _zero_current(progress: Any) -> None:
             _zero_current(value)
 
 
-# ---------------------------------------------------------------------------------------------- torch
-def save_without_crc32(obj: Any, buffer: Any) -> None:
-    """``torch.save(obj, buffer)`` without the zip writer's CRC32 of every record.
+def wrapped_sampler_datasets(loader: Any) -> dict[str, Any]:
+    """Lightning's ``_DatasetSamplerWrapper`` objects (inside its DistributedSamplerWrapper, which
+    Lightning puts around a custom sampler under DDP), by path in the loader. Their epoch order
+    (``_sampler_list``) is drawn once per epoch and is all a resumed epoch needs replayed."""
+    from lightning.pytorch.overrides.distributed import _DatasetSamplerWrapper
 
-    The CRC costs ~0.24 s/GB that cannot overlap the write, and is redundant in our files: the
-    manifest's content hash covers every byte and is checked before anything is unpickled. torch
-    skips it only through ``torch.serialization.config.save.compute_crc32``, a process-wide flag:
-    flipping it around our save would also strip the CRC from a user's own ``torch.save`` in
-    another thread, and race with our background writer. So this builds the zip writer that
-    ``torch.save`` builds, with the flag given to it directly (private: ``torch._C.PyTorchFileWriter``
-    and ``torch.serialization._save``, torch 2.6+), and falls back to ``torch.save`` where they differ.
-    Files load with a plain ``torch.load``; zip tools cannot check their (zero) CRC fields.
-    """
-    import pickle
+    batch_sampler = getattr(loader, "batch_sampler", None)
+    candidates = {
+        "sampler": getattr(loader, "sampler", None),
+        "batch_sampler.sampler": getattr(batch_sampler, "sampler", None),
+    }
+    return {
+        path: sampler.dataset
+        for path, sampler in candidates.items()
+        if isinstance(getattr(sampler, "dataset", None), _DatasetSamplerWrapper)
+    }
 
-    import torch
-    from torch import serialization
 
+def wrapped_sampler_order(wrapper: Any) -> list[int] | None:
+    """A ``_DatasetSamplerWrapper``'s drawn epoch order (``_sampler_list``), None before its first draw."""
+    return getattr(wrapper, "_sampler_list", None)
+
+
+def set_wrapped_sampler_order(wrapper: Any, order: list[int]) -> None:
+    wrapper._sampler_list = order
+
+
+def has_ddp_comm_hook(strategy: Any) -> bool:
+    """Whether a DDPStrategy was given a communication hook (``DDPStrategy._ddp_comm_hook``): the
+    straggler monitor times the default all-reduce only where nothing else is registered."""
+    return strategy._ddp_comm_hook is not None
+
+
+@contextlib.contextmanager
+def detached_trainer(model: pl.LightningModule) -> Iterator[None]:
+    """The module without its Trainer reference (``LightningModule._trainer``) for the duration, so
+    that ``copy.deepcopy`` copies the model and not the whole loop, loggers and data."""
+    trainer = model._trainer
+    model._trainer = None
     try:
-        zip_file = torch._C.PyTorchFileWriter(buffer, False, serialization._get_storage_alignment())
-        save = serialization._save
-    except (AttributeError, TypeError):  # another torch: its own path, CRC included
-        torch.save(obj, buffer)
-        return
-    try:
-        save(obj, zip_file, pickle, serialization.DEFAULT_PROTOCOL, False)
+        yield
     finally:
-        # Also after a failed pickle, as torch.save's context manager does: the writer aborts the
-        # process if it is destroyed unfinished.
-        zip_file.write_end_of_file()
-    buffer.flush()
+        model._trainer = trainer
 
 
-def tensor_version(tensor: Any) -> int:
-    """The in-place write counter autograd keeps per tensor (``Tensor._version``, every torch 2.x).
+def convert_params(params: Any) -> dict[str, Any]:
+    """Lightning's own hyperparameter flattening for loggers (``lightning.fabric.utilities.logger._convert_params``),
+    so a config logged by us reads exactly like one WandbLogger logs."""
+    from lightning.fabric.utilities.logger import _convert_params
 
-    An async snapshot copies optimizer state and parameters after the save returned; this counter
-    is how it proves nothing wrote them in place before their copy was made. It does not see writes
-    through ``tensor.data`` (a separate counter), which is why the copy also completes before every
-    hook outside the training batch (``checkpoint/async_save.py``).
-    """
-    return int(tensor._version)
+    return _convert_params(params)
