@@ -505,10 +505,16 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--kill", action="store_true")
     p.add_argument("--resume", action="store_true")
     args = p.parse_args(argv)
-    run(args.name, args.root, args.out, args.checkpoint, args.kill, args.resume)
-    sys.stdout.flush()
+    from lightning_field import TrainingPreempted
     from lightning_field.core.distributed import exit_finished_process
 
+    try:
+        run(args.name, args.root, args.out, args.checkpoint, args.kill, args.resume)
+    except TrainingPreempted as stop:
+        # Its exit status (75) as raised, but without the interpreter teardown that can abort a
+        # finished gloo job (-6, README "Known limits"), as after a completed run below.
+        exit_finished_process(int(stop.code))
+    sys.stdout.flush()
     exit_finished_process(0)
 
 
