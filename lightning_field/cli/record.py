@@ -95,7 +95,8 @@ def cmd_build(outer: argparse.Namespace) -> int:
     for name in ("out", "copy", "plan", "no_wandb"):  # options given before the first run directory
         if not getattr(args, name) and getattr(outer, name):
             setattr(args, name, getattr(outer, name))
-    from lightning_field.record.build import RECORD_HTML, RECORD_RELPATH, build_record
+    from lightning_field.core.layout import RECORD_RELPATH
+    from lightning_field.record.build import RECORD_HTML, build_record
     from lightning_field.record.collect import NoSourcesError
     from lightning_field.record.config import RecordConfigError, load_record_config
 

@@ -15,7 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from lightning_field.integrations.wandb_run import WANDB_RELPATH, offline_segments, read_wandb_identity
+from lightning_field.core.layout import WANDB_RELPATH
+from lightning_field.integrations.wandb_run import offline_segments, read_wandb_identity
 
 
 class SyncInputError(ValueError):

@@ -50,9 +50,9 @@ from lightning_field.compat.lightning import convert_params
 from lightning_field.core.events import process_start_unix, read_events, read_jsonl
 from lightning_field.core.fsio import atomic_write_bytes
 from lightning_field.core.hashing import bytes_digest
-from lightning_field.core.layout import WANDB_RELPATH
+from lightning_field.core.layout import PROFILE_RELPATH, WANDB_RELPATH
 from lightning_field.core.manifest import MANIFEST_NAME, Manifest, ManifestError, is_checkpoint_dir, read_manifest
-from lightning_field.profiling.straggler import PROFILE_RELPATH, StragglerMonitor
+from lightning_field.profiling.straggler import StragglerMonitor
 from lightning_field.quality.ledger import BUCKETS, goodput_ledger
 from lightning_field.quality.time_to_quality import TimeToQuality, quality_summary
 from lightning_field.state.secrets import scrub_secrets
