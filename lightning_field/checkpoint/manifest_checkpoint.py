@@ -9,6 +9,7 @@ needed for an exact continuation are marked recoverable, and only those are resu
 
 from __future__ import annotations
 
+import datetime
 import logging
 import os
 import signal
@@ -17,7 +18,7 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import fsspec
 import lightning.pytorch as pl
@@ -30,7 +31,7 @@ from lightning.pytorch.utilities.data import extract_batch_size
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
-from lightning_field.checkpoint import commit, sharded
+from lightning_field.checkpoint import commit, resume_policy, sharded
 from lightning_field.checkpoint.async_save import (
     BackgroundSave,
     DeferredCopies,
@@ -71,19 +72,6 @@ log = logging.getLogger(__name__)
 
 _SUPPORTED_STRATEGIES = (SingleDeviceStrategy, DDPStrategy)
 _SAVE_ERROR_POLICIES = ("stop", "warn")
-
-
-class ResumeMismatchError(RuntimeError):
-    """The checkpoint was written by a run whose code, data, config, model or world size differ.
-
-    Attributes:
-        differences: dotted name -> (checkpoint's value, this run's), or the list of architecture
-            changes under ``model.architecture``: what a command-line front end reports briefly.
-    """
-
-    def __init__(self, message: str, differences: Mapping[str, Any] | None = None) -> None:
-        super().__init__(message)
-        self.differences = dict(differences or {})
 
 
 class NoRecoverableCheckpointError(RuntimeError):
@@ -155,13 +143,50 @@ class ManifestCheckpoint(ModelCheckpoint):
             :class:`NoRecoverableCheckpointError`. Every later manifest of the run then records
             ``provenance.inexact_resume`` (the checkpoint and what it lacked): this continuation is
             not exact, and no evidence may say it is.
+
+    Raises:
+        ValueError: ``on_save_error`` is not ``"stop"`` or ``"warn"``, or
+            ``preemption_check_every_n_steps`` is below 1; at setup, ``dirpath`` is unusable on any
+            rank (under a file, not writable), which every rank raises alike.
+        TypeError: ``store`` does not implement :class:`~lightning_field.checkpoint.store.CheckpointStore`.
+        NotImplementedError: at setup, a strategy other than single-device, DDP or ModelParallel.
+        ResumeMismatchError: on ``fit(ckpt_path=...)``, the checkpoint is not recoverable or was
+            written by a different run (code, config, data, model or world size), before anything
+            is unpickled.
+        NoRecoverableCheckpointError: on ``fit(ckpt_path="last")``, checkpoints exist but none
+            resumes exactly (see ``resume_inexact``).
+
+    Example::
+
+        from lightning.pytorch import Trainer
+        from lightning_field import ManifestCheckpoint
+
+        checkpoint = ManifestCheckpoint(dirpath="ckpts", every_n_train_steps=500, save_top_k=2)
+        trainer = Trainer(max_steps=10_000, callbacks=[checkpoint])
+        # Resumes exactly from the newest recoverable checkpoint, or refuses with the reason.
+        trainer.fit(model, datamodule=data, ckpt_path="last")
     """
 
     FILE_EXTENSION = ""
 
     def __init__(
         self,
-        *args: Any,
+        dirpath: str | os.PathLike[str] | None = None,
+        filename: str | None = None,
+        monitor: str | None = None,
+        verbose: bool = False,
+        save_last: bool | Literal["link"] | None = None,
+        save_top_k: int = 1,
+        save_on_exception: bool = False,
+        save_weights_only: bool = False,
+        mode: str = "min",
+        auto_insert_metric_name: bool = True,
+        every_n_train_steps: int | None = None,
+        train_time_interval: datetime.timedelta | None = None,
+        every_n_epochs: int | None = None,
+        save_on_train_epoch_end: bool | None = None,
+        enable_version_counter: bool = True,
+        *,
         generators: Mapping[str, torch.Generator] | None = None,
         config: Mapping[str, Any] | None = None,
         allow_resume_mismatch: Iterable[str] = (),
@@ -176,7 +201,6 @@ class ManifestCheckpoint(ModelCheckpoint):
         on_save_error: str = "stop",
         resume_inexact: bool = False,
         store: CheckpointStore | None = None,
-        **kwargs: Any,
     ) -> None:
         if on_save_error not in _SAVE_ERROR_POLICIES:
             raise ValueError(f"on_save_error must be one of {_SAVE_ERROR_POLICIES}, got {on_save_error!r}")
@@ -193,7 +217,23 @@ class ManifestCheckpoint(ModelCheckpoint):
         )  # fmt: skip
         self._local_store = commit.LocalStore()
         self._given_store = store
-        super().__init__(*args, **kwargs)
+        super().__init__(
+            dirpath=dirpath,
+            filename=filename,
+            monitor=monitor,
+            verbose=verbose,
+            save_last=save_last,
+            save_top_k=save_top_k,
+            save_on_exception=save_on_exception,
+            save_weights_only=save_weights_only,
+            mode=mode,
+            auto_insert_metric_name=auto_insert_metric_name,
+            every_n_train_steps=every_n_train_steps,
+            train_time_interval=train_time_interval,
+            every_n_epochs=every_n_epochs,
+            save_on_train_epoch_end=save_on_train_epoch_end,
+            enable_version_counter=enable_version_counter,
+        )
         if preemption_check_every_n_steps is not None and preemption_check_every_n_steps < 1:
             raise ValueError(f"preemption_check_every_n_steps must be >= 1, got {preemption_check_every_n_steps}")
         self._configured_every_n_train_steps = self._every_n_train_steps
@@ -390,7 +430,10 @@ class ManifestCheckpoint(ModelCheckpoint):
         if self._resumed_manifest is not None:
             saved = self._resumed_manifest.provenance.get("data")
             if saved is not None:
-                self._refuse_on_differences({"data": saved}, {"data": self._data_fingerprint}, self._resumed_manifest)
+                resume_policy.refuse_on_differences(
+                    {"data": saved}, {"data": self._data_fingerprint}, self.allow_resume_mismatch,
+                    self._resumed_manifest.name,
+                )  # fmt: skip
         if self._resharded_from is not None:
             old, new = self._resharded_from["world_size"], self._resharded_from["to_world_size"]
             # Logged like the RNG and position notes of the remap itself (a warnings filter must not hide it).
@@ -1091,26 +1134,24 @@ class ManifestCheckpoint(ModelCheckpoint):
         return attach_rank_state(checkpoint, manifest, location, location, start)
 
     def _check_resume(self, manifest: Manifest, path: Location) -> None:
-        """Called by the CheckpointIO before anything is unpickled."""
+        """Called by the CheckpointIO before anything is unpickled (``resume_policy``)."""
         inexact = self._inexact_resume is not None and _identity(self._inexact_resume["checkpoint"]) == _identity(path)
-        if not manifest.recoverable and not inexact:
-            raise ResumeMismatchError(
-                f"Checkpoint {path} is not recoverable, it lacks: {'; '.join(manifest.missing)}. Load its weights"
-                " with lightning_field.load_weights() instead of resuming from it."
-            )
+        resume_policy.refuse_unrecoverable(manifest, path, inexact)
         trainer = self._trainer
-        current = {
-            "code": self._static_provenance.get("code", {}),
-            "config": {"resolved": self._static_provenance.get("config", {}).get("resolved")},
-            "world_size": trainer.world_size if trainer else manifest.world_size,
-        }
-        saved = {
-            "code": manifest.provenance.get("code", {}),
-            "config": {"resolved": manifest.provenance.get("config", {}).get("resolved")},
-            "world_size": manifest.world_size,
-        }
-        self._refuse_on_differences(saved, current, manifest, path)
-        self._refuse_changed_architecture(manifest, path)
+        current = resume_policy.identity_view(
+            self._static_provenance.get("code", {}),
+            self._static_provenance.get("config", {}).get("resolved"),
+            trainer.world_size if trainer else manifest.world_size,
+        )
+        saved = resume_policy.identity_view(
+            manifest.provenance.get("code", {}),
+            manifest.provenance.get("config", {}).get("resolved"),
+            manifest.world_size,
+        )
+        resume_policy.refuse_on_differences(saved, current, self.allow_resume_mismatch, path)
+        module = trainer.lightning_module if trainer is not None else None
+        if module is not None:
+            resume_policy.refuse_changed_architecture(manifest, module.state_dict(), self.allow_resume_mismatch, path)
         self._resumed_manifest = manifest
         if current["world_size"] != manifest.world_size:
             # Allowed by the policy (it raised otherwise): every later manifest of this run says
@@ -1121,43 +1162,6 @@ class ManifestCheckpoint(ModelCheckpoint):
                 "world_size": manifest.world_size,
                 "to_world_size": current["world_size"],
             }
-
-    def _refuse_changed_architecture(self, manifest: Manifest, path: Location) -> None:
-        """A model changed in code is named by its manifest's shapes, before torch's ``load_state_dict``
-        would fail with a wall of missing keys and size mismatches."""
-        module = self._trainer.lightning_module if self._trainer is not None else None
-        if module is None or _allowed("model.architecture", self.allow_resume_mismatch):
-            return
-        changes = provenance.architecture_differences(
-            manifest.provenance.get("model") or {}, provenance.architecture_shapes(module.state_dict())
-        )
-        if changes:
-            raise ResumeMismatchError(
-                f"Refusing to resume from {path}: the model's architecture changed since it was saved.\n"
-                + "\n".join(f"  {change}" for change in changes)
-                + "\nStart a new run for the new model, or allow it explicitly:"
-                " ManifestCheckpoint(allow_resume_mismatch=['model.architecture']).",
-                differences={"model.architecture": changes},
-            )
-
-    def _refuse_on_differences(
-        self, saved: Mapping[str, Any], current: Mapping[str, Any], manifest: Manifest, path: Path | None = None
-    ) -> None:
-        diffs = provenance.diff_provenance(saved, current)
-        blocking = {k: v for k, v in diffs.items() if not _allowed(k, self.allow_resume_mismatch)}
-        for key in set(diffs) - set(blocking):
-            rank_zero_warn(f"Resuming despite allowed difference {key}: {diffs[key][0]!r} -> {diffs[key][1]!r}")
-        if blocking:
-            where = path or manifest.name
-            lines = "\n".join(
-                f"  {k}: {a!r} (checkpoint) != {b!r} (this run)" for k, (a, b) in sorted(blocking.items())
-            )
-            names = ", ".join(repr(k) for k in sorted(blocking))
-            raise ResumeMismatchError(
-                f"Refusing to resume from {where}: it was written by a different run.\n{lines}\n"
-                f"If this is intended, allow it explicitly: ManifestCheckpoint(allow_resume_mismatch=[{names}]).",
-                differences=blocking,
-            )
 
     @override
     def on_load_checkpoint(
@@ -1284,17 +1288,3 @@ def _no_recoverable_message(where: Location, entries: Sequence[Any]) -> str:
 def _identity(location: str | os.PathLike[str]) -> str:
     loc = as_location(location)
     return str(loc.resolve()) if isinstance(loc, Path) else loc
-
-
-def _allowed(key: str, allowed: Iterable[str]) -> bool:
-    # A config key may be named as the user wrote it (model.hidden) or in full (config.resolved.model.hidden).
-    names = (key, key.removeprefix(CONFIG_KEY_PREFIX)) if key.startswith(CONFIG_KEY_PREFIX) else (key,)
-    return any(name == a or name.startswith(a + ".") for name in names for a in allowed)
-
-
-CONFIG_KEY_PREFIX = "config.resolved."
-
-
-def short_key(key: str) -> str:
-    """A resume difference's name as a command line writes it: ``model.hidden``, ``world_size``."""
-    return key.removeprefix(CONFIG_KEY_PREFIX)

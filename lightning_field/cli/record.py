@@ -133,7 +133,7 @@ def _maybe_log_wandb(args: argparse.Namespace, config: Any, record: dict[str, An
     run_dir = record["release"].get("run_dir")
     if args.no_wandb or config.wandb_log is False or run_dir is None:
         return
-    from lightning_field.integrations.wandb_run import read_wandb_identity
+    from lightning_field.integrations.wandb_identity import read_wandb_identity
 
     try:
         has_run = read_wandb_identity(run_dir) is not None

@@ -215,10 +215,10 @@ def end_summary(run_dir: Path, checkpoint_dir: Path | None, printed_ttq: bool) -
 def run(cfg: DictConfig) -> int:
     import lightning.pytorch as pl
 
-    from lightning_field.checkpoint.manifest_checkpoint import ResumeMismatchError
     from lightning_field.checkpoint.observe import find_manifest_checkpoint
     from lightning_field.checkpoint.preemption import TrainingPreempted
     from lightning_field.checkpoint.resolver import latest_recoverable
+    from lightning_field.checkpoint.resume_policy import ResumeMismatchError
     from lightning_field.planning.launch import launch_estimate, render_launch_estimate
     from lightning_field.quality.time_to_quality import TimeToQuality
     from lightning_field.state.provenance import scrub_secrets, trajectory_config
@@ -300,7 +300,7 @@ def run(cfg: DictConfig) -> int:
 
 def refusal_message(run_dir: Path, refused: Exception) -> str:
     """A refused resume in a few lines: what differs, then the command-line ways out."""
-    from lightning_field.checkpoint.manifest_checkpoint import short_key
+    from lightning_field.checkpoint.resume_policy import short_key
 
     differences = getattr(refused, "differences", {}) or {}
     if not differences:

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from lightning_field.core.layout import WANDB_RELPATH
-from lightning_field.integrations.wandb_run import offline_segments, read_wandb_identity
+from lightning_field.integrations.wandb_identity import offline_segments, read_wandb_identity
 
 
 class SyncInputError(ValueError):

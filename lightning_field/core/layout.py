@@ -22,7 +22,7 @@ SUMMARY_RELPATH = FIELD_DIR / "time_to_quality.json"
 """TimeToQuality's summary across attempts (``quality/time_to_quality.py``)."""
 
 WANDB_RELPATH = FIELD_DIR / "wandb.json"
-"""The W&B run identity that every restart resumes (``integrations/wandb_run.py``)."""
+"""The W&B run identity that every restart resumes (``integrations/wandb_identity.py``)."""
 
 PLAN_RELPATH = FIELD_DIR / "plan.json"
 """A saved ``field plan --json``, which the release record reads."""

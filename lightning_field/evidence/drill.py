@@ -110,6 +110,13 @@ class RestoreDrill(Callback):
         ValueError: ``every_n_checkpoints`` or ``rtol`` below 0.
         RestoreDrillError: at ``fit``, when the drill cannot be set up for this run (no
             ``ManifestCheckpoint``, several ranks, a module or datamodule it cannot rebuild).
+
+    Example::
+
+        from lightning_field import ManifestCheckpoint, RestoreDrill
+
+        trainer = Trainer(callbacks=[RestoreDrill(every_n_checkpoints=5),
+                                     ManifestCheckpoint(dirpath="ckpts", every_n_train_steps=500)])
     """
 
     def __init__(

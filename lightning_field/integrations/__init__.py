@@ -1,21 +1,24 @@
-"""Integrations with experiment trackers. wandb itself is imported only when a run is created or read,
-so importing this package works without the optional ``wandb`` extra installed."""
+"""Weights & Biases for runs that are killed and restarted: one W&B run per training run.
 
-from lightning_field.integrations.wandb_run import (
+One module per job: ``wandb_identity`` (the run id kept beside the checkpoints, offline segments),
+``wandb_logger`` (``FieldWandbLogger``), ``wandb_review`` (checkpoint artifacts as they commit, the
+run summary at every attempt's end), ``wandb_evidence`` (evidence bundles as artifacts) and
+``wandb_offline`` (reading the ``.wandb`` transaction log back). The summary itself, independent of
+W&B, is ``quality/run_summary.py``. wandb is imported only when a run is created or read.
+"""
+
+from lightning_field.core.layout import WANDB_RELPATH
+from lightning_field.integrations.wandb_evidence import EVIDENCE_ARTIFACT_TYPE, log_evidence_bundle
+from lightning_field.integrations.wandb_identity import offline_segments, read_wandb_identity, scrub_config
+from lightning_field.integrations.wandb_logger import FieldWandbLogger
+from lightning_field.integrations.wandb_offline import read_offline_run
+from lightning_field.integrations.wandb_review import (
     CHECKPOINT_ARTIFACT_TYPE,
-    EVIDENCE_ARTIFACT_TYPE,
     MANIFEST_ARTIFACT_TYPE,
-    WANDB_RELPATH,
-    FieldWandbLogger,
     WandbReview,
-    field_summary,
-    log_evidence_bundle,
     manifest_metadata,
-    offline_segments,
-    read_offline_run,
-    read_wandb_identity,
-    scrub_config,
 )
+from lightning_field.quality.run_summary import field_summary
 
 __all__ = [
     "CHECKPOINT_ARTIFACT_TYPE",

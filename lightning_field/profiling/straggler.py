@@ -126,6 +126,17 @@ class StragglerMonitor(SectionHooks):
             ``flops_per_batch`` attribute, else measured once with FlopCounterMode.
         peak_flops: dense peak FLOP/s per device for MFU; default from a sourced table (GPUs only).
         max_reports: how many reports ``monitor.reports`` keeps in memory (all are in the JSONL files).
+
+    Raises:
+        ValueError: ``report_interval_s`` is not positive, ``threshold`` is outside (0, 1), ``k`` and
+            ``n`` do not satisfy 1 <= k <= n, or ``policy`` is unknown.
+
+    Example::
+
+        from lightning_field import StragglerMonitor
+
+        trainer = Trainer(strategy="ddp", devices=8, callbacks=[StragglerMonitor(report_interval_s=60)])
+        # <default_root_dir>/field/profile/: per-rank step, data-wait and collective times, flagged ranks
     """
 
     def __init__(

@@ -103,6 +103,13 @@ class CheckpointCadence(Callback):
         ValueError: a setting out of range (``mtbf_hours`` <= 0, an unknown ``formula``,
             ``min_steps``/``max_steps`` out of order, a negative ``hysteresis``), or, at ``fit``, no
             ``ManifestCheckpoint`` among the callbacks.
+
+    Example::
+
+        from lightning_field import CheckpointCadence, ManifestCheckpoint
+
+        trainer = Trainer(callbacks=[CheckpointCadence(mtbf_hours=12),
+                                     ManifestCheckpoint(dirpath="ckpts", every_n_train_steps=500)])
     """
 
     def __init__(

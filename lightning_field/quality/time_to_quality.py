@@ -105,6 +105,19 @@ class TimeToQuality(Callback):
         price_per_device_hour: for cost = device-hours x price (device-hours count every attempt).
         progress_every_s: how often, at most, to append a progress event to the log (the per-step
             heartbeat needs no I/O; these events keep a record for runs whose heartbeat is lost).
+
+    Raises:
+        ValueError: ``mode`` is not "min" or "max", ``target`` is not finite, ``deadline_hours`` or
+            ``progress_every_s`` is not positive, or ``price_per_device_hour`` is negative.
+
+    Example::
+
+        from lightning_field import ManifestCheckpoint, TimeToQuality
+
+        quality = TimeToQuality(monitor="val_loss", target=1.2, mode="min", deadline_hours=48)
+        trainer = Trainer(callbacks=[quality, ManifestCheckpoint(dirpath="ckpts", every_n_train_steps=500)])
+        trainer.fit(model, datamodule=data, ckpt_path="last")
+        # <default_root_dir>/field/time_to_quality.json: time and cost to the target, over every attempt
     """
 
     def __init__(

@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from lightning_field.record.errors import RecordConfigError
 from lightning_field.record.identity import staleness_reasons
 
 PASS, FAIL, MISSING, STALE = "pass", "fail", "missing", "stale"
@@ -80,8 +81,6 @@ class Check:
     doc: str
 
     def validate(self, params: dict[str, Any], where: str) -> None:
-        from lightning_field.record.config import RecordConfigError
-
         unknown = set(params) - set(self.params)
         if unknown:
             raise RecordConfigError(f"{where}: unknown parameter(s) {sorted(unknown)}; known: {sorted(self.params)}")

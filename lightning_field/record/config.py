@@ -12,14 +12,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from lightning_field.record.conditions import CHECKS
+from lightning_field.record.errors import RecordConfigError
+
+__all__ = ["RecordConfig", "RecordConfigError", "load_record_config", "parse_record_config"]
+
 SEVERITIES = ("critical", "advisory")
 IDENTITY_GROUPS = ("code", "config", "data", "model")
 VERIFY_CHOICES = ("newest", "all")
 WANDB_LOG_CHOICES = ("auto", True, False)
-
-
-class RecordConfigError(ValueError):
-    """The record configuration cannot be used; the message names the key."""
 
 
 @dataclass
@@ -123,8 +124,6 @@ def _mapping(value: Any, where: str) -> Mapping[str, Any]:
 
 def parse_record_config(raw: Mapping[str, Any]) -> RecordConfig:
     """Validate a composed (or stored) ``record`` configuration; every error names its key."""
-    from lightning_field.record.conditions import CHECKS
-
     raw = _mapping(raw, "record")
     conditions = []
     for name, entry in _mapping(raw.get("conditions") or {}, "record.conditions").items():

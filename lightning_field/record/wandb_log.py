@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from lightning_field.integrations.wandb_run import SEGMENTS_DIRNAME, read_wandb_identity
+from lightning_field.integrations.wandb_identity import SEGMENTS_DIRNAME, read_wandb_identity
 
 ARTIFACT_TYPE = "release-record"
 _SEGMENT = re.compile(r"^attempt-(\d+)$")

@@ -1,0 +1,111 @@
+"""The resume policy: which checkpoint a run may continue from, decided before anything is unpickled.
+
+A checkpoint resumes exactly only into the run that wrote it: the same code, config, data, model
+and (unless resharding is allowed) world size. A difference is refused with every differing key and
+both ways out, not discovered as a silently different continuation. Pure functions of the manifest
+and this run's provenance; ``ManifestCheckpoint`` calls them from its CheckpointIO hook.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from lightning.pytorch.utilities.rank_zero import rank_zero_warn
+
+from lightning_field.core.manifest import Manifest
+from lightning_field.core.storage import Location
+from lightning_field.state import provenance
+
+CONFIG_KEY_PREFIX = "config.resolved."
+"""How the provenance diff names a config key; users write the key without it."""
+
+ARCHITECTURE_KEY = "model.architecture"
+
+
+class ResumeMismatchError(RuntimeError):
+    """The checkpoint was written by a run whose code, data, config, model or world size differ.
+
+    Attributes:
+        differences: dotted name -> (checkpoint's value, this run's), or the list of architecture
+            changes under ``model.architecture``: what a command-line front end reports briefly.
+    """
+
+    def __init__(self, message: str, differences: Mapping[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.differences = dict(differences or {})
+
+
+def short_key(key: str) -> str:
+    """A resume difference's name as a command line writes it: ``model.hidden``, ``world_size``."""
+    return key.removeprefix(CONFIG_KEY_PREFIX)
+
+
+def is_allowed(key: str, allowed: Iterable[str]) -> bool:
+    """Whether ``allow_resume_mismatch`` covers ``key``: named as the user wrote it (``model.hidden``)
+    or in full (``config.resolved.model.hidden``), or by a prefix (``model``)."""
+    names = (key, key.removeprefix(CONFIG_KEY_PREFIX)) if key.startswith(CONFIG_KEY_PREFIX) else (key,)
+    return any(name == a or name.startswith(a + ".") for name in names for a in allowed)
+
+
+def identity_view(code: Mapping[str, Any], resolved_config: Any, world_size: int) -> dict[str, Any]:
+    """What a checkpoint and a run are compared on: code, resolved config and world size."""
+    return {"code": dict(code), "config": {"resolved": resolved_config}, "world_size": world_size}
+
+
+def refuse_unrecoverable(manifest: Manifest, path: Location, inexact_allowed: bool) -> None:
+    """Raises:
+    ResumeMismatchError: the checkpoint is not recoverable and ``resume_inexact`` did not choose it."""
+    if not manifest.recoverable and not inexact_allowed:
+        raise ResumeMismatchError(
+            f"Checkpoint {path} is not recoverable, it lacks: {'; '.join(manifest.missing)}. Load its weights"
+            " with lightning_field.load_weights() instead of resuming from it."
+        )
+
+
+def refuse_on_differences(
+    saved: Mapping[str, Any], current: Mapping[str, Any], allowed: Iterable[str], where: Location | str
+) -> None:
+    """Warn for each allowed difference; raise for the rest.
+
+    Raises:
+        ResumeMismatchError: some difference is not allowed; ``differences`` holds them all.
+    """
+    allowed = tuple(allowed)
+    diffs = provenance.diff_provenance(saved, current)
+    blocking = {k: v for k, v in diffs.items() if not is_allowed(k, allowed)}
+    for key in set(diffs) - set(blocking):
+        rank_zero_warn(f"Resuming despite allowed difference {key}: {diffs[key][0]!r} -> {diffs[key][1]!r}")
+    if blocking:
+        lines = "\n".join(f"  {k}: {a!r} (checkpoint) != {b!r} (this run)" for k, (a, b) in sorted(blocking.items()))
+        names = ", ".join(repr(k) for k in sorted(blocking))
+        raise ResumeMismatchError(
+            f"Refusing to resume from {where}: it was written by a different run.\n{lines}\n"
+            f"If this is intended, allow it explicitly: ManifestCheckpoint(allow_resume_mismatch=[{names}]).",
+            differences=blocking,
+        )
+
+
+def refuse_changed_architecture(
+    manifest: Manifest, state_dict: Mapping[str, Any], allowed: Iterable[str], path: Location
+) -> None:
+    """A model changed in code is named by its manifest's shapes, before torch's ``load_state_dict``
+    would fail with a wall of missing keys and size mismatches.
+
+    Raises:
+        ResumeMismatchError: tensors were added, removed or reshaped, and ``model.architecture`` is
+            not allowed to differ.
+    """
+    if is_allowed(ARCHITECTURE_KEY, allowed):
+        return
+    changes = provenance.architecture_differences(
+        manifest.provenance.get("model") or {}, provenance.architecture_shapes(state_dict)
+    )
+    if changes:
+        raise ResumeMismatchError(
+            f"Refusing to resume from {path}: the model's architecture changed since it was saved.\n"
+            + "\n".join(f"  {change}" for change in changes)
+            + "\nStart a new run for the new model, or allow it explicitly:"
+            f" ManifestCheckpoint(allow_resume_mismatch=['{ARCHITECTURE_KEY}']).",
+            differences={ARCHITECTURE_KEY: changes},
+        )

@@ -1,0 +1,89 @@
+"""An evidence bundle as a W&B artifact: the verdict, the gate and the identity as metadata, the
+bundle's files (manifests and traces, not the checkpoints' tensors) as contents."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from lightning.pytorch.loggers import WandbLogger
+
+from lightning_field.core.manifest import MANIFEST_NAME, is_checkpoint_dir
+from lightning_field.integrations.wandb_review import artifact_name
+
+EVIDENCE_ARTIFACT_TYPE = "evidence"
+
+
+# ---------------------------------------------------------------------------------------------- evidence
+def _checkpoint_payload(path: Path, root: Path) -> bool:
+    """A checkpoint's state file inside a bundle (its manifest is evidence; its tensors are not)."""
+    if path.name == MANIFEST_NAME:
+        return False
+    parent = path.parent
+    while parent != root and root in parent.parents:
+        if is_checkpoint_dir(parent):
+            return True
+        parent = parent.parent
+    return False
+
+
+def log_evidence_bundle(run: Any, bundle_dir: str | os.PathLike[str], aliases: list[str] | None = None) -> Any:
+    """Log an evidence bundle (``field-evidence``'s output) to ``run``: an artifact and its plots.
+
+    The artifact ``evidence-<bundle id>`` (type "evidence") holds ``evidence.json``, ``evidence.md``,
+    the plots and the raw logs and manifest copies the evidence cites, but not checkpoint state files
+    (their manifests and hashes are the evidence). Its metadata carries the verdict and the gate
+    (passed, failed conditions, each critical condition), so runs can be filtered by them in W&B.
+    Each ``*.png`` is logged as ``evidence/<name>`` ``wandb.Image``. ``run``: a W&B run or a WandbLogger.
+
+    Returns the logged ``wandb.Artifact``.
+    """
+    import wandb
+
+    from lightning_field.evidence.bundle import EVIDENCE_JSON
+
+    if isinstance(run, WandbLogger):
+        run = run.experiment
+    bundle_dir = Path(bundle_dir)
+    path = bundle_dir / EVIDENCE_JSON
+    try:
+        evidence = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise FileNotFoundError(
+            f"{bundle_dir} is not an evidence bundle: {EVIDENCE_JSON} is missing (it is written last, so the"
+            " bundle is incomplete or the path is wrong)"
+        ) from None
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}: unreadable evidence ({err})") from err
+    gate = evidence.get("gate") or {}
+    metadata = {
+        "format": evidence.get("format"),
+        "id": evidence.get("id"),
+        "created": evidence.get("created"),
+        "verdict": evidence.get("verdict"),
+        "summary": evidence.get("summary"),
+        "gate_passed": gate.get("passed"),
+        "gate_failed": list(gate.get("failed") or []),
+        "critical_conditions": {c["name"]: c["passed"] for c in evidence.get("critical_conditions") or []},
+        "config_hash": (evidence.get("tested_configuration") or {}).get("config_hash"),
+    }
+    artifact = wandb.Artifact(
+        name=artifact_name("evidence", str(evidence.get("id") or bundle_dir.name)),
+        type=EVIDENCE_ARTIFACT_TYPE,
+        metadata=metadata,
+    )
+    for file in sorted(p for p in bundle_dir.rglob("*") if p.is_file()):
+        if not _checkpoint_payload(file, bundle_dir):
+            artifact.add_file(os.fspath(file), name=file.relative_to(bundle_dir).as_posix())
+    run.log_artifact(artifact, aliases=["latest", *(aliases or [])])
+    verdict = metadata["verdict"]
+    images = {
+        f"evidence/{png.stem}": wandb.Image(os.fspath(png), caption=f"{png.name}: verdict {verdict}")
+        for png in sorted(bundle_dir.glob("*.png"))
+    }
+    if images:
+        run.log(images)
+    run.summary.update({"field/evidence/verdict": verdict, "field/evidence/gate_passed": gate.get("passed")})
+    return artifact
