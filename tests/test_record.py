@@ -168,10 +168,11 @@ def test_a_failing_resume_bundle_holds_the_release_even_when_every_advisory_figu
         if condition["name"] == "verdict_not_fail":
             condition.update(passed=False, detail=evidence["summary"])
     path.write_text(json.dumps(evidence))
-    # Only advisories with evidence: every one shown is favourable.
+    # Only advisories with evidence: every one shown is favourable. The tiny run's goodput depends on
+    # how loaded the machine was (start-up against a few seconds of training), so its bar is lowered.
     favourable = ["~record.conditions.scaling", "~record.conditions.multi_rank_resume_evidence",
                   "~record.conditions.multi_node_resume_evidence", "record.ladder.one-node.requires=[no_stragglers]",
-                  "record.ladder.n-nodes.requires=[]"]  # fmt: skip
+                  "record.ladder.n-nodes.requires=[]", "record.conditions.goodput.params.min_goodput=0.0"]  # fmt: skip
     out_dir = made["root"] / "rec_failing"
     rc, out = field("record", "build", run, made["preflight"], "--out", out_dir, "--no-wandb", *favourable)
     assert rc == 0, out

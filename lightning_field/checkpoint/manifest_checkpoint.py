@@ -1122,10 +1122,15 @@ class ManifestCheckpoint(ModelCheckpoint):
         location = as_location(path)
         manifest = read_manifest(location, self.storage_options)
         self._check_resume(manifest, location)
-        if not isinstance(location, Path):
-            return sharded.load_from_object_store(load, location, manifest, self._object_store, weights_only)
         trainer = self._trainer
         assert trainer is not None
+        if not isinstance(location, Path):
+            # Each rank loads the copy it downloaded and verified itself (Lightning's own load would
+            # read rank 0's private directory on every rank).
+            def own_copy(local: Path, weights_only: bool | None = None) -> dict[str, Any]:
+                return internals.load_sharded_from(trainer.strategy, local, weights_only)
+
+            return sharded.load_from_object_store(own_copy, location, manifest, self._object_store, weights_only)
         names = list(manifest.files)
         problems = sharded.verify_in_parallel(location, names, trainer.global_rank, trainer.world_size)
         if problems:

@@ -450,3 +450,30 @@ def convert_params(params: Any) -> dict[str, Any]:
     from lightning.fabric.utilities.logger import _convert_params
 
     return _convert_params(params)
+
+
+def load_sharded_from(strategy: Any, path: Any, weights_only: bool | None = None) -> dict[str, Any]:
+    """``ModelParallelStrategy.load_checkpoint`` from this rank's own ``path``.
+
+    Lightning's (2.6) first broadcasts rank 0's path, so every rank reads rank 0's directory. A
+    sharded checkpoint under a URL is downloaded and verified into a private directory per rank,
+    which does not exist on another node, and which rank 0 deletes once its own load is done: seen
+    as rank 1's ``FileNotFoundError`` for ``meta.pt`` when rank 0 finished first. This is the
+    strategy's own load (private ``lightning.fabric.strategies.model_parallel._load_checkpoint``)
+    without that broadcast.
+    """
+    from pathlib import Path
+
+    from lightning.fabric.strategies.model_parallel import _load_checkpoint
+
+    state = {
+        "state_dict": strategy.model,
+        **{f"optimizer_{idx}": optimizer for idx, optimizer in enumerate(strategy.optimizers)},
+    }
+    return _load_checkpoint(
+        path=Path(path),
+        state=state,
+        strict=strategy.lightning_module.strict_loading,
+        optimizer_states_from_list=True,
+        weights_only=weights_only,
+    )
