@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lightning_field.checkpoint.resolver import TEMP_PREFIXES, write_last_pointer
+from lightning_field.checkpoint.resolver import LAST_POINTER, TEMP_PREFIXES
 from lightning_field.compat.torch import save_without_crc32
-from lightning_field.core.fsio import HashingWriter, exchange_or_replace_dir, fsync_dir
+from lightning_field.core.fsio import HashingWriter, atomic_write_bytes, exchange_or_replace_dir, fsync_dir
 from lightning_field.core.manifest import FileEntry, Manifest
 
 
@@ -105,6 +105,12 @@ def describe_error(err: BaseException) -> str:
 
 def manifest_files(outcomes: list[RankOutcome]) -> dict[str, FileEntry]:
     return {r.file: FileEntry(r.size, r.hash, r.rank, r.contents) for o in outcomes for r in o.receipts}
+
+
+def write_last_pointer(dirpath: str | os.PathLike[str], checkpoint: str | os.PathLike[str]) -> None:
+    """Point ``LAST`` at ``checkpoint`` by atomic replace: readers (``resolver.read_last_pointer``)
+    never see it missing. Written last in :func:`publish`, after the directory rename."""
+    atomic_write_bytes(Path(dirpath) / LAST_POINTER, (Path(checkpoint).name + "\n").encode())
 
 
 def publish(tmp: Path, final: Path, manifest: Manifest) -> None:

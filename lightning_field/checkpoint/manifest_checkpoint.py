@@ -23,7 +23,6 @@ from typing import Any, Literal
 import fsspec
 import lightning.pytorch as pl
 import torch
-from lightning.fabric.utilities.data import sized_len
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
 from lightning.pytorch.trainer.states import TrainerFn
@@ -63,9 +62,10 @@ from lightning_field.core.events import EventLog
 from lightning_field.core.manifest import SHARED_STATE_FILE, Manifest, is_checkpoint_dir, rank_state_file, read_manifest
 from lightning_field.core.storage import Location, as_location, basename, fs_options, is_url, parent
 from lightning_field.state import provenance, reshard
-from lightning_field.state.data_position import capture_sampler_state, describe_restore, restore_sampler_generators
-from lightning_field.state.epoch_metrics import LoggedValueMerge, capture_epoch_metrics, restore_torchmetrics
+from lightning_field.state.data_position import restore_sampler_generators
+from lightning_field.state.epoch_metrics import LoggedValueMerge, restore_torchmetrics
 from lightning_field.state.loaders import Adoption
+from lightning_field.state.rank_state import capture_rank_state
 from lightning_field.state.rng import capture_rng_state, restore_rng_state
 
 log = logging.getLogger(__name__)
@@ -712,7 +712,13 @@ class ManifestCheckpoint(ModelCheckpoint):
         nothing from the trainer, so it can run while training moves on."""
         checkpoint = internals.dump_checkpoint(trainer, self.save_weights_only)
         rng = capture_rng_state(self.generators)
-        rank_state, rank_missing = self._rank_state(trainer, checkpoint, rng)
+        rank_state, rank_missing = capture_rank_state(
+            trainer, checkpoint, rng, weights_only=self.save_weights_only, samples_seen=self._samples_seen,
+            tokens_seen=self._tokens_seen, adoptions=self._adoptions,
+        )  # fmt: skip
+        for reason in rank_missing:
+            if reason.startswith("data_position"):
+                self._tell_unresumable(reason)
         rank = trainer.global_rank
         files: dict[str, tuple[Any, list[str]]] = {rank_state_file(rank): (rank_state, ["rng", "data_position"])}
         shared_components: list[str] = []
@@ -936,53 +942,6 @@ class ManifestCheckpoint(ModelCheckpoint):
                 f"a background checkpoint save failed on a peer rank at step {trainer.global_step}"
             )
 
-    def _rank_state(
-        self, trainer: pl.Trainer, checkpoint: dict[str, Any], rng: dict[str, Any]
-    ) -> tuple[dict[str, Any], list[str]]:
-        loaders = list(internals.iter_loaders(trainer.train_dataloader))
-        stateful = bool(loaders) and all(callable(getattr(dl, "state_dict", None)) for dl in loaders)
-        fit_loop_state = checkpoint.get("loops", {}).get("fit_loop", {}).get("state_dict", {})
-        missing = []
-        unsized = [type(dl).__name__ for dl in loaders if sized_len(dl) is None]
-        if self.save_weights_only:
-            missing.append("rng and data position (save_weights_only=True makes an export, not a recovery point)")
-        elif unsized:
-            # Lightning fetches one batch ahead from a loader without a length (to know which batch
-            # is the last): the saved loader position counts that batch as consumed, and a resume
-            # would skip it. Measured in tests/test_conformance.py, where the same stream with a length is exact.
-            missing.append(
-                f"data_position (rank {trainer.global_rank}: the train loader {', '.join(unsized)} has no length, so"
-                " Lightning fetches a batch ahead that its saved position counts as trained; an iterable dataset"
-                " with __len__ resumes exactly)"
-            )
-            self._tell_unresumable(missing[-1])
-        elif not stateful:
-            reasons = [f"{a.original}: {a.reason}" for a in self._adoptions if a.reason]
-            if not reasons:
-                kinds = sorted({type(dl).__name__ for dl in loaders}) or ["no train dataloader"]
-                reasons = [f"{', '.join(kinds)} has no state_dict; use torchdata's StatefulDataLoader"]
-            missing.append(f"data_position (rank {trainer.global_rank}: train loader {'; '.join(reasons)})")
-            self._tell_unresumable(missing[-1])
-        epoch_loop = trainer.fit_loop.epoch_loop
-        state = {
-            "rank": trainer.global_rank,
-            "rng": rng,
-            "data_position": {
-                "loader_states": fit_loop_state.get("combined_loader", []),
-                "stateful": stateful,
-                "epoch": trainer.current_epoch,
-                "batch_idx": epoch_loop.batch_progress.current.completed,
-                # Saved in on_train_epoch_end: the epoch's batches are done, its end is under way.
-                "epoch_closed": _epoch_closed(trainer),
-                "global_step": trainer.global_step,
-                "samples_seen": self._samples_seen,
-                "tokens_seen": self._tokens_seen,
-                "sampler_state": capture_sampler_state(loaders),
-                "restore": [describe_restore(dl) for dl in loaders],
-            },
-            "epoch_metrics": capture_epoch_metrics(trainer, trainer.lightning_module),
-        }
-        return state, missing
 
     def _tell_unresumable(self, reason: str) -> None:
         """Once per run, loudly: the run's checkpoints cannot resume exactly, and why."""
@@ -1262,11 +1221,6 @@ class _SnapshotCopyGate(Callback):
 
     on_train_epoch_start = on_train_epoch_end = on_validation_start = on_test_start = _wait
     on_predict_start = on_sanity_check_start = on_train_end = on_fit_end = on_exception = teardown = _wait
-
-
-def _epoch_closed(trainer: pl.Trainer) -> bool:
-    progress = trainer.fit_loop.epoch_progress.current
-    return progress.processed == progress.completed + 1
 
 
 def _no_recoverable_message(where: Location, entries: Sequence[Any]) -> str:

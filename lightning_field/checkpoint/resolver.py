@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lightning_field.checkpoint.verify import VerifyReport, verify_checkpoint
-from lightning_field.core.fsio import atomic_write_bytes
 from lightning_field.core.manifest import MANIFEST_NAME, Manifest, ManifestError, is_checkpoint_dir, read_manifest
 from lightning_field.core.storage import Location, StorageOptions, as_location, basename, is_url, open_fs, to_url
 
@@ -116,11 +115,6 @@ def latest_recoverable(
             "\n  ".join(report.problems),
         )
     return None
-
-
-def write_last_pointer(dirpath: str | os.PathLike[str], checkpoint: str | os.PathLike[str]) -> None:
-    """Point ``LAST`` at ``checkpoint`` by atomic replace: readers never see it missing."""
-    atomic_write_bytes(Path(dirpath) / LAST_POINTER, (Path(checkpoint).name + "\n").encode())
 
 
 def read_last_pointer(dirpath: str | os.PathLike[str]) -> Path | None:

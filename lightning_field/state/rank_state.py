@@ -1,0 +1,83 @@
+"""One rank's part of a checkpoint: the state no ``state_dict`` holds, captured at save time.
+
+Lightning's checkpoint holds the weights, optimizers, schedulers and loop progress. Exact resume
+also needs, per rank: every RNG stream, the data position (loader states, the sampler's drawn epoch
+order, samples seen) and the epoch-level logged values accumulated so far. ``ManifestCheckpoint``
+writes this into ``rank-<N>.pt``; the manifest records which ranks' files are complete.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning.pytorch as pl
+from lightning.fabric.utilities.data import sized_len
+
+from lightning_field.compat import lightning as internals
+from lightning_field.state.data_position import capture_sampler_state, describe_restore
+from lightning_field.state.epoch_metrics import capture_epoch_metrics
+from lightning_field.state.loaders import Adoption
+
+
+def epoch_closed(trainer: pl.Trainer) -> bool:
+    """Whether the save is inside the epoch's end (its batches done, ``on_train_epoch_end`` under way)."""
+    progress = trainer.fit_loop.epoch_progress.current
+    return progress.processed == progress.completed + 1
+
+
+def capture_rank_state(
+    trainer: pl.Trainer,
+    checkpoint: dict[str, Any],
+    rng: dict[str, Any],
+    *,
+    weights_only: bool,
+    samples_seen: int,
+    tokens_seen: int | None,
+    adoptions: list[Adoption],
+) -> tuple[dict[str, Any], list[str]]:
+    """This rank's file of a checkpoint: its RNG streams, data position and epoch-metric state,
+    and what it lacks for an exact resume (each entry also a reason this checkpoint is not
+    recoverable). Every rank calls it at the same save; nothing here is collective.
+    """
+    loaders = list(internals.iter_loaders(trainer.train_dataloader))
+    stateful = bool(loaders) and all(callable(getattr(dl, "state_dict", None)) for dl in loaders)
+    fit_loop_state = checkpoint.get("loops", {}).get("fit_loop", {}).get("state_dict", {})
+    missing = []
+    unsized = [type(dl).__name__ for dl in loaders if sized_len(dl) is None]
+    if weights_only:
+        missing.append("rng and data position (save_weights_only=True makes an export, not a recovery point)")
+    elif unsized:
+        # Lightning fetches one batch ahead from a loader without a length (to know which batch
+        # is the last): the saved loader position counts that batch as consumed, and a resume
+        # would skip it. Measured in tests/test_conformance.py, where the same stream with a length is exact.
+        missing.append(
+            f"data_position (rank {trainer.global_rank}: the train loader {', '.join(unsized)} has no length, so"
+            " Lightning fetches a batch ahead that its saved position counts as trained; an iterable dataset"
+            " with __len__ resumes exactly)"
+        )
+    elif not stateful:
+        reasons = [f"{a.original}: {a.reason}" for a in adoptions if a.reason]
+        if not reasons:
+            kinds = sorted({type(dl).__name__ for dl in loaders}) or ["no train dataloader"]
+            reasons = [f"{', '.join(kinds)} has no state_dict; use torchdata's StatefulDataLoader"]
+        missing.append(f"data_position (rank {trainer.global_rank}: train loader {'; '.join(reasons)})")
+    epoch_loop = trainer.fit_loop.epoch_loop
+    state = {
+        "rank": trainer.global_rank,
+        "rng": rng,
+        "data_position": {
+            "loader_states": fit_loop_state.get("combined_loader", []),
+            "stateful": stateful,
+            "epoch": trainer.current_epoch,
+            "batch_idx": epoch_loop.batch_progress.current.completed,
+            # Saved in on_train_epoch_end: the epoch's batches are done, its end is under way.
+            "epoch_closed": epoch_closed(trainer),
+            "global_step": trainer.global_step,
+            "samples_seen": samples_seen,
+            "tokens_seen": tokens_seen,
+            "sampler_state": capture_sampler_state(loaders),
+            "restore": [describe_restore(dl) for dl in loaders],
+        },
+        "epoch_metrics": capture_epoch_metrics(trainer, trainer.lightning_module),
+    }
+    return state, missing
