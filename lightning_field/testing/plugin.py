@@ -72,9 +72,12 @@ def field_evidence(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[C
     yield check
 
 
-@pytest.hookimpl(wrapper=True)
+# Old-style wrapper (not ``wrapper=True``): this plugin loads in every suite of an environment that
+# has lightning_field installed, so it must work with pytest 7 as well as 8.
+@pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
-    report = yield
+    outcome = yield
+    report = outcome.get_result()
     keep = item.config.getoption("--field-keep")
     bundles = item.stash.get(_BUNDLES, [])
     if keep and report.when == "call" and report.failed and bundles:
@@ -86,7 +89,6 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
             shutil.rmtree(target, ignore_errors=True)
             shutil.copytree(bundle, target)
             item.config.stash[_KEPT].append((item.nodeid, target.resolve()))
-    return report
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
