@@ -12,6 +12,7 @@ import pytest
 from lightning.pytorch.callbacks import Callback
 
 from lightning_field import CheckpointCadence, ManifestCheckpoint, read_events
+from lightning_field.checkpoint.commit import LocalStore
 from lightning_field.demo import DemoDataModule, DemoRegressor
 from lightning_field.planning.intervals import daly_interval, young_interval
 from lightning_field.quality.cadence import choose_steps, updated_mtbf
@@ -20,12 +21,17 @@ SAVE_DELAY_S = 2.0
 STEP_S = 0.05
 
 
-class SlowSaveCheckpoint(ManifestCheckpoint):
-    """Every save blocks training for an extra ``SAVE_DELAY_S`` while it gathers state, like a slow filesystem."""
+class SlowStore(LocalStore):
+    """The real local commit, with every rank's write taking ``SAVE_DELAY_S`` longer, like a slow filesystem."""
 
-    def _rank_state(self, trainer, checkpoint, rng):  # type: ignore[no-untyped-def]
+    def write(self, final, token, rank, files):  # type: ignore[no-untyped-def]
         time.sleep(SAVE_DELAY_S)
-        return super()._rank_state(trainer, checkpoint, rng)
+        return super().write(final, token, rank, files)
+
+
+def slow_save_checkpoint(**options: object) -> ManifestCheckpoint:
+    """A ManifestCheckpoint whose every save blocks training for an extra ``SAVE_DELAY_S``."""
+    return ManifestCheckpoint(store=SlowStore(), **options)
 
 
 class SteadySteps(Callback):
@@ -41,7 +47,7 @@ def cadence_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
 def test_with_may_lengthen_a_2s_save_and_a_5min_mtbf_grow_the_users_interval_to_dalys_and_say_so(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    checkpoint = SlowSaveCheckpoint(dirpath=tmp_path / "ckpts", every_n_train_steps=4, save_top_k=-1)
+    checkpoint = slow_save_checkpoint(dirpath=tmp_path / "ckpts", every_n_train_steps=4, save_top_k=-1)
     cadence = CheckpointCadence(mtbf_hours=5 / 60, may_lengthen=True)
     trainer = pl.Trainer(
         default_root_dir=tmp_path, max_steps=8, accelerator="cpu", logger=False, enable_progress_bar=False,
