@@ -70,3 +70,18 @@ def test_no_module_outside_compat_touches_a_private_name_of_another_package() ->
             if base in imported or node.attr in wrapped:
                 problems.append(f"{where}: {ast.unparse(node)}")
     assert not problems, "private names of other packages outside lightning_field/compat/:\n" + "\n".join(problems)
+
+
+def test_the_package_root_lists_each_public_name_once_and_every_one_resolves() -> None:
+    """The root imports lazily: its name table, ``__all__`` and the type checker's imports must agree."""
+    import lightning_field
+
+    source = (PACKAGE / "__init__.py").read_text()
+    typed = {alias.asname or alias.name for node in ast.walk(ast.parse(source)) if isinstance(node, ast.ImportFrom)
+             and node.module != "lightning_field._version" and node.module != "__future__"
+             and node.module != "typing" for alias in node.names}  # fmt: skip
+    exported = set(lightning_field._EXPORTS)
+    assert set(lightning_field.__all__) == exported | {"__version__"} and typed == exported
+    for name in sorted(exported):
+        value = getattr(lightning_field, name)
+        assert getattr(value, "__name__", name) == name, f"lightning_field.{name} resolves to {value!r}"

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import re
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
@@ -50,7 +49,7 @@ def test_a_lambda_factory_is_refused_with_the_fix(field_evidence):
 
 
 def test_an_ordinary_unit_test():
-    assert True
+    pytest.fail("-m resume must deselect a test that does not use the fixture")
 '''
 
 
@@ -162,4 +161,3 @@ def test_bad_arguments_are_named_before_anything_runs(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"trainer=\{max_steps: \.\.\.\} is set by the check itself"):
         assert_resumes_exactly(boring, trainer={"max_steps": 3}, bundle_dir=tmp_path / "d")
     assert not any(tmp_path.iterdir()), "nothing ran"
-    assert "torch" in sys.modules  # (this file's own imports; the plugin's are checked above)

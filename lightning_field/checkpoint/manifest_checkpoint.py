@@ -280,7 +280,6 @@ class ManifestCheckpoint(ModelCheckpoint):
         self._pending: _PendingSave | None = None
         self._host_group: Any = None
         self._force_sync = False
-        self._copies: DeferredCopies | None = None  # the in-flight save's copies still to be made
         self._copy_everything_first = False  # set once a deferred copy saw its state written in place
         self._step_hooks: dict[int, Any] = {}
         self._copy_gate: _SnapshotCopyGate | None = None
@@ -690,8 +689,6 @@ class ManifestCheckpoint(ModelCheckpoint):
             job.shards, job.model_state = shards, shards["state_dict"]
         job.blocking_seconds = time.perf_counter() - start
         group = self._host_group
-        self._copies = copies
-
         def copy_then_commit() -> str | None:
             job.snapshot_error = copies.run()
             return self._commit(job, group)
@@ -865,10 +862,9 @@ class ManifestCheckpoint(ModelCheckpoint):
         batch. Call it yourself before writing parameters or optimizer state in place anywhere
         else (a batch-level hook, the forward pass) while an async save may be pending.
         """
-        copies = self._copies
-        if copies is not None:
-            copies.wait()
-            self._copies = None
+        pending = self._pending
+        if pending is not None and pending.copies is not None:
+            pending.copies.wait()
 
     def _hook_optimizer_steps(self, trainer: pl.Trainer) -> None:
         for optimizer in trainer.optimizers:
@@ -887,8 +883,8 @@ class ManifestCheckpoint(ModelCheckpoint):
         before updating anything: waiting after the closure, not before it, keeps the forward and
         backward overlapped with the copy.
         """
-        copies = self._copies
-        if copies is None or copies.done:
+        pending = self._pending
+        if pending is None or pending.copies is None or pending.copies.done:
             return None
         closure_in_kwargs = "closure" in kwargs
         closure = kwargs["closure"] if closure_in_kwargs else (args[0] if args else None)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Mapping
 from typing import Any
 
 HASH_ALGORITHM = "blake3"
@@ -134,6 +135,12 @@ def split_digest(recorded: str, legacy_algorithm: str = "sha256") -> tuple[str, 
     if algorithm not in HASH_ALGORITHMS:
         raise ValueError(f"unsupported hash algorithm {algorithm!r} in digest {recorded[:24]!r}")
     return algorithm, hex_digest
+
+
+def recorded_digest(entry: Mapping[str, Any], key: str, legacy_key: str) -> str:
+    """The digest a document entry cites: labelled under ``key`` (format 2), else the bare SHA-256
+    that format 1 wrote under ``legacy_key``."""
+    return entry.get(key) or entry[legacy_key]
 
 
 def file_matches(path: str | os.PathLike[str], recorded: str) -> bool:

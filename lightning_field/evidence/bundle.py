@@ -27,7 +27,7 @@ import torch
 
 from lightning_field.checkpoint.verify import verify_checkpoint
 from lightning_field.core.fsio import atomic_write_bytes
-from lightning_field.core.hashing import file_digest, file_matches
+from lightning_field.core.hashing import file_digest, file_matches, recorded_digest
 from lightning_field.core.layout import EVENTS_RELPATH
 from lightning_field.core.manifest import ManifestError, read_manifest
 from lightning_field.evidence import compare, plots
@@ -576,7 +576,7 @@ def check_bundle(bundle_dir: Path, checkpoint: Path | None) -> tuple[bool, list[
         copy = bundle_dir / entry["manifest"]
         if not copy.is_file():
             problems.append(f"evidence incomplete: {entry['manifest']} is missing")
-        elif not file_matches(copy, entry.get("manifest_digest") or entry["manifest_sha256"]):
+        elif not file_matches(copy, recorded_digest(entry, "manifest_digest", "manifest_sha256")):
             problems.append(f"evidence altered: {entry['manifest']} does not match its recorded hash")
     for run in evidence["artifacts"]["runs"].values():
         for rel in run["traces"]:

@@ -21,7 +21,7 @@ from typing import Any
 from lightning_field.checkpoint.resolver import committed_checkpoints, latest_recoverable
 from lightning_field.checkpoint.verify import verify_checkpoint
 from lightning_field.core.events import read_events, read_jsonl
-from lightning_field.core.hashing import file_digest
+from lightning_field.core.hashing import file_digest, recorded_digest
 from lightning_field.core.layout import EVENTS_RELPATH, PLAN_RELPATH, PROFILE_RELPATH, SUMMARY_RELPATH
 from lightning_field.evidence.bundle import EVIDENCE_JSON, check_bundle
 from lightning_field.quality.ledger import goodput_ledger
@@ -48,7 +48,7 @@ def iso(unix: float | None) -> str | None:
 
 def cited_digest(entry: Mapping[str, Any]) -> str:
     """A cited source's or plot's digest: labelled in format 2 (``digest``), a bare SHA-256 in format 1."""
-    return entry.get("digest") or entry["sha256"]
+    return recorded_digest(entry, "digest", "sha256")
 
 
 @dataclass

@@ -341,8 +341,6 @@ def failure_message(evidence: Mapping[str, Any], bundle: Path, module: str, exac
             where = "identical"
         resumed = f", resumed from step {comparison['resume_step']}" if comparison.get("resume_step") else ""
         lines.append(f"  {comparison['name']} vs control-1{resumed}: {where}")
-    if not exact and evidence["verdict"] == "exact":
-        lines.append("  (exact, but the check asked for within-noise: nothing to fix)")
     if exact and evidence["verdict"] == "within_noise":
         lines.append(
             "  the controls differ from each other too: the run is not reproducible uninterrupted (nondeterministic"
