@@ -1,0 +1,99 @@
+"""The project's versioned JSON documents, read and format-checked one way.
+
+Four documents outlive the process that wrote them: the checkpoint manifest, the evidence bundle,
+the release record and the W&B run identity. Each carries a ``format`` string
+(``lightning_field.<kind>/<n>``) so that a newer version can still read an older file and an older
+version refuses a newer one by name instead of misreading it. Reading used to be written four
+times, each with its own messages for "missing", "not JSON" and "unknown format"; here it is one
+function, and each document declares only what differs: its name, the formats it reads, the keys
+it cannot do without, and the error type its callers already catch.
+
+Field-by-field checks stay with each document (a manifest's file entries, a record's sources): they
+are the document's meaning, not its envelope.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["DocumentError", "DocumentFormat", "parse_document", "read_document"]
+
+
+class DocumentError(ValueError):
+    """A versioned document is missing, not JSON, of a format this version cannot read, or lacks a key."""
+
+
+@dataclass(frozen=True)
+class DocumentFormat:
+    """What a versioned document is called, which formats of it are readable, what it must contain.
+
+    Args:
+        title: how messages name the document ("checkpoint manifest", "evidence bundle").
+        current: the format this version writes, e.g. ``"lightning_field.evidence/2"``.
+        readable: every format this version reads, ``current`` included.
+        required: top-level keys without which the document is unreadable.
+        missing_hint: appended to the "does not exist" message: how such a file comes to be.
+    """
+
+    title: str
+    current: str
+    readable: tuple[str, ...]
+    required: tuple[str, ...] = ()
+    missing_hint: str = ""
+
+    def __post_init__(self) -> None:
+        if self.current not in self.readable:
+            raise ValueError(f"{self.title}: the current format {self.current!r} must be readable")
+
+
+ErrorFactory = Callable[[str], Exception]
+
+
+def parse_document(
+    text: str | bytes, spec: DocumentFormat, where: str | os.PathLike[str], error: ErrorFactory = DocumentError
+) -> dict[str, Any]:
+    """The document in ``text`` as a dict, once its envelope checks.
+
+    Raises:
+        The exception ``error`` builds (``DocumentError`` by default), with a message naming ``where``,
+        when ``text`` is not a JSON object, names an unreadable format, or lacks a required key.
+    """
+    try:
+        data = json.loads(text)
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise error(f"{where}: {spec.title} is not valid JSON ({err})") from None
+    if not isinstance(data, Mapping):
+        raise error(f"{where}: {spec.title} is not a JSON object")
+    fmt = data.get("format")
+    if fmt not in spec.readable:
+        readable = ", ".join(repr(f) for f in spec.readable)
+        raise error(f"{where}: unsupported {spec.title} format {fmt!r}; this version reads {readable}")
+    missing = [key for key in spec.required if key not in data]
+    if missing:
+        raise error(f"{where}: {spec.title} lacks required field(s) {', '.join(missing)}")
+    return dict(data)
+
+
+def read_document(
+    path: str | os.PathLike[str], spec: DocumentFormat, error: ErrorFactory = DocumentError
+) -> dict[str, Any]:
+    """Read and envelope-check the document at a local ``path``.
+
+    Raises:
+        The exception ``error`` builds when the file does not exist or cannot be read, and
+        everything :func:`parse_document` raises.
+    """
+    path = Path(path)
+    try:
+        text = path.read_bytes()
+    except (FileNotFoundError, NotADirectoryError):
+        hint = f" ({spec.missing_hint})" if spec.missing_hint else ""
+        raise error(f"{path}: no {spec.title} here{hint}") from None
+    except OSError as err:
+        raise error(f"{path}: {spec.title} is unreadable ({err})") from None
+    return parse_document(text, spec, path, error)
