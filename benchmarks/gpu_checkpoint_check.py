@@ -78,7 +78,7 @@ def train(args: argparse.Namespace) -> int:
     else:
         weights = {k: v.detach().cpu() for k, v in model.state_dict().items()}
         optim = trainer.optimizers[0].state_dict()
-    snapshot = checkpoint._snapshot
+    snapshot = checkpoint.async_saves.snapshot
     pinned = None if snapshot is None else snapshot.pin_memory
     torch.save({"weights": weights, "optimizer": optim, "step": trainer.global_step, "pinned": pinned},
                root / "final.pt")  # fmt: skip

@@ -138,10 +138,10 @@ class AsyncTimer(Callback):
             self.callback._save_checkpoint(trainer, str(self.workdir / "async" / f"r{rnd}"))
             self._async_call = time.perf_counter() - self._async_start
         elif phase == 1:
-            pending = self.callback._pending
-            assert pending is not None and pending.copies is not None
-            waited = pending.copies.waited_seconds
-            self.callback._settle_background_save(trainer)
+            saves = self.callback.async_saves
+            assert saves.in_flight
+            waited = saves.copy_waited_seconds
+            saves.settle(trainer)
             if timed:
                 self.call_s.append(self._async_call)
                 self.blocking_s.append(self._async_call + waited)

@@ -275,7 +275,7 @@ def test_a_write_in_place_before_the_copy_fails_that_save_and_later_saves_copy_e
     written = r"step=2 was not saved: rank 0: state\.pt: state_dict/layer\.weight was written in place"
     with pytest.warns(UserWarning, match=written):
         trainer.fit(AdamBoring(write_in_place_at_step=2))
-    assert callback.save_failures == 1 and callback._copy_everything_first
+    assert callback.save_failures == 1 and callback.copies_everything_first
     assert [e.path.name for e in committed_checkpoints(tmp_path / "ours")] == [
         "epoch=0-step=8", "epoch=0-step=6", "epoch=0-step=4"
     ]  # fmt: skip

@@ -8,10 +8,10 @@ from typing import Any
 
 from lightning_field.checkpoint.commit import CheckpointSaveError
 from lightning_field.checkpoint.io import ManifestCheckpointIO, torch_load_verified
-from lightning_field.checkpoint.manifest_checkpoint import ManifestCheckpoint, NoRecoverableCheckpointError
+from lightning_field.checkpoint.manifest_checkpoint import ManifestCheckpoint
 from lightning_field.checkpoint.preemption import PREEMPTED_EXIT_CODE, TrainingPreempted
 from lightning_field.checkpoint.resolver import committed_checkpoints, latest_recoverable, read_last_pointer
-from lightning_field.checkpoint.resume_policy import ResumeMismatchError
+from lightning_field.checkpoint.resume_policy import NoRecoverableCheckpointError, ResumeMismatchError
 from lightning_field.checkpoint.verify import CheckpointCorruptError, VerifyReport, require_intact, verify_checkpoint
 from lightning_field.core.manifest import SHARED_STATE_FILE, read_manifest
 

@@ -19,10 +19,11 @@ from typing import Any
 import torch
 from lightning.fabric.plugins import CheckpointIO
 
-from lightning_field.checkpoint.commit import describe_error, remove_committed
 from lightning_field.checkpoint.object_store import ObjectStore
+from lightning_field.checkpoint.store import describe_error
 from lightning_field.checkpoint.verify import CheckpointCorruptError, LocalFiles, verify_against
 from lightning_field.core.distributed import all_gather_objects, global_rank, world_size
+from lightning_field.core.fsio import remove_dir_unseen
 from lightning_field.core.manifest import (
     SHARED_STATE_FILE,
     Manifest,
@@ -91,7 +92,7 @@ class ManifestCheckpointIO(CheckpointIO):
         if is_url(path):
             self.object_store.remove(str(path))
         elif is_checkpoint_dir(path) or Path(path).is_dir():
-            remove_committed(Path(path))
+            remove_dir_unseen(Path(path))
         else:
             self.inner.remove_checkpoint(path)
 

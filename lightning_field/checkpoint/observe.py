@@ -22,10 +22,7 @@ def configured_every_n_train_steps(checkpoint: ManifestCheckpoint) -> int | None
     This is the value from construction, not the live one, which ``CheckpointCadence`` may have
     retuned since. Lightning stores "no step interval" as 0.
     """
-    # ManifestCheckpoint keeps it for its state key and exposes no accessor: reading the private
-    # name here keeps every sibling's dependence on it in one place.
-    steps = int(checkpoint._configured_every_n_train_steps or 0)
-    return steps if steps > 0 else None
+    return checkpoint.configured_every_n_train_steps
 
 
 class CommitWatcher:

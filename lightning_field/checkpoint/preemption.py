@@ -18,11 +18,18 @@ import re
 import signal
 import subprocess
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import lightning.pytorch as pl
 from lightning.pytorch.utilities.exceptions import SIGTERMException
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
+
+from lightning_field.compat import lightning as internals
+
+if TYPE_CHECKING:
+    from lightning_field.checkpoint.manifest_checkpoint import ManifestCheckpoint
 
 log = logging.getLogger(__name__)
 
@@ -134,3 +141,89 @@ def requeue_slurm_job(env: dict[str, str] | None = None) -> bool:
         return False
     log.info("Requeued SLURM job %s", job_id)
     return True
+
+
+class PreemptionSave:
+    """Turns a watched signal into a recoverable checkpoint at the next step boundary, then ends
+    the attempt with :class:`TrainingPreempted`; built on ``ManifestCheckpoint.save_now``.
+
+    Args:
+        checkpoint: the callback whose checkpoints a resume uses.
+        signals: the signals to watch (SLURM's requeue signal is added at ``train_start`` when
+            Lightning's auto-requeue is on; global rank 0 then requeues once the save committed).
+        check_every_n_steps: in multi-rank runs, how often ranks agree on a pending signal with one
+            small all-reduce (default: every step on CPU, every 10 on accelerators, where reading the
+            result synchronises the device). Single-process runs check every step for free.
+
+    The checkpoint calls :meth:`after_step` where its own step-boundary save has happened, so a
+    preemption at a step that is already saved only names that checkpoint. Every rank reaches the
+    agreement at the same step: a signal seen by any rank stops all of them, none saves alone.
+    """
+
+    def __init__(
+        self, checkpoint: ManifestCheckpoint, signals: Sequence[int], check_every_n_steps: int | None = None
+    ) -> None:
+        if check_every_n_steps is not None and check_every_n_steps < 1:
+            raise ValueError(f"preemption_check_every_n_steps must be >= 1, got {check_every_n_steps}")
+        self.check_every_n_steps = check_every_n_steps
+        self.saved: str | None = None
+        self._checkpoint = checkpoint
+        self._trainer: pl.Trainer | None = None
+        self._requeue_signal: int | None = None
+        self._watcher = PreemptionWatcher(signals, on_first=self._forward_signal)
+
+    def start(self, trainer: pl.Trainer) -> None:
+        """Watch the signals (``on_train_start``)."""
+        self._trainer = trainer
+        self._requeue_signal = internals.slurm_requeue_signal(trainer)
+        if self._requeue_signal is not None and self._requeue_signal not in self._watcher.signals:
+            self._watcher.signals = (*self._watcher.signals, self._requeue_signal)
+        self._watcher.install()
+
+    def stop(self) -> None:
+        self._watcher.uninstall()
+
+    def is_agreement_step(self, trainer: pl.Trainer) -> bool:
+        """Whether ranks agree on pending signals (and background-save failures) at this step."""
+        every = self.check_every_n_steps
+        if every is None:
+            every = 1 if trainer.strategy.root_device.type == "cpu" else 10
+        return trainer.global_step % every == 0
+
+    def _forward_signal(self, signum: int) -> None:
+        # With Lightning's subprocess launcher only rank 0 may receive the signal; pass it on.
+        launcher = getattr(self._trainer.strategy, "launcher", None) if self._trainer else None
+        if launcher is not None and hasattr(launcher, "kill"):
+            launcher.kill(signum)
+
+    def after_step(self, trainer: pl.Trainer) -> None:
+        """At a step boundary, after the checkpoint's own save: save and stop if a signal arrived.
+
+        Raises:
+            TrainingPreempted: on every rank, once the checkpoint of this step is committed.
+        """
+        if trainer.world_size > 1:
+            if not self.is_agreement_step(trainer):
+                return
+            agreed = trainer.strategy.reduce_boolean_decision(self._watcher.requested, all=False)
+        else:
+            agreed = self._watcher.requested
+        if not agreed:
+            return
+        self.saved = self._checkpoint.save_now(trainer, "preempted-{step}", blocking=True, unless_saved=True)
+        trainer.should_stop = True
+        sig = self._watcher.received
+        name = signal.Signals(sig).name if sig is not None else "a peer rank's signal"
+        events = self._checkpoint.events
+        if events is not None:
+            events.emit("preempted", step=trainer.global_step, payload={"signal": name, "path": self.saved})
+        rank_zero_info(
+            f"Preempted ({name}): saved recoverable checkpoint {self.saved} at step"
+            f" {trainer.global_step}; ending this attempt with TrainingPreempted (exit status"
+            f" {PREEMPTED_EXIT_CODE} unless caught). Resume with trainer.fit(..., ckpt_path='last')."
+        )
+        if sig is not None and sig == self._requeue_signal and trainer.is_global_zero:
+            requeue_slurm_job()
+        # Where plain Lightning raises SIGTERMException: nothing after fit() runs on this model, and
+        # the launcher sees an unfinished attempt.
+        raise TrainingPreempted(self.saved, trainer.global_step, name)

@@ -8,13 +8,13 @@ and this run's provenance; ``ManifestCheckpoint`` calls them from its Checkpoint
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
 from lightning_field.core.manifest import Manifest
-from lightning_field.core.storage import Location
+from lightning_field.core.storage import Location, basename
 from lightning_field.state import provenance
 
 CONFIG_KEY_PREFIX = "config.resolved."
@@ -109,3 +109,73 @@ def refuse_changed_architecture(
             f" ManifestCheckpoint(allow_resume_mismatch=['{ARCHITECTURE_KEY}']).",
             differences={ARCHITECTURE_KEY: changes},
         )
+
+
+def check_resume(
+    manifest: Manifest,
+    path: Location,
+    *,
+    code: Mapping[str, Any],
+    resolved_config: Any,
+    world_size: int,
+    state_dict: Mapping[str, Any] | None,
+    allowed: Iterable[str],
+    inexact_allowed: bool,
+) -> dict[str, Any] | None:
+    """The whole policy for one resume, before anything is unpickled.
+
+    Returns:
+        Where this run is resharded from (checkpoint, step, both world sizes) when the world size
+        changed and that is allowed, else None: every later manifest of the run records it.
+
+    Raises:
+        ResumeMismatchError: the checkpoint is not recoverable, or differs from this run in code,
+            config, world size or architecture, and the difference is not allowed.
+    """
+    allowed = tuple(allowed)
+    refuse_unrecoverable(manifest, path, inexact_allowed)
+    current = identity_view(code, resolved_config, world_size)
+    saved = identity_view(
+        manifest.provenance.get("code", {}), manifest.provenance.get("config", {}).get("resolved"), manifest.world_size
+    )
+    refuse_on_differences(saved, current, allowed, path)
+    if state_dict is not None:
+        refuse_changed_architecture(manifest, state_dict, allowed, path)
+    if world_size == manifest.world_size:
+        return None
+    return {
+        "checkpoint": str(path),
+        "step": manifest.step,
+        "world_size": manifest.world_size,
+        "to_world_size": world_size,
+    }
+
+
+class NoRecoverableCheckpointError(RuntimeError):
+    """``ckpt_path="last"`` found committed checkpoints, but none that resumes exactly.
+
+    Training from step 0 instead would silently throw the run's work away, so it is refused; the
+    message lists every checkpoint with what it lacks, and the ways out.
+    """
+
+
+def no_recoverable_message(where: Location, entries: Sequence[Any]) -> str:
+    """Why ``ckpt_path="last"`` refuses: each checkpoint (up to 10) with what it lacks, and the ways out."""
+    lines = []
+    for entry in entries[:10]:
+        manifest = entry.manifest
+        if manifest is None:
+            why = f"unreadable manifest ({entry.error})"
+        elif manifest.kind != "recovery":
+            why = "a weights-only export"
+        else:
+            why = "; ".join(manifest.missing) or "failed verification"
+        lines.append(f"  {basename(entry.path)}: {why}")
+    more = f"\n  ... and {len(entries) - 10} more" if len(entries) > 10 else ""
+    return (
+        f'ckpt_path="last": {len(entries)} checkpoint(s) under {where}, none recoverable, so this run would'
+        " silently start over from step 0. Refusing.\n" + "\n".join(lines) + more + "\n"
+        "Ways out: fix what they lack and start a new run (these checkpoints stay as they are); or resume"
+        " their weights and optimizer anyway, knowing the continuation is not exact, with"
+        " ManifestCheckpoint(resume_inexact=True); or pass ckpt_path=None to start over on purpose."
+    )

@@ -29,13 +29,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from lightning_field.checkpoint.commit import RankOutcome, Receipt, describe_error
 from lightning_field.checkpoint.io import attach_rank_state, rank_files_to_load
 from lightning_field.checkpoint.object_store import ObjectStore
+from lightning_field.checkpoint.store import RankOutcome, Receipt, describe_error
 from lightning_field.checkpoint.verify import CheckpointCorruptError, LocalFiles, verify_against
+from lightning_field.compat import lightning as internals
 from lightning_field.core.distributed import all_gather_objects
 from lightning_field.core.hashing import hash_file
-from lightning_field.core.manifest import Manifest
+from lightning_field.core.manifest import Manifest, is_checkpoint_dir, read_manifest
+from lightning_field.core.storage import Location, StorageOptions, as_location
 
 SHARDED_SHARED_FILE = "meta.pt"
 """The non-tensor rest of a sharded checkpoint; Lightning's ``_METADATA_FILENAME``."""
@@ -165,3 +167,37 @@ def load_through_strategy(load: Callable[..., dict[str, Any]], path: Path, weigh
         return load(path, weights_only=True if weights_only is None else weights_only)
     except pickle.UnpicklingError:
         return load(path, weights_only=False)
+
+
+def load_verified(
+    load: Callable[..., dict[str, Any]],
+    path: Any,
+    weights_only: bool | None,
+    *,
+    strategy: Any,
+    store: ObjectStore,
+    storage_options: StorageOptions | None,
+    check_resume: Callable[[Manifest, Location], None],
+) -> Any:
+    """A sharding strategy's ``load_checkpoint``, behind the same checks as the CheckpointIO's:
+    compatibility (``check_resume``), then every file verified (split across ranks, or the
+    downloaded copies of a URL's) before DCP reads a byte. Collective; plain paths pass through."""
+    if not is_checkpoint_dir(path, storage_options):
+        return load(path, weights_only=weights_only)
+    start = time.perf_counter()
+    location = as_location(path)
+    manifest = read_manifest(location, storage_options)
+    check_resume(manifest, location)
+    if not isinstance(location, Path):
+        # Each rank loads the copy it downloaded and verified itself (Lightning's own load would
+        # read rank 0's private directory on every rank).
+        def own_copy(local: Path, weights_only: bool | None = None) -> dict[str, Any]:
+            return internals.load_sharded_from(strategy, local, weights_only)
+
+        return load_from_object_store(own_copy, location, manifest, store, weights_only)
+    names = list(manifest.files)
+    problems = verify_in_parallel(location, names, strategy.global_rank, strategy.world_size)
+    if problems:
+        raise CheckpointCorruptError(f"checkpoint {location} failed verification:\n  " + "\n  ".join(problems))
+    checkpoint = load_through_strategy(load, location, weights_only)
+    return attach_rank_state(checkpoint, manifest, location, location, start)

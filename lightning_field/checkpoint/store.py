@@ -7,17 +7,93 @@ five methods and inherits every guarantee of the commit protocol in ``commit.py`
 fsync, atomic rename) and :class:`~lightning_field.checkpoint.object_store.ObjectStore` (an fsspec
 URL: local staging, multipart upload, the manifest PUT as the commit). Pass your own as
 ``ManifestCheckpoint(store=...)``.
+
+What every store shares lives here too: the receipts a rank's write returns, and the write itself
+(``write_rank_files``: ``torch.save`` through a hashing writer, fsynced), so that a store module
+depends on this one and never on the commit orchestration that drives it.
 """
 
 from __future__ import annotations
 
+import errno
+import time
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from lightning_field.checkpoint.commit import RankOutcome
+from lightning_field.compat.torch import save_without_crc32
+from lightning_field.core.fsio import HashingWriter, fsync_dir
 from lightning_field.core.manifest import Manifest
 from lightning_field.core.storage import Location
+
+
+@dataclass
+class Receipt:
+    file: str
+    size: int
+    hash: str
+    rank: int
+    contents: list[str]
+
+
+@dataclass
+class RankOutcome:
+    rank: int
+    receipts: list[Receipt]
+    error: str | None = None
+    seconds: float = 0.0
+
+
+def save_durably(obj: Any, path: Path, durable: bool = True) -> tuple[int, str]:
+    """``torch.save`` straight to disk through a hashing writer; returns (size, hash).
+
+    ``durable=False`` skips the fsync, for local staging copies whose durability is the upload's job.
+    """
+    writer = HashingWriter(path)
+    try:
+        save_without_crc32(obj, writer)  # the manifest's hash covers every byte instead
+        return writer.finish(sync=durable)
+    except BaseException:
+        writer.close()
+        raise
+
+
+def write_rank_files(
+    tmp: Path, rank: int, files: dict[str, tuple[Any, list[str]]], durable: bool = True
+) -> RankOutcome:
+    """Write this rank's files into ``tmp``; errors are returned, not raised, so every rank still
+    reaches the receipt exchange and nobody waits forever on a rank that failed."""
+    start = time.perf_counter()
+    receipts = []
+    try:
+        tmp.mkdir(parents=True, exist_ok=True)
+        for name, (obj, contents) in files.items():
+            size, digest = save_durably(obj, tmp / name, durable)
+            receipts.append(Receipt(name, size, digest, rank, contents))
+        if durable:
+            fsync_dir(tmp)
+    except Exception as err:
+        return RankOutcome(rank, receipts, describe_error(err), time.perf_counter() - start)
+    return RankOutcome(rank, receipts, None, time.perf_counter() - start)
+
+
+def describe_error(err: BaseException) -> str:
+    """A one-line cause, calling out a full disk explicitly (torch wraps the OSError in a RuntimeError)."""
+    chain: list[BaseException] = []
+    cur: BaseException | None = err
+    while cur is not None and cur not in chain:
+        chain.append(cur)
+        cur = cur.__cause__ or cur.__context__
+    for e in chain:
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return f"the disk is full or over quota ({e.strerror}) while writing {e.filename or 'checkpoint data'}"
+        if isinstance(e, OSError) and e.errno == errno.EFBIG:
+            return f"a file size limit was exceeded ({e.strerror}) while writing {e.filename or 'checkpoint data'}"
+    text = " ".join(str(e) for e in chain)
+    if "No space left" in text:
+        return f"the disk is full (write failed: {chain[0]})"
+    return f"{type(err).__name__}: {err}"
 
 
 @runtime_checkable

@@ -12,6 +12,7 @@ import ctypes
 import errno
 import io
 import os
+import shutil
 import sys
 from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
@@ -187,3 +188,17 @@ def exchange_or_replace_dir(src: Path, dst: Path) -> Path | None:
     os.rename(dst, aside)
     os.rename(src, dst)
     return aside
+
+
+def remove_dir_unseen(path: Path) -> None:
+    """Delete a directory so that no reader ever sees it half-deleted: hide it by rename first.
+
+    The hidden name starts with ``.trash-``, which checkpoint resolvers skip, like the directory
+    :func:`exchange_or_replace_dir` moves aside.
+    """
+    if not path.exists():
+        return
+    hidden = path.with_name(f".trash-{path.name}-{os.getpid()}")
+    os.rename(path, hidden)
+    fsync_dir(path.parent)
+    shutil.rmtree(hidden, ignore_errors=True)

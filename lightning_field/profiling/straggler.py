@@ -510,9 +510,7 @@ class StragglerMonitor(SectionHooks):
         """Every rank is here at the same step (the report is identical everywhere): save together, stop."""
         self.stopped_for = flag
         if self._checkpoint is not None:
-            candidates = self._checkpoint._monitor_candidates(trainer)
-            path = self._checkpoint.format_checkpoint_name(candidates, "straggler-{step}")
-            self._checkpoint._save_checkpoint(trainer, path)
+            self._checkpoint.save_now(trainer, "straggler-{step}")
         else:
             trainer.save_checkpoint(str(Path(trainer.default_root_dir) / f"straggler-step{trainer.global_step}.ckpt"))
         trainer.should_stop = True

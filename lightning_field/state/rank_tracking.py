@@ -1,0 +1,201 @@
+"""What one rank tracks between checkpoints so that a resume continues exactly.
+
+``ManifestCheckpoint`` decides when to save; this decides what a rank must remember for that save
+to be an exact continuation point, and what it must put back on resume:
+
+* **RNG across validation.** Validation inside ``fit`` draws from the same global generators as
+  training (its loader's sampler, dropout under a user's own eval code). The state at each train
+  batch's end is kept and put back when validation ends, so whether a run validated between a
+  checkpoint and the next batch cannot change the continuation.
+* **RNG before the first fetch.** A resume restores each rank's streams just before every fetch
+  attempt of the train loader, until a batch arrives: the loader's own draws (shuffling, worker
+  seeds) must see the saved state, not the state ``fit``'s set-up left behind.
+* **Data position.** Plain train loaders are re-created as torchdata ``StatefulDataLoader`` (same
+  dataset, sampler, collate_fn, workers, generator); their saved states, the sampler's drawn epoch
+  order and the samples and tokens seen are restored, and the resumed iterator is rebuilt where
+  Lightning 2.6 would not (a loader built before the restore, an epoch saved at its end).
+* **Epoch-level metrics.** torchmetrics state and values logged with ``on_epoch=True`` are carried
+  across a mid-epoch resume, so the epoch's logged value is the uninterrupted run's.
+
+One tracker per checkpoint callback and rank; nothing here is collective.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities.data import extract_batch_size
+from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
+
+from lightning_field.compat import lightning as internals
+from lightning_field.state.data_position import restore_sampler_generators
+from lightning_field.state.epoch_metrics import LoggedValueMerge, restore_torchmetrics
+from lightning_field.state.loaders import Adoption
+from lightning_field.state.rank_state import capture_rank_state
+from lightning_field.state.rng import capture_rng_state, restore_rng_state
+
+__all__ = ["RankStateTracker"]
+
+
+class RankStateTracker:
+    """One rank's RNG, data-position and epoch-metric bookkeeping for exact resume.
+
+    Args:
+        generators: named ``torch.Generator`` objects the run draws from, captured and restored
+            with the global streams.
+
+    The owner calls, in training order: :meth:`install` at ``setup("fit")``; :meth:`load` from
+    ``on_load_checkpoint``; :meth:`restore_on_train_start` from ``on_train_start``;
+    :meth:`batch_started`, :meth:`batch_ended` and :meth:`validation_ended` from the hooks of the
+    same names; :meth:`capture` at each save; :meth:`uninstall` at ``teardown`` or on an exception.
+    """
+
+    def __init__(self, generators: Mapping[str, torch.Generator] | None = None) -> None:
+        self.generators = dict(generators or {})
+        self.samples_seen = 0
+        self.tokens_seen: int | None = None
+        self.adoptions: list[Adoption] = []
+        self._pending_rng: dict[str, Any] | None = None
+        self._rng_before_validation: dict[str, Any] | None = None
+        self._loaded_loader_states: list[Any] | None = None
+        self._loaded_sampler_state: list[dict[str, Any]] = []
+        self._loaded_epoch_metrics: dict[str, Any] | None = None
+        self._logged_value_merge: LoggedValueMerge | None = None
+        self._resumed_epoch_closed = False
+        self._prefetch_hook_installed = False
+        self._undo_loader_patch: Callable[[], None] | None = None
+        self._told_adopted = False
+
+    # ------------------------------------------------------------------ set-up and tear-down
+    def install(self, trainer: pl.Trainer) -> None:
+        """Hook the train loop's fetch (RNG restore) and the train loaders (stateful adoption)."""
+        self._prefetch_hook_installed = internals.install_before_fetch(trainer, self._before_fetch)
+        self._undo_loader_patch = internals.patch_train_loaders(trainer, self._note_adoptions)
+
+    def uninstall(self) -> None:
+        if self._undo_loader_patch is not None:
+            self._undo_loader_patch()
+            self._undo_loader_patch = None
+
+    def _note_adoptions(self, adoptions: list[Adoption]) -> None:
+        """What the train loaders became when Lightning asked for them (every time it asks)."""
+        self.adoptions = adoptions
+        adopted = [a for a in adoptions if a.adopted]
+        if adopted and not self._told_adopted:
+            self._told_adopted = True
+            rank_zero_info(
+                f"lightning_field: {len(adopted)} plain train DataLoader(s) re-created as torchdata"
+                " StatefulDataLoader (same dataset, sampler, collate_fn, workers and generator), so every"
+                " checkpoint holds the exact data position."
+            )
+
+    # ------------------------------------------------------------------ resume
+    def load(self, rank_state: Mapping[str, Any], checkpoint: dict[str, Any]) -> None:
+        """Keep this rank's saved state until the train loop can use it (``on_train_start``)."""
+        self._pending_rng = rank_state["rng"]
+        position = rank_state.get("data_position", {})
+        self._loaded_loader_states = position.get("loader_states") or None
+        self._loaded_sampler_state = position.get("sampler_state") or []
+        self.samples_seen = int(position.get("samples_seen") or 0)
+        self.tokens_seen = position.get("tokens_seen")
+        self._loaded_epoch_metrics = rank_state.get("epoch_metrics")
+        self._resumed_epoch_closed = bool(position.get("epoch_closed"))
+        if self._resumed_epoch_closed:
+            internals.resume_as_next_epoch(checkpoint)
+
+    def restore_on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Put the data position, sampler generators and epoch metrics back before the first fetch."""
+        loaders = list(internals.iter_loaders(trainer.train_dataloader))
+        # Saved at an epoch's end, Lightning either replays that end (then builds the next epoch's
+        # iterator itself) or goes straight on with the iterator it built over the finished position,
+        # which yields nothing: an epoch would be lost. Either way the next epoch draws its order,
+        # and its workers' seeds, from the generators as they were saved, so those come first.
+        restarted_at_epoch_end = trainer.fit_loop.restarted_on_epoch_end
+        # Our own checkpoints say so themselves (and were rewritten to resume as the next epoch);
+        # Lightning's stage covers checkpoints written before that.
+        resumed_after_epoch_end = trainer.fit_loop.resumed_on_epoch_end or self._resumed_epoch_closed
+        self._resumed_epoch_closed = False
+        internals.undo_epoch_end_double_count(trainer)
+        states, self._loaded_loader_states = self._loaded_loader_states, None
+        samplers, self._loaded_sampler_state = self._loaded_sampler_state, []
+        # A loader built before the restore (estimated_stepping_batches) never got Lightning's.
+        unapplied = internals.unapplied_loader_states(trainer)
+        internals.rebuild_resumed_iterator(trainer, states or [], samplers, force=unapplied)
+        if unapplied:
+            internals.forget_loader_states(trainer)
+        if samplers:
+            restore_sampler_generators(loaders, samplers)
+        saved_metrics = (self._loaded_epoch_metrics or {}).get("callback_metrics")
+        self._restore_epoch_metrics(trainer, pl_module, restarted_at_epoch_end or resumed_after_epoch_end)
+        if restarted_at_epoch_end or resumed_after_epoch_end or not self._prefetch_hook_installed:
+            self._before_fetch()
+            self._pending_rng = None
+        if resumed_after_epoch_end and states:
+            internals.start_next_epoch_iterator(trainer)
+        if resumed_after_epoch_end and saved_metrics:
+            internals.step_plateau_schedulers_missed_at_epoch_end(trainer, saved_metrics)
+
+    def _restore_epoch_metrics(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, resumed_at_epoch_end: bool
+    ) -> None:
+        saved, self._loaded_epoch_metrics = self._loaded_epoch_metrics, None
+        if not saved:
+            return
+        skip = saved.get("reset_at_epoch_end", []) if resumed_at_epoch_end else []
+        gone = restore_torchmetrics(pl_module, saved.get("torchmetrics", {}), skip)
+        if gone:
+            rank_zero_warn(f"Saved torchmetrics state for {gone} has no metric to go to in this module")
+        # A closed epoch's values were logged by the attempt that closed it: nothing to carry over.
+        mid_epoch = not resumed_at_epoch_end and trainer.fit_loop.epoch_loop.batch_progress.current.ready > 0
+        if mid_epoch and saved.get("logged"):
+            self._logged_value_merge = LoggedValueMerge(saved["logged"])
+
+    def _before_fetch(self) -> None:
+        # Restored before every fetch *attempt* until a batch actually arrives: a resumed epoch
+        # that is already exhausted attempts one fetch that only raises StopIteration.
+        if self._pending_rng is not None:
+            unrestored = restore_rng_state(self._pending_rng, self.generators)
+            if unrestored:
+                rank_zero_warn(f"Could not restore RNG state for {unrestored}: the continuation may differ")
+
+    # ------------------------------------------------------------------ training
+    def batch_started(self) -> None:
+        self._pending_rng = None
+
+    def batch_ended(self, trainer: pl.Trainer, batch: Any) -> None:
+        self._count_batch(batch)
+        if self._logged_value_merge:
+            self._logged_value_merge.merge(trainer)
+        # Host-side copy (~50 µs, no device sync): validation may follow this batch, and its loader
+        # draws from the global generators before any validation hook runs.
+        self._rng_before_validation = capture_rng_state(self.generators)
+
+    def validation_ended(self, trainer: pl.Trainer) -> None:
+        """Validation inside fit leaves the training RNG streams as it found them."""
+        fitting = trainer.state.fn == TrainerFn.FITTING and not trainer.sanity_checking
+        if fitting and self._rng_before_validation is not None:
+            restore_rng_state(self._rng_before_validation, self.generators)
+            self._rng_before_validation = None
+
+    def _count_batch(self, batch: Any) -> None:
+        # Shapes are host metadata: counting does not synchronise the device.
+        try:
+            self.samples_seen += extract_batch_size(batch)
+        except Exception:  # an exotic batch without a discoverable size is simply not counted
+            return
+        if isinstance(batch, Mapping) and isinstance(batch.get("input_ids"), torch.Tensor):
+            self.tokens_seen = (self.tokens_seen or 0) + int(batch["input_ids"].numel())
+
+    # ------------------------------------------------------------------ saving
+    def capture(
+        self, trainer: pl.Trainer, checkpoint: dict[str, Any], weights_only: bool
+    ) -> tuple[dict[str, Any], list[str]]:
+        """This rank's file of a checkpoint and what it lacks (see ``capture_rank_state``)."""
+        return capture_rank_state(
+            trainer, checkpoint, capture_rng_state(self.generators), weights_only=weights_only,
+            samples_seen=self.samples_seen, tokens_seen=self.tokens_seen, adoptions=self.adoptions,
+        )  # fmt: skip
