@@ -27,12 +27,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import lightning.pytorch as pl
+
 from lightning_field.checkpoint import sharded
+from lightning_field.checkpoint.components import missing_components, present_components
 from lightning_field.checkpoint.resolver import LAST_POINTER, TEMP_PREFIXES, committed_checkpoints
 from lightning_field.checkpoint.store import CheckpointStore, RankOutcome, describe_error, write_rank_files
 from lightning_field.core.distributed import all_gather_objects, broadcast_object
 from lightning_field.core.fsio import atomic_write_bytes, exchange_or_replace_dir, fsync_dir, remove_dir_unseen
-from lightning_field.core.manifest import SHARED_STATE_FILE, FileEntry, Manifest
+from lightning_field.core.manifest import SHARED_STATE_FILE, FileEntry, Manifest, rank_state_file
 from lightning_field.core.storage import Location, StorageOptions, basename, parent
 from lightning_field.state import provenance
 
@@ -75,6 +78,60 @@ class SaveJob:
     shared_file: str = SHARED_STATE_FILE
     shards: dict[str, Any] | None = None  # DTensor state for DCP, under sharding strategies
     model_state: Any = None
+
+    @classmethod
+    def capture(
+        cls,
+        trainer: pl.Trainer,
+        final: Location,
+        start: float,
+        *,
+        store: CheckpointStore,
+        checkpoint: dict[str, Any],
+        rank_state: dict[str, Any],
+        rank_missing: list[str],
+        weights_only: bool,
+        provenance: dict[str, Any],
+    ) -> SaveJob:
+        """This rank's part of a save, from Lightning's dumped ``checkpoint`` and its own
+        ``rank_state``: every rank writes its rank file; rank 0 also the shared state, whose
+        components it lists; under a sharding strategy the model and optimizer go through DCP."""
+        rank = trainer.global_rank
+        files: dict[str, tuple[Any, list[str]]] = {rank_state_file(rank): (rank_state, ["rng", "data_position"])}
+        shared_components: list[str] = []
+        shared_missing: list[str] = []
+        if trainer.is_global_zero:
+            shared_components = present_components(checkpoint, trainer)
+            shared_missing = missing_components(checkpoint, trainer, shared_components, weights_only)
+        shards = None
+        shared_file = SHARED_STATE_FILE
+        if sharded.is_sharded(trainer.strategy):
+            # Every rank holds its own shards of the model and optimizer: they go through DCP.
+            shards = sharded.split_state(checkpoint)
+            shared_file = sharded.SHARDED_SHARED_FILE
+            shared_components = [c for c in shared_components if c not in sharded.DCP_COMPONENTS]
+        if trainer.is_global_zero:
+            files[shared_file] = (checkpoint, shared_components)
+        return cls(
+            final=final,
+            store=store,
+            rank=rank,
+            is_global_zero=trainer.is_global_zero,
+            step=trainer.global_step,
+            epoch=trainer.current_epoch,
+            world_size=trainer.world_size,
+            files=files,
+            rank_missing=rank_missing,
+            data_restore=list(rank_state["data_position"]["restore"]),
+            shared_components=shared_components,
+            shared_missing=shared_missing,
+            start=start,
+            kind="export" if weights_only else "recovery",
+            provenance=provenance,
+            shared_file=shared_file,
+            shards=shards,
+            model_state=shards["state_dict"] if shards is not None else checkpoint.get("state_dict", {}),
+        )
 
     @property
     def shared_components_all(self) -> list[str]:

@@ -22,37 +22,33 @@ from __future__ import annotations
 import datetime
 import logging
 import os
-import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
-from weakref import proxy
 
-import fsspec
 import lightning.pytorch as pl
 import torch
-from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
 from lightning.pytorch.trainer.states import TrainerFn
-from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from typing_extensions import override
 
 from lightning_field.checkpoint import resume_policy, sharded
-from lightning_field.checkpoint.async_controller import SAVE_ERROR_POLICIES, AsyncSaves
-from lightning_field.checkpoint.commit import CheckpointSaveError, LocalStore, SaveJob, commit_save, not_saved_message
-from lightning_field.checkpoint.components import missing_components, present_components
+from lightning_field.checkpoint.commit import SaveJob
+from lightning_field.checkpoint.committed import CommittedCheckpoint
 from lightning_field.checkpoint.io import FIELD_KEY, ManifestCheckpointIO
-from lightning_field.checkpoint.object_store import DEFAULT_CONCURRENCY, DEFAULT_PART_BYTES, ObjectStore
+from lightning_field.checkpoint.object_store import DEFAULT_CONCURRENCY, DEFAULT_PART_BYTES
 from lightning_field.checkpoint.preemption import DEFAULT_SIGNALS, PreemptionSave, TrainingPreempted
-from lightning_field.checkpoint.resolver import committed_checkpoints, latest_recoverable
-from lightning_field.checkpoint.resume_policy import NoRecoverableCheckpointError, no_recoverable_message
+from lightning_field.checkpoint.resume_policy import (
+    NoRecoverableCheckpointError,
+    ResumeGuard,
+)
 from lightning_field.checkpoint.store import CheckpointStore
 from lightning_field.compat import lightning as internals
-from lightning_field.core.distributed import all_gather_objects, broadcast_object, elastic_restart_hazard
+from lightning_field.core.distributed import all_gather_objects, elastic_restart_hazard
 from lightning_field.core.events import EventLog
-from lightning_field.core.manifest import SHARED_STATE_FILE, Manifest, rank_state_file
-from lightning_field.core.storage import Location, as_location, fs_options, is_url, parent
-from lightning_field.state import provenance, reshard
+from lightning_field.core.manifest import Manifest
+from lightning_field.core.storage import Location, as_location, is_url
 from lightning_field.state.rank_tracking import RankStateTracker
 
 __all__ = ["ManifestCheckpoint", "NoRecoverableCheckpointError"]
@@ -75,7 +71,7 @@ def _unusable_dirpath(dirpath: str | None) -> str | None:
     return None
 
 
-class ManifestCheckpoint(ModelCheckpoint):
+class ManifestCheckpoint(CommittedCheckpoint):
     """Drop-in replacement for :class:`~lightning.pytorch.callbacks.ModelCheckpoint`.
 
     Args (beyond ModelCheckpoint's own):
@@ -182,21 +178,6 @@ class ManifestCheckpoint(ModelCheckpoint):
         resume_inexact: bool = False,
         store: CheckpointStore | None = None,
     ) -> None:
-        if on_save_error not in SAVE_ERROR_POLICIES:
-            raise ValueError(f"on_save_error must be one of {SAVE_ERROR_POLICIES}, got {on_save_error!r}")
-        if store is not None and not isinstance(store, CheckpointStore):
-            raise TypeError(
-                f"store must implement lightning_field.checkpoint.store.CheckpointStore (writes_in_place, prepare,"
-                f" write, staging, upload, publish, discard, remove, clean_leftovers); got {type(store).__name__}"
-            )
-        # Set before ModelCheckpoint's __init__, whose first filesystem handle already needs them.
-        self.storage_options = dict(storage_options or {})
-        self._object_store = (
-            store if isinstance(store, ObjectStore) else ObjectStore(self.storage_options, upload_part_bytes,
-                                                                     upload_concurrency)
-        )  # fmt: skip
-        self._local_store = LocalStore()
-        self._given_store = store
         super().__init__(
             dirpath=dirpath,
             filename=filename,
@@ -213,37 +194,23 @@ class ManifestCheckpoint(ModelCheckpoint):
             every_n_epochs=every_n_epochs,
             save_on_train_epoch_end=save_on_train_epoch_end,
             enable_version_counter=enable_version_counter,
+            storage_options=storage_options,
+            upload_part_bytes=upload_part_bytes,
+            upload_concurrency=upload_concurrency,
+            async_save=async_save,
+            on_save_error=on_save_error,
+            store=store,
         )
         self._preemption = PreemptionSave(self, preemption_signals, preemption_check_every_n_steps)
-        self._configured_every_n_train_steps = self._every_n_train_steps
         self._ranks = RankStateTracker(generators)
+        self._guard = ResumeGuard(allow_resume_mismatch)
         self.config = config
-        self.allow_resume_mismatch = tuple(allow_resume_mismatch)
         self.code_dir = code_dir
         self.save_on_train_end = save_on_train_end
-        self.async_save = async_save
         self.resume_inexact = resume_inexact
-        self.last_committed: tuple[str, int] | None = None  # (path, step) of the newest commit by this run
-        self.last_blocking_seconds: float | None = None  # how long that save held training up
-        self._saves = AsyncSaves(
-            on_save_error,
-            advertise=self._advertise,
-            remove=self._remove_checkpoint,
-            not_saved_message=lambda final, error: not_saved_message(final, error, self.storage_options),
-            events=lambda: self._events,
-            agreement_step=self._preemption.is_agreement_step,
-        )
         self._trainer: pl.Trainer | None = None
-        self._events: EventLog | None = None
-        self._static_provenance: dict[str, Any] = {}
-        self._data_fingerprint: dict[str, Any] | None = None
-        self._resumed_manifest: Manifest | None = None
-        self._resharded_from: dict[str, Any] | None = None
-        self._inexact_resume: dict[str, Any] | None = None
-        self._last_copy: str | None = None
         self._deferred_batch_end: tuple[Any, Any, int] | None = None
         self._deferred_validation_end = False
-        self._force_sync = False
         self._told_unresumable = False
         self._show_hint_again: Any = None
 
@@ -254,6 +221,15 @@ class ManifestCheckpoint(ModelCheckpoint):
         return self._ranks.generators
 
     @property
+    def allow_resume_mismatch(self) -> tuple[str, ...]:
+        """Provenance differences accepted on resume, by dotted name or prefix."""
+        return self._guard.allowed
+
+    @allow_resume_mismatch.setter
+    def allow_resume_mismatch(self, allowed: Iterable[str]) -> None:
+        self._guard.allowed = tuple(allowed)
+
+    @property
     def preemption_check_every_n_steps(self) -> int | None:
         return self._preemption.check_every_n_steps
 
@@ -261,72 +237,6 @@ class ManifestCheckpoint(ModelCheckpoint):
     def preempted_checkpoint(self) -> str | None:
         """The checkpoint a preemption saved (or named) before ending the attempt, else None."""
         return self._preemption.saved
-
-    @property
-    def on_save_error(self) -> str:
-        """What a failed background save does: ``"stop"`` or ``"warn"`` (settable between saves)."""
-        return self._saves.on_save_error
-
-    @on_save_error.setter
-    def on_save_error(self, policy: str) -> None:
-        if policy not in SAVE_ERROR_POLICIES:
-            raise ValueError(f"on_save_error must be one of {SAVE_ERROR_POLICIES}, got {policy!r}")
-        self._saves.on_save_error = policy
-
-    @property
-    def save_failures(self) -> int:
-        """How many background saves failed in this process (``checkpoint/save_failures``)."""
-        return self._saves.save_failures
-
-    @property
-    def last_save_error(self) -> str | None:
-        return self._saves.last_save_error
-
-    @property
-    def copies_everything_first(self) -> bool:
-        """Whether async saves copy all state before returning, since a deferred copy saw a write in place."""
-        return self._saves.copies_everything_first
-
-    @property
-    def async_saves(self) -> AsyncSaves:
-        """The background save's controller: what is in flight, its host buffers, its waits."""
-        return self._saves
-
-    @property
-    def events(self) -> EventLog | None:
-        """The run's event log on global rank 0 while fitting (None elsewhere), for sibling callbacks."""
-        return self._events
-
-    @property
-    def every_n_train_steps(self) -> int:
-        return self._every_n_train_steps
-
-    @property
-    def configured_every_n_train_steps(self) -> int | None:
-        """The step interval given at construction (None if none was), not the live one that
-        ``CheckpointCadence`` may have retuned since. Lightning stores "no step interval" as 0."""
-        steps = int(self._configured_every_n_train_steps or 0)
-        return steps if steps > 0 else None
-
-    def set_every_n_train_steps(self, steps: int) -> None:
-        """Change the step interval of saves from now on (used by ``CheckpointCadence``). Every rank
-        must set the same value at the same step, or ranks would disagree about when to save."""
-        if steps < 1:
-            raise ValueError(f"every_n_train_steps must be >= 1, got {steps}")
-        self._every_n_train_steps = int(steps)
-
-    @property
-    @override
-    def state_key(self) -> str:
-        # Keyed by the *configured* interval: a cadence controller that retunes it mid-run must not
-        # orphan this callback's state in the checkpoints it already wrote.
-        return self._generate_state_key(
-            monitor=self.monitor,
-            mode=self.mode,
-            every_n_train_steps=self._configured_every_n_train_steps,
-            every_n_epochs=self._every_n_epochs,
-            train_time_interval=self._train_time_interval,
-        )
 
     # ------------------------------------------------------------------ setup
     @override
@@ -361,11 +271,7 @@ class ManifestCheckpoint(ModelCheckpoint):
             trainer.strategy.checkpoint_io = ManifestCheckpointIO(
                 trainer.strategy.checkpoint_io, self._check_resume, self._object_store
             )
-        self._static_provenance = {
-            "code": provenance.code_provenance(self.code_dir, model=pl_module),
-            "config": provenance.config_provenance(self._run_config(trainer, pl_module)),
-            "environment": provenance.environment_provenance(trainer),
-        }
+        self._guard.record(trainer, pl_module, self._run_config(trainer, pl_module), self.code_dir)
         if trainer.is_global_zero:
             for leftover in self._store.clean_leftovers(as_location(self.dirpath)):
                 log.info("Removed leftover from an interrupted save: %s", leftover)
@@ -382,27 +288,9 @@ class ManifestCheckpoint(ModelCheckpoint):
             config["datamodule"] = dict(datamodule.hparams)
         return config
 
-    @property
-    def _store(self) -> CheckpointStore:
-        """How this callback's ``dirpath`` commits: the store given, else a rename on a local disk
-        and a manifest PUT under a URL."""
-        if self._given_store is not None:
-            return self._given_store
-        return self._object_store if is_url(self.dirpath or "") else self._local_store
-
-    @property
-    def _fs(self) -> Any:
-        return self._field_fs
-
-    @_fs.setter
-    def _fs(self, fs: Any) -> None:
-        # ModelCheckpoint re-creates its filesystem from the bare URL (in __init__ and setup); a URL
-        # needs this callback's storage options (an endpoint, credentials) on every access.
-        protocol = fs.protocol[0] if isinstance(fs.protocol, (tuple, list)) else fs.protocol
-        if protocol in ("file", "local"):
-            self._field_fs = fs
-            return
-        self._field_fs = fsspec.filesystem(protocol, **fs_options(self.storage_options))
+    @override
+    def _is_agreement_step(self, trainer: pl.Trainer) -> bool:
+        return self._preemption.is_agreement_step(trainer)
 
     # ------------------------------------------------------------------ training hooks
     @override
@@ -412,23 +300,7 @@ class ManifestCheckpoint(ModelCheckpoint):
         resumed_from = all_gather_objects(str(trainer.ckpt_path) if trainer.ckpt_path else None)
         if len(set(resumed_from)) > 1:
             raise RuntimeError(f"Ranks resumed from different checkpoints {resumed_from}; pass an explicit ckpt_path.")
-        loaders = list(internals.iter_loaders(trainer.train_dataloader))
-        fingerprint = None
-        if trainer.is_global_zero:
-            fingerprint = provenance.data_provenance(trainer.datamodule, loaders[0] if loaders else None)
-        self._data_fingerprint = broadcast_object(fingerprint)
-        if self._resumed_manifest is not None:
-            saved = self._resumed_manifest.provenance.get("data")
-            if saved is not None:
-                resume_policy.refuse_on_differences(
-                    {"data": saved}, {"data": self._data_fingerprint}, self.allow_resume_mismatch,
-                    self._resumed_manifest.name,
-                )  # fmt: skip
-        if self._resharded_from is not None:
-            old, new = self._resharded_from["world_size"], self._resharded_from["to_world_size"]
-            # Logged like the RNG and position notes of the remap itself (a warnings filter must not hide it).
-            for warning in reshard.order_warnings(loaders, old, new) if trainer.is_global_zero else []:
-                log.warning("Resharded resume from %s: %s", self._resharded_from["checkpoint"], warning)
+        self._guard.check_data(trainer, list(internals.iter_loaders(trainer.train_dataloader)))
         self._ranks.restore_on_train_start(trainer, pl_module)
         if self._events is not None:
             self._events.emit("fit_start", step=trainer.global_step)
@@ -509,75 +381,6 @@ class ManifestCheckpoint(ModelCheckpoint):
         super().teardown(trainer, pl_module, stage)
 
     # ------------------------------------------------------------------ saving
-    def save_now(
-        self, trainer: pl.Trainer, name: str = "manual-{step}", *, blocking: bool = False, unless_saved: bool = False
-    ) -> str | None:
-        """Save a checkpoint of this step now, named from ``name`` like ``filename``.
-
-        Collective: every rank calls it at the same step (preemption, a straggler stop, the end of
-        training do). The save obeys the callback's settings (``async_save``, the store, the
-        manifest); retention counts it like a scheduled one.
-
-        Args:
-            trainer: the Trainer being fitted.
-            name: the checkpoint's name template, e.g. ``"preempted-{step}"``.
-            blocking: commit before returning, even under ``async_save`` (an in-flight background
-                save commits first).
-            unless_saved: when this step is already saved, name that checkpoint instead of saving again.
-
-        Returns:
-            The path of the checkpoint (committed when ``blocking`` or not ``async_save``).
-
-        Raises:
-            CheckpointSaveError: a synchronous save failed on some rank; nothing was committed.
-        """
-        if blocking:
-            self._saves.settle(trainer)
-        if unless_saved and self._last_checkpoint_saved and self._last_global_step_saved == trainer.global_step:
-            return self._last_checkpoint_saved
-        filepath = self.format_checkpoint_name(self._monitor_candidates(trainer), name)
-        self._force_sync = blocking
-        try:
-            self._save_checkpoint(trainer, filepath)
-        finally:
-            self._force_sync = False
-        return self._last_checkpoint_saved
-
-    def wait_for_snapshot_copy(self) -> None:
-        """Block until the in-flight async save has copied the parameters and optimizer state.
-
-        Training calls it before every optimizer step and at every hook outside the training
-        batch. Call it yourself before writing parameters or optimizer state in place anywhere
-        else (a batch-level hook, the forward pass) while an async save may be pending.
-        """
-        self._saves.wait_for_snapshot_copy()
-
-    @override
-    def _save_checkpoint(self, trainer: pl.Trainer, filepath: str) -> None:
-        start = time.perf_counter()
-        # At most one save in flight: the previous one commits (and is advertised and pruned for)
-        # before this one snapshots into the same buffers. Every rank reaches this point together.
-        self._saves.settle(trainer)
-        final = as_location(filepath)
-        if self._events is not None:
-            self._events.emit("ckpt_save_start", step=trainer.global_step, payload={"path": str(final)})
-        if trainer.model is None:
-            raise AttributeError("Saving a checkpoint is only possible if a model is attached to the Trainer.")
-        job = self._prepare_save(trainer, final, start)
-        # ModelCheckpoint's own bookkeeping (no double save of a step, "last" as an alias of this
-        # step's save). What others see (events, loggers, last_committed, pruning) waits for the commit.
-        if not self.async_save or self._force_sync:
-            error = commit_save(job)
-            if error is not None:
-                raise CheckpointSaveError(not_saved_message(job.final, error, self.storage_options))
-            self._last_global_step_saved = job.step
-            self._last_checkpoint_saved = str(final)
-            self._advertise(trainer, job, time.perf_counter() - start)
-            return
-        self._saves.submit(trainer, job, start)
-        self._last_global_step_saved = job.step
-        self._last_checkpoint_saved = str(final)
-
     def _prepare_save(self, trainer: pl.Trainer, final: Location, start: float) -> SaveJob:
         """Everything a commit needs, captured on the training thread: after this, the commit reads
         nothing from the trainer, so it can run while training moves on."""
@@ -586,61 +389,11 @@ class ManifestCheckpoint(ModelCheckpoint):
         for reason in rank_missing:
             if reason.startswith("data_position"):
                 self._tell_unresumable(reason)
-        rank = trainer.global_rank
-        files: dict[str, tuple[Any, list[str]]] = {rank_state_file(rank): (rank_state, ["rng", "data_position"])}
-        shared_components: list[str] = []
-        shared_missing: list[str] = []
-        if trainer.is_global_zero:
-            shared_components = present_components(checkpoint, trainer)
-            shared_missing = missing_components(checkpoint, trainer, shared_components, self.save_weights_only)
-        shards = None
-        shared_file = SHARED_STATE_FILE
-        if sharded.is_sharded(trainer.strategy):
-            # Every rank holds its own shards of the model and optimizer: they go through DCP.
-            shards = sharded.split_state(checkpoint)
-            shared_file = sharded.SHARDED_SHARED_FILE
-            shared_components = [c for c in shared_components if c not in sharded.DCP_COMPONENTS]
-        if trainer.is_global_zero:
-            files[shared_file] = (checkpoint, shared_components)
-        return SaveJob(
-            final=final,
-            store=self._store,
-            rank=rank,
-            is_global_zero=trainer.is_global_zero,
-            step=trainer.global_step,
-            epoch=trainer.current_epoch,
-            world_size=trainer.world_size,
-            files=files,
-            rank_missing=rank_missing,
-            data_restore=list(rank_state["data_position"]["restore"]),
-            shared_components=shared_components,
-            shared_missing=shared_missing,
-            start=start,
-            kind="export" if self.save_weights_only else "recovery",
-            provenance={
-                **self._static_provenance,
-                "data": self._data_fingerprint,
-                "world_size": trainer.world_size,
-                **({"resharded_from": self._resharded_from} if self._resharded_from else {}),
-                **({"inexact_resume": self._inexact_resume} if self._inexact_resume else {}),
-            },
-            shared_file=shared_file,
-            shards=shards,
-            model_state=shards["state_dict"] if shards is not None else checkpoint.get("state_dict", {}),
-        )
-
-    def _advertise(self, trainer: pl.Trainer, job: SaveJob, blocking: float, commit_s: float | None = None) -> None:
-        """Only now, after its commit, does a checkpoint exist for anyone else."""
-        self.last_committed = (str(job.final), job.step)
-        self.last_blocking_seconds = blocking
-        if self._events is not None:
-            payload: dict[str, Any] = {"path": str(job.final), "blocking_s": blocking}
-            if commit_s is not None:
-                payload.update({"async": True, "commit_s": commit_s})
-            self._events.emit("ckpt_committed", step=job.step, payload=payload)
-        if trainer.is_global_zero:
-            for logger in trainer.loggers:
-                logger.after_save_checkpoint(proxy(self))
+        return SaveJob.capture(
+            trainer, final, start, store=self._store, checkpoint=checkpoint, rank_state=rank_state,
+            rank_missing=rank_missing, weights_only=self.save_weights_only,
+            provenance=self._guard.manifest_provenance(trainer.world_size),
+        )  # fmt: skip
 
     def _tell_unresumable(self, reason: str) -> None:
         """Once per run, loudly: the run's checkpoints cannot resume exactly, and why."""
@@ -652,55 +405,6 @@ class ManifestCheckpoint(ModelCheckpoint):
             " could not continue exactly. Fix it as said; `field ckpt inspect` shows what is missing."
         )
 
-    # ------------------------------------------------------------------ save_last, retention, resolution
-    @override
-    def _save_last_checkpoint(self, trainer: pl.Trainer, monitor_candidates: dict[str, Any]) -> None:
-        if not self.save_last:
-            return
-        previous_copy = self._last_copy
-        if self._last_checkpoint_saved and self._last_global_step_saved == trainer.global_step:
-            # This step is already committed: "last" is a name for it, not a second copy.
-            self.last_model_path = self._last_checkpoint_saved
-            self._last_copy = None
-        else:
-            filepath = self.format_checkpoint_name(monitor_candidates, self.CHECKPOINT_NAME_LAST)
-            version = self.STARTING_VERSION
-            while self.file_exists(filepath, trainer):
-                filepath = self.format_checkpoint_name(monitor_candidates, self.CHECKPOINT_NAME_LAST, ver=version)
-                version += 1
-            self.last_model_path = filepath
-            self._save_checkpoint(trainer, filepath)
-            self._last_copy = filepath
-        # Only a checkpoint written solely to serve as "last" is retired here; top-k ones keep their own rules.
-        if (
-            previous_copy
-            and previous_copy != self.last_model_path
-            and self._should_remove_checkpoint(trainer, previous_copy, self.last_model_path)
-        ):
-            self._remove_checkpoint(trainer, previous_copy)
-
-    @override
-    def _remove_checkpoint(self, trainer: pl.Trainer, filepath: str) -> None:
-        if self._saves.defer_removal(filepath):
-            return
-        reason = None
-        if trainer.is_global_zero:
-            reason = self.protection_reason(filepath)
-        reason = broadcast_object(reason)
-        if reason is not None:
-            rank_zero_info(f"Keeping {filepath}: {reason}")
-            return
-        super()._remove_checkpoint(trainer, filepath)
-
-    def protection_reason(self, filepath: str) -> str | None:
-        """Why retention must keep ``filepath`` (it is the only recoverable checkpoint), else None."""
-        target = _identity(filepath)
-        entries = committed_checkpoints(parent(filepath), self.storage_options)
-        recoverable = [e for e in entries if e.manifest is not None and e.manifest.recoverable]
-        if any(_identity(e.path) == target for e in recoverable) and len(recoverable) == 1:
-            return "it is the only recoverable checkpoint"
-        return None
-
     @override
     def _find_last_checkpoints(self, trainer: pl.Trainer) -> set[str]:
         where = internals.checkpoint_dir(self, trainer)
@@ -711,26 +415,11 @@ class ManifestCheckpoint(ModelCheckpoint):
                 f'ckpt_path="last" cannot be resolved by Lightning for the object-store dirpath {where}. Pass'
                 f" ckpt_path=lightning_field.latest_recoverable({str(where)!r}, storage_options) instead."
             )
-        found = latest_recoverable(where)
-        if found is not None:
-            return {str(found)}
-        entries = committed_checkpoints(where)
-        if not entries:
-            rank_zero_info(f"lightning_field: no committed checkpoint under {where} yet: training starts at step 0.")
+        found = resume_policy.resolve_last(where, self._guard if self.resume_inexact else None)
+        if found is None:
             self._show_hint_again = internals.hide_no_last_checkpoint_hint()
             return set()
-        resumable = [e for e in entries if e.manifest is not None and e.manifest.kind == "recovery"]
-        if self.resume_inexact and resumable:
-            chosen = resumable[0]
-            assert chosen.manifest is not None
-            self._inexact_resume = {"checkpoint": str(chosen.path), "missing": list(chosen.manifest.missing)}
-            rank_zero_warn(
-                f"lightning_field: resuming from {chosen.path}, which is NOT recoverable"
-                f" ({'; '.join(chosen.manifest.missing)}): weights, optimizer and loop state are restored, but"
-                " this continuation is not exact. Every later manifest records provenance.inexact_resume."
-            )
-            return {str(chosen.path)}
-        raise NoRecoverableCheckpointError(no_recoverable_message(where, entries))
+        return {found}
 
     # ------------------------------------------------------------------ resuming
     def _load_sharded(self, load: Any, path: Any, weights_only: bool | None) -> Any:
@@ -743,20 +432,7 @@ class ManifestCheckpoint(ModelCheckpoint):
 
     def _check_resume(self, manifest: Manifest, path: Location) -> None:
         """Called by the CheckpointIO before anything is unpickled (``resume_policy``)."""
-        trainer = self._trainer
-        module = trainer.lightning_module if trainer is not None else None
-        self._resharded_from = resume_policy.check_resume(
-            manifest,
-            path,
-            code=self._static_provenance.get("code", {}),
-            resolved_config=self._static_provenance.get("config", {}).get("resolved"),
-            world_size=trainer.world_size if trainer else manifest.world_size,
-            state_dict=module.state_dict() if module is not None else None,
-            allowed=self.allow_resume_mismatch,
-            inexact_allowed=self._inexact_resume is not None
-            and _identity(self._inexact_resume["checkpoint"]) == _identity(path),
-        )
-        self._resumed_manifest = manifest
+        self._guard.check(manifest, path, self._trainer)
 
     @override
     def on_load_checkpoint(
@@ -774,8 +450,3 @@ class ManifestCheckpoint(ModelCheckpoint):
                 step=field["manifest"].step,
                 payload={"path": field["path"], "seconds": field["load_seconds"]},
             )
-
-
-def _identity(location: str | os.PathLike[str]) -> str:
-    loc = as_location(location)
-    return str(loc.resolve()) if isinstance(loc, Path) else loc

@@ -2,20 +2,29 @@
 
 A checkpoint resumes exactly only into the run that wrote it: the same code, config, data, model
 and (unless resharding is allowed) world size. A difference is refused with every differing key and
-both ways out, not discovered as a silently different continuation. Pure functions of the manifest
-and this run's provenance; ``ManifestCheckpoint`` calls them from its CheckpointIO hook.
+both ways out, not discovered as a silently different continuation. The ``refuse_*`` functions are
+pure functions of the manifest and this run's provenance; :class:`ResumeGuard` holds this run's
+side (its provenance, the checkpoint it resumed from) for ``ManifestCheckpoint``.
 """
 
 from __future__ import annotations
 
+import logging
+import os
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
-from lightning.pytorch.utilities.rank_zero import rank_zero_warn
+import lightning.pytorch as pl
+from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
+from lightning_field.checkpoint.resolver import committed_checkpoints, latest_recoverable
+from lightning_field.core.distributed import broadcast_object
 from lightning_field.core.manifest import Manifest
-from lightning_field.core.storage import Location, basename
-from lightning_field.state import provenance
+from lightning_field.core.storage import Location, as_location, basename
+from lightning_field.state import provenance, reshard
+
+log = logging.getLogger(__name__)
 
 CONFIG_KEY_PREFIX = "config.resolved."
 """How the provenance diff names a config key; users write the key without it."""
@@ -179,3 +188,127 @@ def no_recoverable_message(where: Location, entries: Sequence[Any]) -> str:
         " their weights and optimizer anyway, knowing the continuation is not exact, with"
         " ManifestCheckpoint(resume_inexact=True); or pass ckpt_path=None to start over on purpose."
     )
+
+
+class ResumeGuard:
+    """One run's identity, recorded at set-up, and the checkpoint it resumed from, if any.
+
+    The callback calls :meth:`record` at ``setup``, :meth:`check` from the CheckpointIO before a
+    checkpoint is unpickled, :meth:`check_data` at ``on_train_start`` (the data fingerprint needs
+    the train loaders, which exist only then), and :meth:`manifest_provenance` at every save.
+
+    Args:
+        allowed: provenance differences to accept on resume (``allow_resume_mismatch``).
+    """
+
+    def __init__(self, allowed: Iterable[str] = ()) -> None:
+        self.allowed = tuple(allowed)
+        self.resumed: Manifest | None = None
+        self.resharded_from: dict[str, Any] | None = None
+        self.inexact: dict[str, Any] | None = None
+        self._static: dict[str, Any] = {}
+        self._data: dict[str, Any] | None = None
+
+    def record(self, trainer: pl.Trainer, pl_module: pl.LightningModule, config: Any, code_dir: Any) -> None:
+        """This run's code, resolved config (secrets redacted) and environment."""
+        self._static = {
+            "code": provenance.code_provenance(code_dir, model=pl_module),
+            "config": provenance.config_provenance(config),
+            "environment": provenance.environment_provenance(trainer),
+        }
+
+    def choose_inexact(self, checkpoint: Location, missing: Sequence[str]) -> None:
+        """``resume_inexact``: this unrecoverable checkpoint may be resumed, and every later
+        manifest says so."""
+        self.inexact = {"checkpoint": str(checkpoint), "missing": list(missing)}
+
+    def check(self, manifest: Manifest, path: Location, trainer: pl.Trainer | None) -> None:
+        """The whole policy (:func:`check_resume`) for ``manifest``, as this run sees it.
+
+        Raises:
+            ResumeMismatchError: see :func:`check_resume`.
+        """
+        module = trainer.lightning_module if trainer is not None else None
+        self.resharded_from = check_resume(
+            manifest,
+            path,
+            code=self._static.get("code", {}),
+            resolved_config=self._static.get("config", {}).get("resolved"),
+            world_size=trainer.world_size if trainer else manifest.world_size,
+            state_dict=module.state_dict() if module is not None else None,
+            allowed=self.allowed,
+            inexact_allowed=self.inexact is not None and same_location(self.inexact["checkpoint"], path),
+        )
+        self.resumed = manifest
+
+    def check_data(self, trainer: pl.Trainer, loaders: Sequence[Any]) -> None:
+        """Fingerprint the training data (rank 0, broadcast) and refuse a resume onto other data.
+
+        Collective: every rank calls it at ``on_train_start``.
+
+        Raises:
+            ResumeMismatchError: the resumed checkpoint was written on different data.
+        """
+        fingerprint = None
+        if trainer.is_global_zero:
+            fingerprint = provenance.data_provenance(trainer.datamodule, loaders[0] if loaders else None)
+        self._data = broadcast_object(fingerprint)
+        saved = self.resumed.provenance.get("data") if self.resumed is not None else None
+        if self.resumed is not None and saved is not None:
+            refuse_on_differences({"data": saved}, {"data": self._data}, self.allowed, self.resumed.name)
+        if self.resharded_from is not None and trainer.is_global_zero:
+            old, new = self.resharded_from["world_size"], self.resharded_from["to_world_size"]
+            # Logged like the RNG and position notes of the remap itself (a warnings filter must not hide it).
+            for warning in reshard.order_warnings(list(loaders), old, new):
+                log.warning("Resharded resume from %s: %s", self.resharded_from["checkpoint"], warning)
+
+    def manifest_provenance(self, world_size: int) -> dict[str, Any]:
+        """What a manifest records about this run (all but the model's, hashed at commit time)."""
+        return {
+            **self._static,
+            "data": self._data,
+            "world_size": world_size,
+            **({"resharded_from": self.resharded_from} if self.resharded_from else {}),
+            **({"inexact_resume": self.inexact} if self.inexact else {}),
+        }
+
+
+def same_location(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
+    """Whether two paths (resolved) or URLs name the same checkpoint."""
+
+    def identity(location: str | os.PathLike[str]) -> str:
+        loc = as_location(location)
+        return str(loc.resolve()) if isinstance(loc, Path) else loc
+
+    return identity(a) == identity(b)
+
+
+def resolve_last(where: Location, inexact_guard: ResumeGuard | None = None) -> str | None:
+    """``ckpt_path="last"``: the newest recoverable checkpoint under a local ``where``, or None when
+    there is no committed checkpoint at all (training starts at step 0, and says so).
+
+    With ``inexact_guard`` (``resume_inexact=True``), the newest unrecoverable recovery checkpoint
+    is chosen when no recoverable one exists, and the guard records it for every later manifest.
+
+    Raises:
+        NoRecoverableCheckpointError: checkpoints exist, but none may be resumed.
+    """
+    found = latest_recoverable(where)
+    if found is not None:
+        return str(found)
+    entries = committed_checkpoints(where)
+    if not entries:
+        rank_zero_info(f"lightning_field: no committed checkpoint under {where} yet: training starts at step 0.")
+        return None
+    resumable = [e for e in entries if e.manifest is not None and e.manifest.kind == "recovery"]
+    if inexact_guard is not None and resumable:
+        chosen = resumable[0]
+        assert chosen.manifest is not None
+        inexact_guard.choose_inexact(chosen.path, chosen.manifest.missing)
+        rank_zero_warn(
+            f"lightning_field: resuming from {chosen.path}, which is NOT recoverable"
+            f" ({'; '.join(chosen.manifest.missing)}): weights, optimizer and loop state are restored, but"
+            " this continuation is not exact. Every later manifest records provenance.inexact_resume."
+        )
+        return str(chosen.path)
+    raise NoRecoverableCheckpointError(no_recoverable_message(where, entries))

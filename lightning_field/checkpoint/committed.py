@@ -1,0 +1,321 @@
+"""``CommittedCheckpoint``: a ModelCheckpoint whose every save goes through the commit protocol.
+
+This is the save half of :class:`~lightning_field.checkpoint.manifest_checkpoint.ManifestCheckpoint`:
+where checkpoints go (the :class:`~lightning_field.checkpoint.store.CheckpointStore`), how a save
+is run (synchronously, or on the writer thread through
+:class:`~lightning_field.checkpoint.async_controller.AsyncSaves`), and what ModelCheckpoint's
+retention and ``save_last`` count: committed checkpoints only, and never the last recoverable one.
+What a checkpoint *holds* and *when* training meets it is the subclass's: it supplies
+:meth:`_prepare_save`, the :class:`~lightning_field.checkpoint.commit.SaveJob` of one save, and
+opens the run's event log.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+from weakref import proxy
+
+import fsspec
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
+from typing_extensions import override
+
+from lightning_field.checkpoint.async_controller import SAVE_ERROR_POLICIES, AsyncSaves
+from lightning_field.checkpoint.commit import CheckpointSaveError, LocalStore, SaveJob, commit_save, not_saved_message
+from lightning_field.checkpoint.object_store import DEFAULT_CONCURRENCY, DEFAULT_PART_BYTES, ObjectStore
+from lightning_field.checkpoint.resolver import committed_checkpoints
+from lightning_field.checkpoint.resume_policy import same_location
+from lightning_field.checkpoint.store import CheckpointStore
+from lightning_field.core.distributed import broadcast_object
+from lightning_field.core.events import EventLog
+from lightning_field.core.storage import Location, as_location, fs_options, is_url, parent
+
+__all__ = ["CommittedCheckpoint"]
+
+
+class CommittedCheckpoint(ModelCheckpoint):
+    """ModelCheckpoint's scheduling and retention, with saves committed through a store.
+
+    Not used on its own: :class:`~lightning_field.checkpoint.manifest_checkpoint.ManifestCheckpoint`
+    is the callback, and documents every argument. ``model_checkpoint_args`` are ModelCheckpoint's.
+
+    Raises:
+        ValueError: ``on_save_error`` is not ``"stop"`` or ``"warn"``.
+        TypeError: ``store`` does not implement :class:`~lightning_field.checkpoint.store.CheckpointStore`.
+    """
+
+    def __init__(
+        self,
+        *,
+        storage_options: Mapping[str, Any] | None = None,
+        upload_part_bytes: int = DEFAULT_PART_BYTES,
+        upload_concurrency: int = DEFAULT_CONCURRENCY,
+        async_save: bool = False,
+        on_save_error: str = "stop",
+        store: CheckpointStore | None = None,
+        **model_checkpoint_args: Any,
+    ) -> None:
+        if on_save_error not in SAVE_ERROR_POLICIES:
+            raise ValueError(f"on_save_error must be one of {SAVE_ERROR_POLICIES}, got {on_save_error!r}")
+        if store is not None and not isinstance(store, CheckpointStore):
+            raise TypeError(
+                f"store must implement lightning_field.checkpoint.store.CheckpointStore (writes_in_place, prepare,"
+                f" write, staging, upload, publish, discard, remove, clean_leftovers); got {type(store).__name__}"
+            )
+        # Set before ModelCheckpoint's __init__, whose first filesystem handle already needs them.
+        self.storage_options = dict(storage_options or {})
+        self._object_store = (
+            store if isinstance(store, ObjectStore) else ObjectStore(self.storage_options, upload_part_bytes,
+                                                                     upload_concurrency)
+        )  # fmt: skip
+        self._local_store = LocalStore()
+        self._given_store = store
+        super().__init__(**model_checkpoint_args)
+        self._configured_every_n_train_steps = self._every_n_train_steps
+        self.async_save = async_save
+        self.last_committed: tuple[str, int] | None = None  # (path, step) of the newest commit by this run
+        self.last_blocking_seconds: float | None = None  # how long that save held training up
+        self._events: EventLog | None = None
+        self._saves = AsyncSaves(
+            on_save_error,
+            advertise=self._advertise,
+            remove=self._remove_checkpoint,
+            not_saved_message=lambda final, error: not_saved_message(final, error, self.storage_options),
+            events=lambda: self._events,
+            agreement_step=lambda trainer: self._is_agreement_step(trainer),
+        )
+        self._last_copy: str | None = None
+        self._force_sync = False
+
+    def _prepare_save(self, trainer: pl.Trainer, final: Location, start: float) -> SaveJob:
+        """Everything one save's commit needs, captured on the training thread (the subclass's)."""
+        raise NotImplementedError
+
+    def _is_agreement_step(self, trainer: pl.Trainer) -> bool:
+        """Whether ranks agree on a background-save failure at this step (every step by default)."""
+        return True
+
+    # ------------------------------------------------------------------ public state
+    @property
+    def on_save_error(self) -> str:
+        """What a failed background save does: ``"stop"`` or ``"warn"`` (settable between saves)."""
+        return self._saves.on_save_error
+
+    @on_save_error.setter
+    def on_save_error(self, policy: str) -> None:
+        if policy not in SAVE_ERROR_POLICIES:
+            raise ValueError(f"on_save_error must be one of {SAVE_ERROR_POLICIES}, got {policy!r}")
+        self._saves.on_save_error = policy
+
+    @property
+    def save_failures(self) -> int:
+        """How many background saves failed in this process (``checkpoint/save_failures``)."""
+        return self._saves.save_failures
+
+    @property
+    def last_save_error(self) -> str | None:
+        return self._saves.last_save_error
+
+    @property
+    def copies_everything_first(self) -> bool:
+        """Whether async saves copy all state before returning, since a deferred copy saw a write in place."""
+        return self._saves.copies_everything_first
+
+    @property
+    def async_saves(self) -> AsyncSaves:
+        """The background save's controller: what is in flight, its host buffers, its waits."""
+        return self._saves
+
+    @property
+    def events(self) -> EventLog | None:
+        """The run's event log on global rank 0 while fitting (None elsewhere), for sibling callbacks."""
+        return self._events
+
+    @property
+    def every_n_train_steps(self) -> int:
+        return self._every_n_train_steps
+
+    @property
+    def configured_every_n_train_steps(self) -> int | None:
+        """The step interval given at construction (None if none was), not the live one that
+        ``CheckpointCadence`` may have retuned since. Lightning stores "no step interval" as 0."""
+        steps = int(self._configured_every_n_train_steps or 0)
+        return steps if steps > 0 else None
+
+    def set_every_n_train_steps(self, steps: int) -> None:
+        """Change the step interval of saves from now on (used by ``CheckpointCadence``). Every rank
+        must set the same value at the same step, or ranks would disagree about when to save."""
+        if steps < 1:
+            raise ValueError(f"every_n_train_steps must be >= 1, got {steps}")
+        self._every_n_train_steps = int(steps)
+
+    @property
+    @override
+    def state_key(self) -> str:
+        # Keyed by the *configured* interval: a cadence controller that retunes it mid-run must not
+        # orphan this callback's state in the checkpoints it already wrote.
+        return self._generate_state_key(
+            monitor=self.monitor,
+            mode=self.mode,
+            every_n_train_steps=self._configured_every_n_train_steps,
+            every_n_epochs=self._every_n_epochs,
+            train_time_interval=self._train_time_interval,
+        )
+
+    # ------------------------------------------------------------------ where saves go
+    @property
+    def _store(self) -> CheckpointStore:
+        """How this callback's ``dirpath`` commits: the store given, else a rename on a local disk
+        and a manifest PUT under a URL."""
+        if self._given_store is not None:
+            return self._given_store
+        return self._object_store if is_url(self.dirpath or "") else self._local_store
+
+    @property
+    def _fs(self) -> Any:
+        return self._field_fs
+
+    @_fs.setter
+    def _fs(self, fs: Any) -> None:
+        # ModelCheckpoint re-creates its filesystem from the bare URL (in __init__ and setup); a URL
+        # needs this callback's storage options (an endpoint, credentials) on every access.
+        protocol = fs.protocol[0] if isinstance(fs.protocol, (tuple, list)) else fs.protocol
+        if protocol in ("file", "local"):
+            self._field_fs = fs
+            return
+        self._field_fs = fsspec.filesystem(protocol, **fs_options(self.storage_options))
+
+    # ------------------------------------------------------------------ saving
+    def save_now(
+        self, trainer: pl.Trainer, name: str = "manual-{step}", *, blocking: bool = False, unless_saved: bool = False
+    ) -> str | None:
+        """Save a checkpoint of this step now, named from ``name`` like ``filename``.
+
+        Collective: every rank calls it at the same step (preemption, a straggler stop, the end of
+        training do). The save obeys the callback's settings (``async_save``, the store, the
+        manifest); retention counts it like a scheduled one.
+
+        Args:
+            trainer: the Trainer being fitted.
+            name: the checkpoint's name template, e.g. ``"preempted-{step}"``.
+            blocking: commit before returning, even under ``async_save`` (an in-flight background
+                save commits first).
+            unless_saved: when this step is already saved, name that checkpoint instead of saving again.
+
+        Returns:
+            The path of the checkpoint (committed when ``blocking`` or not ``async_save``).
+
+        Raises:
+            CheckpointSaveError: a synchronous save failed on some rank; nothing was committed.
+        """
+        if blocking:
+            self._saves.settle(trainer)
+        if unless_saved and self._last_checkpoint_saved and self._last_global_step_saved == trainer.global_step:
+            return self._last_checkpoint_saved
+        filepath = self.format_checkpoint_name(self._monitor_candidates(trainer), name)
+        self._force_sync = blocking
+        try:
+            self._save_checkpoint(trainer, filepath)
+        finally:
+            self._force_sync = False
+        return self._last_checkpoint_saved
+
+    def wait_for_snapshot_copy(self) -> None:
+        """Block until the in-flight async save has copied the parameters and optimizer state.
+
+        Training calls it before every optimizer step and at every hook outside the training
+        batch. Call it yourself before writing parameters or optimizer state in place anywhere
+        else (a batch-level hook, the forward pass) while an async save may be pending.
+        """
+        self._saves.wait_for_snapshot_copy()
+
+    @override
+    def _save_checkpoint(self, trainer: pl.Trainer, filepath: str) -> None:
+        start = time.perf_counter()
+        # At most one save in flight: the previous one commits (and is advertised and pruned for)
+        # before this one snapshots into the same buffers. Every rank reaches this point together.
+        self._saves.settle(trainer)
+        final = as_location(filepath)
+        if self._events is not None:
+            self._events.emit("ckpt_save_start", step=trainer.global_step, payload={"path": str(final)})
+        if trainer.model is None:
+            raise AttributeError("Saving a checkpoint is only possible if a model is attached to the Trainer.")
+        job = self._prepare_save(trainer, final, start)
+        # ModelCheckpoint's own bookkeeping (no double save of a step, "last" as an alias of this
+        # step's save). What others see (events, loggers, last_committed, pruning) waits for the commit.
+        if not self.async_save or self._force_sync:
+            error = commit_save(job)
+            if error is not None:
+                raise CheckpointSaveError(not_saved_message(job.final, error, self.storage_options))
+            self._last_global_step_saved = job.step
+            self._last_checkpoint_saved = str(final)
+            self._advertise(trainer, job, time.perf_counter() - start)
+            return
+        self._saves.submit(trainer, job, start)
+        self._last_global_step_saved = job.step
+        self._last_checkpoint_saved = str(final)
+
+    def _advertise(self, trainer: pl.Trainer, job: SaveJob, blocking: float, commit_s: float | None = None) -> None:
+        """Only now, after its commit, does a checkpoint exist for anyone else."""
+        self.last_committed = (str(job.final), job.step)
+        self.last_blocking_seconds = blocking
+        if self._events is not None:
+            payload: dict[str, Any] = {"path": str(job.final), "blocking_s": blocking}
+            if commit_s is not None:
+                payload.update({"async": True, "commit_s": commit_s})
+            self._events.emit("ckpt_committed", step=job.step, payload=payload)
+        if trainer.is_global_zero:
+            for logger in trainer.loggers:
+                logger.after_save_checkpoint(proxy(self))
+
+    # ------------------------------------------------------------------ save_last, retention, resolution
+    @override
+    def _save_last_checkpoint(self, trainer: pl.Trainer, monitor_candidates: dict[str, Any]) -> None:
+        if not self.save_last:
+            return
+        previous_copy = self._last_copy
+        if self._last_checkpoint_saved and self._last_global_step_saved == trainer.global_step:
+            # This step is already committed: "last" is a name for it, not a second copy.
+            self.last_model_path = self._last_checkpoint_saved
+            self._last_copy = None
+        else:
+            filepath = self.format_checkpoint_name(monitor_candidates, self.CHECKPOINT_NAME_LAST)
+            version = self.STARTING_VERSION
+            while self.file_exists(filepath, trainer):
+                filepath = self.format_checkpoint_name(monitor_candidates, self.CHECKPOINT_NAME_LAST, ver=version)
+                version += 1
+            self.last_model_path = filepath
+            self._save_checkpoint(trainer, filepath)
+            self._last_copy = filepath
+        # Only a checkpoint written solely to serve as "last" is retired here; top-k ones keep their own rules.
+        if (
+            previous_copy
+            and previous_copy != self.last_model_path
+            and self._should_remove_checkpoint(trainer, previous_copy, self.last_model_path)
+        ):
+            self._remove_checkpoint(trainer, previous_copy)
+
+    @override
+    def _remove_checkpoint(self, trainer: pl.Trainer, filepath: str) -> None:
+        if self._saves.defer_removal(filepath):
+            return
+        reason = None
+        if trainer.is_global_zero:
+            reason = self.protection_reason(filepath)
+        reason = broadcast_object(reason)
+        if reason is not None:
+            rank_zero_info(f"Keeping {filepath}: {reason}")
+            return
+        super()._remove_checkpoint(trainer, filepath)
+
+    def protection_reason(self, filepath: str) -> str | None:
+        """Why retention must keep ``filepath`` (it is the only recoverable checkpoint), else None."""
+        entries = committed_checkpoints(parent(filepath), self.storage_options)
+        recoverable = [e for e in entries if e.manifest is not None and e.manifest.recoverable]
+        if len(recoverable) == 1 and same_location(recoverable[0].path, filepath):
+            return "it is the only recoverable checkpoint"
+        return None
+
