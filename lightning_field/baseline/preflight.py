@@ -21,7 +21,8 @@ import lightning.pytorch as pl
 import torch
 from typing_extensions import override
 
-from lightning_field.baseline.data_checks import CheckResult, check_data, format_results
+from lightning_field.baseline.check_result import CheckResult, format_results
+from lightning_field.baseline.data_checks import check_data
 from lightning_field.baseline.overfit import tiny_overfit
 from lightning_field.profiling.throughput import batch_counts, peak_memory_bytes
 from lightning_field.profiling.timers import SECTIONS, FetchClock, SectionHooks, SectionTimer
