@@ -9,7 +9,9 @@ scaling at constant effective batch with gradient equivalence and names the bott
 
 from __future__ import annotations
 
-from lightning_field.baseline.data_checks import CheckResult, check_data, format_results, split_batch
+from lightning_field.baseline.check_result import CheckResult, format_results
+from lightning_field.baseline.data_checks import check_data
+from lightning_field.baseline.data_sample import split_batch
 from lightning_field.baseline.overfit import OverfitResult, tiny_overfit
 from lightning_field.baseline.preflight import PreflightSettings, run_preflight
 from lightning_field.baseline.scale import StudyConfig, run_study

@@ -126,6 +126,8 @@ def tiny_overfit(
     if not model.automatic_optimization:
         raise ValueError("tiny_overfit supports automatic optimization only: this module steps its own optimizers")
 
+    # Not Lightning's isolate_rng, which restores nothing when its body raises (lightning 2.6), and the
+    # training below raises ValueError for a bad training_step: the finally restores the RNGs either way.
     py_state, np_state = random.getstate(), np.random.get_state()
     with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
         # training_step's self.log() warns once per call without a Trainer; logging is irrelevant here.

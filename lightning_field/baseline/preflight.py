@@ -9,22 +9,35 @@ optimizer state, not from a formula.
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
 import torch
 from typing_extensions import override
 
-from lightning_field.baseline.data_checks import CheckResult, check_data, format_results
+from lightning_field.baseline.check_result import CheckResult
+from lightning_field.baseline.data_checks import check_data
 from lightning_field.baseline.overfit import tiny_overfit
+from lightning_field.baseline.preflight_report import render_report, write_report
 from lightning_field.profiling.throughput import batch_counts, peak_memory_bytes
 from lightning_field.profiling.timers import SECTIONS, FetchClock, SectionHooks, SectionTimer
+
+__all__ = [
+    "PreflightConfigError",
+    "PreflightSettings",
+    "StepClock",
+    "baseline",
+    "device_memory_bytes",
+    "measure_fit",
+    "render_report",
+    "run_preflight",
+    "write_report",
+]
 
 BREAKDOWN = tuple(s for s in SECTIONS if s != "checkpoint")  # preflight saves no checkpoints
 
@@ -76,6 +89,7 @@ class StepClock(SectionHooks):
         self._last: float | None = None
         self._fetch = FetchClock()
         self._sections: dict[int, dict[str, float]] = {}
+        self._timer: SectionTimer | None = None  # set up with the Trainer's device
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -111,6 +125,11 @@ class StepClock(SectionHooks):
         })  # fmt: skip
         self._last = now
 
+    @property
+    def uses_cuda_events(self) -> bool:
+        """Whether the sections were timed with CUDA events (else ``perf_counter``)."""
+        return self._timer is not None and self._timer.cuda
+
     def losses(self) -> list[tuple[int, float | None]]:
         """(step, loss) per step, read once training is over."""
         return [(s["step"], None if s["loss"] is None else float(s["loss"])) for s in self.steps]
@@ -144,7 +163,9 @@ def device_memory_bytes(device: torch.device) -> tuple[int | None, str]:
         return None, "unknown"
 
 
-def measure_fit(model: pl.LightningModule, optimizer: torch.optim.Optimizer, device: torch.device, fraction: float):
+def measure_fit(
+    model: pl.LightningModule, optimizer: torch.optim.Optimizer, device: torch.device, fraction: float
+) -> dict[str, Any]:
     """Persistent state measured from the live model and its optimizer after real steps."""
     params = sum(p.numel() * p.element_size() for p in model.parameters())
     grads = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
@@ -166,7 +187,9 @@ def measure_fit(model: pl.LightningModule, optimizer: torch.optim.Optimizer, dev
     }
 
 
-def baseline(model: pl.LightningModule, datamodule: Any, trainer_kwargs: dict[str, Any], settings: PreflightSettings):
+def baseline(
+    model: pl.LightningModule, datamodule: Any, trainer_kwargs: dict[str, Any], settings: PreflightSettings
+) -> tuple[dict[str, Any], pl.Trainer]:
     """Step time (median, p90), throughput, peak memory and loss trajectory over a few real steps."""
     clock = StepClock()
     steps = settings.baseline_warmup_steps + settings.baseline_steps
@@ -203,7 +226,7 @@ def baseline(model: pl.LightningModule, datamodule: Any, trainer_kwargs: dict[st
         if split
         else None,
         "breakdown_source": "lightning_field.profiling.SectionTimer ("
-        + ("CUDA events" if clock._timer is not None and clock._timer.cuda else "perf_counter")
+        + ("CUDA events" if clock.uses_cuda_events else "perf_counter")
         + f"), {len(split)} steps",
         "loss": clock.losses(),
         "step_seconds": [(s["step"], s["seconds"]) for s in clock.steps if s["seconds"] is not None],
@@ -222,7 +245,7 @@ def _take(loader: Any, n: int) -> list[Any]:
 def run_preflight(
     model: pl.LightningModule, datamodule: Any, trainer_kwargs: dict[str, Any], settings: PreflightSettings
 ) -> dict[str, Any]:
-    """Every check, in order; the report is plain data (``write_report`` renders it)."""
+    """Every check, in order; the report is plain data (``preflight_report`` renders and writes it)."""
     settings.validate()
     datamodule.setup("fit")
     train_loader = datamodule.train_dataloader()
@@ -264,7 +287,7 @@ def run_preflight(
     }
 
 
-def _attempt(work: Any) -> tuple[Any, str | None]:
+def _attempt(work: Callable[[], Any]) -> tuple[Any, str | None]:
     try:
         return work(), None
     except PreflightConfigError:
@@ -278,70 +301,3 @@ def _val_loader(datamodule: Any) -> Any:
         return datamodule.val_dataloader()
     except (NotImplementedError, AttributeError, pl.utilities.exceptions.MisconfigurationException):
         return None
-
-
-def _mb(n: int | None) -> str:
-    if n is None:
-        return "n/a"
-    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{n} B"
-
-
-def render_report(report: dict[str, Any]) -> str:
-    o, b, f = report["overfit"], report["baseline"], report["fit"]
-    data = [CheckResult(**d) for d in report["data_checks"]]
-    lines = ["Data and labels:", format_results(data), "", "Tiny overfit:"]
-    lines.append(f"  {'ok  ' if o['passed'] else 'FAIL'} {o['detail']}")
-    if o.get("hint"):
-        lines.append(f"       try: {o['hint']}")
-    lines.append("")
-    if "error" in b:
-        lines.append(f"Baseline: FAIL, training {b['error']}")
-    else:
-        tokens = f", {b['tokens_per_s']:.0f} tokens/s" if b["tokens_per_s"] else ""
-        lines += [
-            f"Baseline ({b['device']}, {b['steps_measured']} steps after {b['warmup_steps']} warm-up):",
-            f"  step time median {1e3 * b['step_s_median']:.1f} ms, p90 {1e3 * b['step_s_p90']:.1f} ms;"
-            f" {b['samples_per_s']:.1f} samples/s{tokens}",
-            f"  peak memory {_mb(b['peak_memory_bytes'])} ({b['peak_memory_source']})",
-        ]
-        if b.get("breakdown_s"):
-            split = ", ".join(f"{name} {1e3 * sec:.1f} ms" for name, sec in b["breakdown_s"].items())
-            lines.append(f"  median split: {split} ({b['breakdown_source']})")
-    if f is not None:
-        lines += [
-            "",
-            "Fit (measured from the real model and optimizer):",
-            f"  {'ok  ' if f['fits'] is not False else 'FAIL'} state {_mb(f['state_bytes'])} = params"
-            f" {_mb(f['params_bytes'])} + grads {_mb(f['grads_bytes'])} + optimizer {_mb(f['optimizer_bytes'])};"
-            f" device {_mb(f['device_memory_bytes'])} ({f['device_memory_source']}),"
-            f" allowed share {f['state_fraction']:g}",
-        ]
-    lines += ["", "PREFLIGHT PASSED" if report["passed"] else f"PREFLIGHT FAILED: {', '.join(report['failed'])}"]
-    return "\n".join(lines)
-
-
-def write_report(report: dict[str, Any], out_dir: Path) -> dict[str, Path]:
-    """``preflight.json``, ``preflight.md`` and ``baseline.png`` (step time and loss per step)."""
-    from lightning_field.core.fsio import atomic_write_bytes
-    from lightning_field.evidence.plots import standalone_figure
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    paths = {"json": out_dir / "preflight.json", "md": out_dir / "preflight.md", "png": out_dir / "baseline.png"}
-    atomic_write_bytes(paths["json"], json.dumps(report, indent=2, default=str).encode())
-    atomic_write_bytes(paths["md"], ("```\n" + render_report(report) + "\n```\n").encode())
-    fig = standalone_figure((9, 4))
-    left, right = fig.subplots(1, 2)
-    times = report["baseline"].get("step_seconds", [])
-    if times:
-        left.plot([s for s, _ in times], [1e3 * t for _, t in times], marker=".")
-    left.set(xlabel="step", ylabel="step time (ms)", title="baseline step time")
-    losses = [(s, v) for s, v in report["baseline"].get("loss", []) if v is not None]
-    if losses:
-        right.plot([s for s, _ in losses], [v for _, v in losses], marker=".")
-    right.set(xlabel="step", ylabel="loss", title="baseline loss")
-    fig.tight_layout()
-    fig.savefig(paths["png"])
-    return paths

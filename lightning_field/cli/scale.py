@@ -15,7 +15,23 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lightning_field.baseline.scale import RANKS_PER_CPU, ScaleInputError, StudyConfig, parse_ranks, plan_study
+from hydra.errors import HydraException
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from lightning_field.baseline.scale import (
+    RANKS_PER_CPU,
+    ScaleInputError,
+    ScaleRunError,
+    StudyConfig,
+    parse_ranks,
+    plan_study,
+    render_report,
+    run_study,
+)
+from lightning_field.cli.hydra_app import import_from_working_directory, one_line
+from lightning_field.conf import compose_config
+from lightning_field.integrations.hydra_configs import TargetConfigError, apply_target_swaps, prepare_target_overrides
 
 # flag (argparse dest) -> the scale.* setting it sets
 FLAG_KEYS = {
@@ -28,18 +44,6 @@ FLAG_KEYS = {
 def study_config(args: argparse.Namespace) -> StudyConfig:
     """Compose ``field_scale`` with the user's overrides, then apply the flags (which win: they are what
     was typed most explicitly, and paths need no Hydra quoting)."""
-    from hydra.errors import HydraException
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
-    from lightning_field.cli.hydra_app import import_from_working_directory, one_line
-    from lightning_field.conf import compose_config
-    from lightning_field.integrations.hydra_configs import (
-        TargetConfigError,
-        apply_target_swaps,
-        prepare_target_overrides,
-    )
-
     import_from_working_directory()
     overrides = prepare_target_overrides(args.overrides)
     try:
@@ -87,8 +91,6 @@ def validate(config: StudyConfig) -> None:
 
 
 def cmd_scale(args: argparse.Namespace) -> int:
-    from lightning_field.baseline.scale import ScaleRunError, render_report, run_study
-
     try:
         config = study_config(args)
         validate(config)  # before any process starts
