@@ -22,6 +22,7 @@ from lightning_field.record.identity import code_version
 
 
 def iso(unix: float | None) -> str | None:
+    """A Unix time as the record shows dates: ISO 8601 in UTC, to the second."""
     if unix is None:
         return None
     return dt.datetime.fromtimestamp(unix, dt.timezone.utc).isoformat(timespec="seconds")
