@@ -25,9 +25,11 @@ import pytest
 from conftest import child_env
 
 from lightning_field.cli.main import main as field_main
+from lightning_field.record.build import signature_state
 from lightning_field.record.check import check_record
 from lightning_field.record.conditions import decide, evaluate_conditions
 from lightning_field.record.config import RecordConfigError, load_record_config, parse_record_config
+from lightning_field.record.html import render_html
 from lightning_field.record.identity import staleness_reasons
 from lightning_field.record.ladder import exposure
 from lightning_field.record.signing import content_sha256, sign, verify_signatures
@@ -264,6 +266,23 @@ def test_the_html_page_is_self_contained_and_renders_with_its_plots_in_headless_
     # The GO badge is green and the quality plot's line blue: the page was laid out, plots included.
     assert any(g > 100 and r < 60 and b < 80 for r, g, b in pixels), "no GO badge"
     assert sum(1 for r, g, b in pixels if b > 150 and r < 60 and 90 < g < 150) > 50, "no plotted line"
+
+
+def test_a_name_or_path_holding_markup_is_text_on_the_page_never_markup(made: dict[str, Path]) -> None:
+    record = _load(made["good"])
+    hostile = "<script>alert('x')</script> & co"
+    record["conditions"][0]["name"] = f"cond {hostile}"
+    record["decision"]["held_by"] = [{"name": f"held {hostile}", "status": "fail", "detail": "d & <b>"}]
+    record["sources"][0]["path"] = f"/runs/{hostile}/manifest.json"
+    record["figures"][0]["label"] = f"figure {hostile}"
+    record["config"]["note"] = hostile
+    page = render_html(record, made["good"], signature_state(record))
+    assert "<script" not in page and "& co" not in page and "d & <b>" not in page
+    escaped = "&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt; &amp; co"
+    for shown in (f"cond {escaped}", f"held {escaped}", f"/runs/{escaped}/manifest.json", f"figure {escaped}"):
+        assert shown in page
+    assert "d &amp; &lt;b&gt;" in page
+    assert '"note": "&lt;script&gt;' in page.replace("&#34;", '"')  # the configuration, as JSON text
 
 
 def test_the_exposure_ladder_names_the_supported_level_and_what_the_next_one_lacks(made: dict[str, Path]) -> None:

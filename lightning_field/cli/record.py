@@ -3,6 +3,9 @@
 Exit status: ``check`` 0 only when every critical condition passes with fresh evidence, the record is
 unedited and every signature is valid, 1 otherwise; every command 2 for unusable input (a missing
 directory, an unknown role, no sources, a malformed condition configuration).
+
+``lightning_field.record`` and the checkpoint reader are imported inside the commands: ``cli.main``
+imports this module to build ``field --help``, which must not pay for torch and Lightning.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from lightning_field.core.layout import RECORD_RELPATH
 
 EXIT_OK, EXIT_HELD, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -82,6 +87,7 @@ def build_arguments() -> argparse.ArgumentParser:
 
 def released_dir(run_dirs: list[Path]) -> Path:
     """Where the record goes by default: the released run's ``field/record`` (the first with checkpoints)."""
+    # Lazy: keeps `field --help` free of torch (module docstring).
     from lightning_field.checkpoint.resolver import committed_checkpoints
 
     return next((d for d in run_dirs if any(e.manifest for e in committed_checkpoints(d / "checkpoints"))), run_dirs[0])
@@ -95,7 +101,7 @@ def cmd_build(outer: argparse.Namespace) -> int:
     for name in ("out", "copy", "plan", "no_wandb"):  # options given before the first run directory
         if not getattr(args, name) and getattr(outer, name):
             setattr(args, name, getattr(outer, name))
-    from lightning_field.core.layout import RECORD_RELPATH
+    # Lazy: keeps `field --help` free of torch (module docstring).
     from lightning_field.record.build import RECORD_HTML, build_record
     from lightning_field.record.collect import NoSourcesError
     from lightning_field.record.config import RecordConfigError, load_record_config
@@ -133,6 +139,7 @@ def _maybe_log_wandb(args: argparse.Namespace, config: Any, record: dict[str, An
     run_dir = record["release"].get("run_dir")
     if args.no_wandb or config.wandb_log is False or run_dir is None:
         return
+    # Lazy: the integrations package loads W&B and Lightning, which only a record logged to W&B needs.
     from lightning_field.integrations.wandb_identity import read_wandb_identity
 
     try:
@@ -144,7 +151,7 @@ def _maybe_log_wandb(args: argparse.Namespace, config: Any, record: dict[str, An
         if config.wandb_log is True:
             print(f"field record: W&B not logged: {run_dir} has no field/wandb.json", file=sys.stderr)
         return
-    from lightning_field.record.wandb_log import log_record
+    from lightning_field.record.wandb_log import log_record  # imports wandb: only when a run is logged to
 
     try:
         logged = log_record(record, out, Path(run_dir), config.wandb_mode)
@@ -156,6 +163,7 @@ def _maybe_log_wandb(args: argparse.Namespace, config: Any, record: dict[str, An
 
 
 def cmd_check(args: argparse.Namespace) -> int:
+    # Lazy: keeps `field --help` free of torch (module docstring).
     from lightning_field.record.check import RecordUnreadableError, check_record
     from lightning_field.record.config import RecordConfigError
 
@@ -184,6 +192,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_sign(args: argparse.Namespace) -> int:
+    # Lazy: keeps `field --help` free of torch (module docstring).
     from lightning_field.record.build import write_html, write_json
     from lightning_field.record.check import RecordUnreadableError, load_record
     from lightning_field.record.signing import CONTENT_SHA256, content_sha256, sign, verify_signatures

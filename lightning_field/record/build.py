@@ -1,6 +1,7 @@
 """Building the record: collect, evaluate, decide, plot, and publish ``record.json`` and ``record.html``.
 
-``record.json`` is written last, like a manifest: its presence says the record is complete.
+``record.json`` is written last, like a manifest: its presence says the record is complete. Its
+format and file names are ``record.document``'s, shared with the readers.
 """
 
 from __future__ import annotations
@@ -16,12 +17,13 @@ from typing import Any
 from lightning_field._version import __version__
 from lightning_field.core.fsio import atomic_write_bytes
 from lightning_field.core.hashing import file_digest
-from lightning_field.record import plots
-from lightning_field.record.collect import RECORD_JSON, Collection, collect, json_default
+from lightning_field.record.collect import collect, json_default
 from lightning_field.record.conditions import decide, evaluate_conditions
 from lightning_field.record.config import RecordConfig
+from lightning_field.record.document import FORMAT, RECORD_HTML, RECORD_JSON
 from lightning_field.record.html import render_html
 from lightning_field.record.ladder import exposure
+from lightning_field.record.plots import plot_goodput, plot_quality, plot_throughput
 from lightning_field.record.signing import (
     CONTENT_SHA256,
     SIGNATURES,
@@ -29,13 +31,8 @@ from lightning_field.record.signing import (
     missing_signoffs,
     verify_signatures,
 )
+from lightning_field.record.sources import Collection
 
-FORMAT = "lightning_field.record/2"
-"""Format 2 cites every source and plot by its labelled digest (``digest``, ``"blake3:<hex>"``)."""
-
-READABLE_FORMATS = ("lightning_field.record/1", FORMAT)
-"""Format 1 records (``sha256``, a bare SHA-256 per source and plot) are still checked."""
-RECORD_HTML = "record.html"
 LIMITATIONS = [
     "Signatures are accountability, not cryptographic identity: a signature is a typed name over the SHA-256 of"
     " the record's content.",
@@ -86,13 +83,13 @@ def _plots(col: Collection, out: Path) -> list[dict[str, Any]]:
     made: list[tuple[Path | None, str]] = []
     monitor, target = col.plots.get("target", (None, None))
     if monitor and col.plots.get("quality_events"):
-        made.append((plots.plot_quality(col.plots["quality_events"], monitor, target, out / "quality.png"),
+        made.append((plot_quality(col.plots["quality_events"], monitor, target, out / "quality.png"),
                      f"{monitor} at each evaluation and the target (from the event log)"))  # fmt: skip
     if col.plots.get("goodput"):
-        made.append((plots.plot_goodput(col.plots["goodput"], out / "goodput.png"),
+        made.append((plot_goodput(col.plots["goodput"], out / "goodput.png"),
                      "goodput ledger: where the wall time went (from the event log)"))  # fmt: skip
     if col.plots.get("throughput"):
-        made.append((plots.plot_throughput(col.plots["throughput"], out / "throughput.png"),
+        made.append((plot_throughput(col.plots["throughput"], out / "throughput.png"),
                      "throughput per straggler report (field/profile/reports.jsonl)"))  # fmt: skip
     entries = [
         {"file": path.name, "digest": file_digest(path), "caption": caption}

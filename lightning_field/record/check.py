@@ -7,17 +7,17 @@ the content is compared with the stamp written at build time, and every signatur
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lightning_field.core.documents import read_document
 from lightning_field.core.hashing import file_matches
-from lightning_field.record.collect import RECORD_JSON, cited_digest
 from lightning_field.record.conditions import GO, decide, evaluate_conditions
 from lightning_field.record.config import parse_record_config
+from lightning_field.record.document import RECORD_DOCUMENT, RECORD_JSON, cited_digest
 from lightning_field.record.ladder import exposure
 from lightning_field.record.signing import CONTENT_SHA256, content_sha256, missing_signoffs, verify_signatures
 
@@ -38,20 +38,15 @@ class CheckResult:
 
 
 def load_record(record_dir: Path) -> dict[str, Any]:
+    """The record in ``record_dir``, once its envelope checks (format, required fields).
+
+    Raises:
+        RecordUnreadableError: ``record_dir`` is not a directory, or its ``record.json`` is missing,
+            not JSON, of a format this version cannot read, or lacks a field.
+    """
     if not record_dir.is_dir():
         raise RecordUnreadableError(f"{record_dir}: no such directory")
-    path = record_dir / RECORD_JSON
-    try:
-        record = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise RecordUnreadableError(f"{path}: no record here (field record build writes it)") from None
-    except json.JSONDecodeError as err:
-        raise RecordUnreadableError(f"{path}: not valid JSON ({err})") from None
-    from lightning_field.record.build import FORMAT, READABLE_FORMATS
-
-    if not isinstance(record, dict) or record.get("format") not in READABLE_FORMATS:
-        raise RecordUnreadableError(f"{path}: not a {FORMAT} record")
-    return record
+    return read_document(record_dir / RECORD_JSON, RECORD_DOCUMENT, RecordUnreadableError)
 
 
 def _source_problems(record: Mapping[str, Any], record_dir: Path) -> dict[str, str]:

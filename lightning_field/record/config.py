@@ -12,6 +12,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from hydra.errors import HydraException
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from lightning_field.conf import compose_config
 from lightning_field.record.conditions import CHECKS
 from lightning_field.record.errors import RecordConfigError
 
@@ -86,12 +91,6 @@ def compose_record_config(overrides: Sequence[str] = ()) -> dict[str, Any]:
     Hydra's compose API, not ``@hydra.main``: ``field record`` is an argparse command whose
     overrides are one option among others, and it must not change the working directory or logging.
     """
-    from hydra.errors import HydraException
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
-    from lightning_field.conf import compose_config
-
     # No primary config lists the group, so choosing an option (record=strict) means adding it.
     chosen = [o for o in overrides if o.lstrip("+").split("=", 1)[0] == "record" and "=" in o]
     rest = [o for o in overrides if o not in chosen]

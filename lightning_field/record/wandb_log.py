@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import wandb
+
 from lightning_field.integrations.wandb_identity import SEGMENTS_DIRNAME, read_wandb_identity
 
 ARTIFACT_TYPE = "release-record"
@@ -40,8 +42,6 @@ def summary_of(record: Mapping[str, Any]) -> dict[str, Any]:
 
 def log_record(record: Mapping[str, Any], record_dir: Path, run_dir: Path, mode: str | None = None) -> dict[str, Any]:
     """Log ``record_dir`` (record.json, record.html, plots) to ``run_dir``'s W&B run; returns what was logged."""
-    import wandb
-
     identity = read_wandb_identity(run_dir)
     if identity is None:
         raise FileNotFoundError(f"{run_dir}: no field/wandb.json, so this run has no W&B run to log the record to")
