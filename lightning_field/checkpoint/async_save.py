@@ -169,7 +169,7 @@ class HostSnapshot:
         return copy.deepcopy(obj, memo)
 
     def _copy_tensor(self, tensor: torch.Tensor, path: tuple[Any, ...], used: set[tuple[Any, ...]]) -> torch.Tensor:
-        from torch.distributed.tensor import DTensor
+        from torch.distributed.tensor import DTensor  # lazy: absent where torch is built without distributed
 
         if isinstance(tensor, DTensor):
             return torch_compat.host_dtensor(tensor, self._copy_tensor(tensor.to_local(), (*path, "local"), used))

@@ -23,10 +23,9 @@ from __future__ import annotations
 import json
 import logging
 import math
-import statistics
 import time
 from collections import deque
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +44,15 @@ from lightning_field.compat import lightning as internals
 from lightning_field.core.distributed import all_gather_objects
 from lightning_field.core.layout import PROFILE_RELPATH
 from lightning_field.profiling.comm import CommTimer, ProfiledDDPStrategy
+from lightning_field.profiling.straggler_report import (
+    SUMMARY_FIELDS,
+    Flag,
+    ScoringRules,
+    StragglerReport,
+    interval_summary,
+    report_metrics,
+    score_report,
+)
 from lightning_field.profiling.throughput import (
     batch_counts,
     host_name,
@@ -57,58 +65,6 @@ from lightning_field.profiling.timers import FetchClock, SectionHooks, SectionTi
 log = logging.getLogger(__name__)
 
 POLICIES = ("warn", "checkpoint_and_stop")
-# The fixed-size summary each rank contributes to a report, in this order.
-SUMMARY_FIELDS = (
-    "steps",
-    "step_s",
-    "data_s",
-    "forward_s",
-    "backward_s",
-    "optimizer_s",
-    "compute_s",
-    "exposed_comm_s",
-    "first_wait_s",
-    "checkpoint_s",
-    "interval_s",
-    "samples",
-    "tokens",
-    "flops",
-    "peak_memory_bytes",
-)
-FLAGGED_SECTIONS = ("data", "compute")
-
-
-@dataclass
-class Flag:
-    rank: int
-    host: str
-    section: str
-    score: float
-    reports_below: int
-    own_s: float
-    reference_s: float
-
-
-@dataclass
-class StragglerReport:
-    step: int
-    interval_steps: int
-    ranks: list[dict[str, Any]]
-    scores: dict[str, list[float]]
-    arrival: dict[str, Any]
-    flagged: list[Flag] = field(default_factory=list)
-    input_pipeline: list[str] = field(default_factory=list)
-    throughput: dict[str, Any] = field(default_factory=dict)
-    collectives: dict[str, Any] | None = None  # this rank's latest step: bytes, time, algbw, busbw per bucket
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def _median(values: list[float]) -> float:
-    return statistics.median(values) if values else 0.0
-
-
 class StragglerMonitor(SectionHooks):
     """Name the slow rank, its host and the section responsible.
 
@@ -162,6 +118,7 @@ class StragglerMonitor(SectionHooks):
             raise ValueError(f"need 1 <= k <= n, got k={k}, n={n}")
         if policy not in POLICIES:
             raise ValueError(f"policy must be one of {', '.join(POLICIES)}, got {policy!r}")
+        self._rules = ScoringRules(threshold, min_share, k, n, data_wait_warn_share)
         self.report_interval_s = report_interval_s
         self.threshold = threshold
         self.min_share = min_share
@@ -308,17 +265,6 @@ class StragglerMonitor(SectionHooks):
 
     # ------------------------------------------------------------------ the report: one all_gather
     def _summary(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> list[float]:
-        steps, comm = self._steps, {s["step"]: s for s in self._comm_steps}
-        exposed = [comm[t.step]["exposed_s"] or 0.0 for t in steps if t.step in comm]
-        first_wait = [comm[t.step]["first_wait_s"] or 0.0 for t in steps if t.step in comm]
-        compute = []
-        for t in steps:
-            sec = t.seconds
-            waited = (comm[t.step]["exposed_s"] or 0.0) if t.step in comm else 0.0
-            compute.append(
-                sec.get("forward", 0.0) + max(sec.get("backward", 0.0) - waited, 0.0) + sec.get("optimizer", 0.0)
-            )
-        elapsed = time.perf_counter() - self._interval_started
         # Counted per batch, so gradient accumulation is counted per optimizer step automatically.
         flops_per_batch = self._flops_source(pl_module) or self._measured_flops
         if flops_per_batch is not None:
@@ -327,24 +273,11 @@ class StragglerMonitor(SectionHooks):
             flops = 6.0 * self._params * self._tokens
         else:
             flops = None
-        values = {
-            "steps": float(len(steps)),
-            "step_s": _median([t.wall_s for t in steps]),
-            "data_s": _median([t.seconds.get("data", 0.0) for t in steps]),
-            "forward_s": _median([t.seconds.get("forward", 0.0) for t in steps]),
-            "backward_s": _median([t.seconds.get("backward", 0.0) for t in steps]),
-            "optimizer_s": _median([t.seconds.get("optimizer", 0.0) for t in steps]),
-            "compute_s": _median(compute),
-            "exposed_comm_s": _median(exposed),
-            "first_wait_s": _median(first_wait),
-            "checkpoint_s": sum(t.seconds.get("checkpoint", 0.0) for t in steps),
-            "interval_s": elapsed,
-            "samples": float(self._samples),
-            "tokens": float(self._tokens if self._tokens is not None else -1),
-            "flops": float(flops) if flops is not None else -1.0,
-            "peak_memory_bytes": float(peak_memory_bytes(trainer.strategy.root_device)[0]),
-        }
-        return [values[name] for name in SUMMARY_FIELDS]
+        return interval_summary(
+            self._steps, self._comm_steps, elapsed_s=time.perf_counter() - self._interval_started, flops=flops,
+            samples=self._samples, tokens=self._tokens,
+            peak_memory=float(peak_memory_bytes(trainer.strategy.root_device)[0]),
+        )  # fmt: skip
 
     def _gather(self, trainer: pl.Trainer, summary: list[float]) -> list[list[float]]:
         if not (dist.is_available() and dist.is_initialized()):
@@ -386,59 +319,12 @@ class StragglerMonitor(SectionHooks):
             log.error("Could not write the straggler report at step %d: %s", step, err)
 
     def _score(self, rows: list[dict[str, Any]], step: int, trainer: pl.Trainer) -> StragglerReport:
-        hosts = self._hosts or [host_name()] * len(rows)
-        step_ref = _median([r["step_s"] for r in rows])
-        scores: dict[str, list[float]] = {}
-        flagged = []
-        for section in FLAGGED_SECTIONS:
-            own = [r[f"{section}_s"] for r in rows]
-            reference = _median(own)
-            scores[section] = [reference / o if o > 0 else 1.0 for o in own]
-            for rank, (o, score) in enumerate(zip(own, scores[section], strict=True)):
-                slow = score < self.threshold and (o - reference) > self.min_share * step_ref
-                history = self._history.setdefault((rank, section), deque(maxlen=self.n))
-                history.append(slow)
-                if sum(history) >= self.k:
-                    flagged.append(
-                        Flag(self._global_rank(rank), hosts[rank], section, score, sum(history), o, reference)
-                    )
-        waits = [r["first_wait_s"] for r in rows]
-        arrival: dict[str, Any] = {"measured": self._comm is not None}
-        measured = [i for i, r in enumerate(rows) if r["steps"] > 0 and r["first_wait_s"] > 0]
-        if self._comm is not None and len(measured) > 1:
-            last = min(measured, key=lambda i: waits[i])
-            skew = max(waits[i] for i in measured) - waits[last]
-            arrival.update({"last_to_arrive": self._global_rank(last), "skew_s": skew, "first_wait_s": waits})
-            for flag in flagged:
-                flag_note = "arrives last at the all-reduce" if flag.rank == last else "not the last to arrive"
-                arrival.setdefault("confirmation", {})[str(flag.rank)] = flag_note
-        warnings = []
-        loaders = self._loader_settings(trainer)
-        for rank, r in enumerate(rows):
-            share = r["data_s"] / r["step_s"] if r["step_s"] > 0 else 0.0
-            if share > self.data_wait_warn_share:
-                warnings.append(
-                    f"rank {rank} ({hosts[rank]}) waits on data {share:.0%} of each step; loader settings: {loaders}."
-                    " Raise num_workers, enable pin_memory, raise prefetch_factor, or make __getitem__ cheaper."
-                )
-        peak, peak_source = self._peak
-        per_rank = []
-        for rank, r in enumerate(rows):
-            seconds = r["interval_s"] or 1e-9
-            flops_s = r["flops"] / seconds if r["flops"] >= 0 else None
-            per_rank.append(
-                {
-                    "rank": self._global_rank(rank),
-                    "samples_per_s": r["samples"] / seconds,
-                    "tokens_per_s": r["tokens"] / seconds if r["tokens"] >= 0 else None,
-                    "flops_per_s": flops_s,
-                    "mfu": flops_s / peak if flops_s is not None and peak else None,
-                    "peak_memory_bytes": r["peak_memory_bytes"],
-                }
-            )
-        throughput = {"per_rank": per_rank, "peak_flops": peak, "peak_source": peak_source}
-        ranks = [{"rank": self._global_rank(i), "host": hosts[i], **r} for i, r in enumerate(rows)]
-        return StragglerReport(step, self._interval_steps, ranks, scores, arrival, flagged, warnings, throughput)
+        return score_report(
+            rows, step, self._interval_steps, rules=self._rules, history=self._history,
+            hosts=self._hosts or [host_name()] * len(rows),
+            global_ranks=[self._global_rank(i) for i in range(len(rows))],
+            comm_measured=self._comm is not None, loaders=self._loader_settings(trainer), peak_flops=self._peak,
+        )  # fmt: skip
 
     @staticmethod
     def _loader_settings(trainer: pl.Trainer) -> str:
@@ -473,19 +359,7 @@ class StragglerMonitor(SectionHooks):
             )  # fmt: skip
         for warning in report.input_pipeline:
             log.warning("INPUT PIPELINE: %s", warning)
-        metrics: dict[str, float] = {}
-        for name in ("step_s", "data_s", "compute_s", "exposed_comm_s"):
-            values = [r[name] for r in report.ranks]
-            order = sorted(range(len(values)), key=lambda i: values[i])
-            metrics[f"profile/{name}/min"] = values[order[0]]
-            metrics[f"profile/{name}/min_rank"] = float(order[0])
-            metrics[f"profile/{name}/median"] = _median(values)
-            metrics[f"profile/{name}/max"] = values[order[-1]]
-            metrics[f"profile/{name}/max_rank"] = float(order[-1])
-        metrics["profile/flagged"] = float(len(report.flagged))
-        mfus = [r["mfu"] for r in report.throughput["per_rank"] if r["mfu"] is not None]
-        if mfus:
-            metrics["profile/mfu/median"] = _median(mfus)
+        metrics = report_metrics(report)
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=trainer.global_step)
         events = self._checkpoint.events if self._checkpoint else None

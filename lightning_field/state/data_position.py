@@ -15,6 +15,9 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
+from torch.utils.data import IterableDataset
+
+from lightning_field.state.samplers import JumpRandomSampler, JumpSequentialSampler
 
 _MAX_DEPTH = 5
 
@@ -126,10 +129,6 @@ def describe_restore(loader: Any) -> str:
     What it costs matters at scale: a jump costs the same at batch 10 and batch 1,000,000, an index
     fast-forward grows with the position (without loading data), a replay re-reads the data.
     """
-    from torch.utils.data import IterableDataset
-
-    from lightning_field.state.samplers import JumpRandomSampler, JumpSequentialSampler
-
     if not callable(getattr(loader, "state_dict", None)):
         return "not restored: the loader has no state_dict"
     dataset = getattr(loader, "dataset", None)

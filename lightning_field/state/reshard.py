@@ -22,6 +22,8 @@ import copy
 import logging
 from typing import Any
 
+from torch.utils.data import DistributedSampler, SequentialSampler
+
 log = logging.getLogger(__name__)
 
 _BATCH_COUNTERS = ("_sampler_iter_yielded", "_num_yielded")
@@ -120,8 +122,6 @@ def order_warnings(loaders: list[Any], old: int, new: int) -> list[str]:
     ``DistributedSampler`` only under a distributed strategy, so the same job on one device with the
     default strategy draws from a ``RandomSampler``'s own order instead (a sequential order is the
     same either way)."""
-    from torch.utils.data import DistributedSampler, SequentialSampler
-
     warnings = []
     for index, loader in enumerate(loaders):
         sampler = getattr(getattr(loader, "batch_sampler", None), "sampler", None) or getattr(loader, "sampler", None)

@@ -15,6 +15,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from lightning_field.core.hashing import new_hasher
+
 
 def _numpy_state_to_plain(state: tuple[Any, ...]) -> dict[str, Any]:
     name, keys, pos, has_gauss, cached = state
@@ -73,8 +75,6 @@ def restore_rng_state(state: Mapping[str, Any], generators: Mapping[str, torch.G
 
 def rng_digest(state: Mapping[str, Any]) -> str:
     """A short, stable fingerprint of an RNG state, for comparing runs without storing the state."""
-    from lightning_field.core.hashing import new_hasher
-
     h = new_hasher()
     h.update(repr(state["python"]).encode())
     h.update(state["numpy"]["keys"])
