@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DocumentError", "DocumentFormat", "parse_document", "read_document"]
+__all__ = ["DocumentError", "DocumentFormat", "check_envelope", "parse_document", "read_document"]
 
 
 class DocumentError(ValueError):
@@ -67,6 +67,17 @@ def parse_document(
         data = json.loads(text)
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise error(f"{where}: {spec.title} is not valid JSON ({err})") from None
+    return check_envelope(data, spec, where, error)
+
+
+def check_envelope(
+    data: Any, spec: DocumentFormat, where: str | os.PathLike[str], error: ErrorFactory = DocumentError
+) -> dict[str, Any]:
+    """``data`` (already parsed) as a dict, once its format and required keys check.
+
+    Raises:
+        The exception ``error`` builds, naming ``where``, as :func:`parse_document` does.
+    """
     if not isinstance(data, Mapping):
         raise error(f"{where}: {spec.title} is not a JSON object")
     fmt = data.get("format")

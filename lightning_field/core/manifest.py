@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lightning_field.core.documents import DocumentFormat, check_envelope, parse_document
 from lightning_field.core.fsio import atomic_write_bytes
 from lightning_field.core.hashing import HASH_ALGORITHM
 from lightning_field.core.storage import StorageOptions, is_url, join, open_fs
@@ -23,6 +24,13 @@ FORMAT = "lightning_field.checkpoint/2"
 # checkpoints written by earlier versions still verify and resume.
 READABLE_FORMATS = {"lightning_field.checkpoint/1": "sha256", FORMAT: HASH_ALGORITHM}
 MANIFEST_NAME = "manifest.json"
+MANIFEST_DOCUMENT = DocumentFormat(
+    title="checkpoint",
+    current=FORMAT,
+    readable=tuple(READABLE_FORMATS),
+    required=("name", "step", "epoch", "world_size", "files", "components", "recoverable", "missing"),
+    missing_hint="no manifest, so this is not a committed checkpoint",
+)
 SHARED_STATE_FILE = "state.pt"
 
 
@@ -69,11 +77,7 @@ class Manifest:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Manifest:
-        fmt = data.get("format")
-        if fmt not in READABLE_FORMATS:
-            raise ManifestError(
-                f"unsupported checkpoint format {fmt!r}; this version reads {', '.join(map(repr, READABLE_FORMATS))}"
-            )
+        fmt = check_envelope(data, MANIFEST_DOCUMENT, "manifest", ManifestError)["format"]
         if data.get("hash_algorithm") != READABLE_FORMATS[fmt]:
             raise ManifestError(
                 f"checkpoint format {fmt!r} names hash algorithm {data.get('hash_algorithm')!r};"
@@ -98,10 +102,7 @@ def read_manifest(checkpoint_dir: str | os.PathLike[str], storage_options: Stora
             raw = fs.cat_file(inner).decode()
     except (FileNotFoundError, NotADirectoryError) as err:  # NotADirectory: a file given as the checkpoint
         raise ManifestError(f"{path}: no manifest, so this is not a committed checkpoint") from err
-    try:
-        data = json.loads(raw)
-    except json.JSONDecodeError as err:
-        raise ManifestError(f"{path}: manifest is not valid JSON ({err})") from err
+    data = parse_document(raw, MANIFEST_DOCUMENT, path, ManifestError)
     try:
         return Manifest.from_dict(data)
     except (KeyError, TypeError) as err:
