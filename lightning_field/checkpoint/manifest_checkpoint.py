@@ -343,8 +343,12 @@ class ManifestCheckpoint(CommittedCheckpoint):
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # Every rank gets here at the same step, so the collective save is safe.
-        if self.save_on_train_end and not trainer.sanity_checking:
-            self.save_now(trainer, "final-{step}", unless_saved=True)
+        if (
+            self.save_on_train_end
+            and not trainer.sanity_checking
+            and self._last_global_step_saved != trainer.global_step
+        ):
+            self.save_now(trainer, "final-{step}")
         self._saves.settle(trainer)
         super().on_train_end(trainer, pl_module)
 
