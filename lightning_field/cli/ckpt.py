@@ -150,7 +150,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 def _drill_mark(m: Manifest) -> str:
     if m.restore_tested:
         return "tested"
-    outcome = (m.restore_drill or {}).get("outcome")
+    outcome = str((m.restore_drill or {}).get("outcome"))
     return {"mismatch": "FAILED", "error": "error"}.get(outcome, "-")
 
 

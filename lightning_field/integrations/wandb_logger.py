@@ -160,7 +160,7 @@ class FieldWandbLogger(WandbLogger):
         those must not move between attempts or ``ckpt_path="last"`` would find nothing."""
         return os.fspath(self.run_dir)
 
-    @property  # type: ignore[misc]
+    @property
     @override
     @rank_zero_experiment
     def experiment(self) -> Any:

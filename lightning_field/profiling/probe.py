@@ -69,7 +69,7 @@ def probe(sizes: list[int], iters: int, warmup: int, device: torch.device) -> li
                 rows.append(row)
                 continue
             # Every rank's time, the slowest counts (as nccl-tests reports it).
-            times = [None] * world
+            times: list[float] = [0.0] * world
             dist.all_gather_object(times, seconds)
             seconds = max(times)
             algbw, busbw = bus_bandwidth(op, row["bytes"], seconds, world)

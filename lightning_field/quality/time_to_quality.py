@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +45,7 @@ def crossed(value: float, target: float, mode: str) -> bool:
 
 
 def quality_summary(
-    events: list[Mapping[str, Any]],
+    events: Sequence[Mapping[str, Any]],
     monitor: str,
     target: float,
     mode: str,
@@ -274,14 +274,14 @@ class TimeToQuality(Callback):
             return
         started, self._eval_started = self._eval_started, None
         seconds = time.perf_counter() - started
-        value = trainer.callback_metrics.get(self.monitor)
-        if value is None:
+        logged = trainer.callback_metrics.get(self.monitor)
+        if logged is None:
             available = ", ".join(sorted(trainer.callback_metrics)) or "none"
             raise ValueError(
                 f"TimeToQuality(monitor={self.monitor!r}): that metric was never logged by validation. Logged"
                 f" metrics: {available}. Log it with self.log({self.monitor!r}, ...) in validation_step."
             )
-        value = float(value.item() if isinstance(value, torch.Tensor) else value)
+        value = float(logged.item() if isinstance(logged, torch.Tensor) else logged)
         step = trainer.global_step
         self.history.append((step, value))
         if self._events is not None:
@@ -397,7 +397,7 @@ class TimeToQuality(Callback):
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.history = [tuple(p) for p in state_dict.get("history", [])]  # type: ignore[misc]
+        self.history = [(int(step), float(value)) for step, value in state_dict.get("history", [])]
         if state_dict.get("reached"):
             self.summary["reached"] = state_dict["reached"]
 
