@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from lightning_field.compat.lightning import convert_params
+from lightning_field.core.distributed import env_global_rank
 from lightning_field.core.events import process_start_unix, read_events
 from lightning_field.core.fsio import atomic_write_bytes
 from lightning_field.core.layout import WANDB_RELPATH
@@ -38,23 +39,9 @@ _OFFLINE_RUN_DIR = re.compile(r"^offline-run-(\d{8}_\d{6})-(.+)$")
 
 # ---------------------------------------------------------------------------------------------- identity
 def env_global_zero() -> bool:
-    """Whether this process is global rank 0, from the environment alone (the Trainer may not exist yet).
-
-    Lightning's DDP launcher sets ``LOCAL_RANK`` in the processes it starts and nothing in rank 0's
-    own process; torchrun and SLURM set ``RANK`` / ``SLURM_PROCID``. ``LOCAL_RANK`` is read before
-    ``SLURM_PROCID`` (as Lightning does) because one SLURM task can launch several local ranks, and a
-    node rank counts when no global rank is set (node 1's first process has ``LOCAL_RANK=0``).
-    """
-    for key in ("RANK", "LOCAL_RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK"):
-        value = os.environ.get(key)
-        if value is not None:
-            if int(value) != 0:
-                return False
-            if key == "RANK":
-                return True
-            break
-    node = os.environ.get("NODE_RANK") or os.environ.get("GROUP_RANK")
-    return node is None or int(node) == 0
+    """Whether this process is global rank 0, from the environment alone (the Trainer may not exist
+    yet): ``core.distributed.env_global_rank`` says which variables count, and in which order."""
+    return env_global_rank() == 0
 
 
 def new_run_id() -> str:
