@@ -21,6 +21,7 @@ from typing import Any
 
 from lightning_field.compat.lightning import convert_params
 from lightning_field.core.distributed import env_global_rank
+from lightning_field.core.documents import DocumentFormat, parse_document
 from lightning_field.core.events import process_start_unix, read_events
 from lightning_field.core.fsio import atomic_write_bytes
 from lightning_field.core.layout import WANDB_RELPATH
@@ -31,6 +32,7 @@ SEGMENTS_DIRNAME = "wandb"
 FORMAT = "lightning_field.wandb/1"
 """The format of ``field/wandb.json``, the run's W&B identity beside the event log: the one thing a
 restart needs to continue the run."""
+IDENTITY_DOCUMENT = DocumentFormat(title="W&B identity", current=FORMAT, readable=(FORMAT,), required=("run_id",))
 
 _ID_ALPHABET = string.ascii_lowercase + string.digits
 _SEGMENT_DIR = re.compile(r"^attempt-(\d+)$")
@@ -57,15 +59,20 @@ def read_wandb_identity(run_dir: str | os.PathLike[str]) -> dict[str, Any] | Non
     """
     path = Path(run_dir) / WANDB_RELPATH
     try:
-        data = json.loads(path.read_text())
+        text = path.read_bytes()
     except FileNotFoundError:
         return None
-    except (OSError, json.JSONDecodeError) as err:
-        raise ValueError(f"{path}: unreadable W&B identity ({err}); fix or delete it to start a new W&B run") from err
-    if not isinstance(data, dict) or data.get("format") != FORMAT or not data.get("run_id"):
-        raise ValueError(f"{path}: not a {FORMAT} identity (no run_id); fix or delete it to start a new W&B run")
+    except OSError as err:
+        raise _unreadable_identity(f"{path}: {IDENTITY_DOCUMENT.title} cannot be read ({err})") from err
+    data = parse_document(text, IDENTITY_DOCUMENT, path, _unreadable_identity)
+    if not data["run_id"]:
+        raise _unreadable_identity(f"{path}: {IDENTITY_DOCUMENT.title} has an empty run_id")
     data.setdefault("segments", [])
     return data
+
+
+def _unreadable_identity(message: str) -> ValueError:
+    return ValueError(f"{message}; an unreadable W&B identity: fix or delete it to start a new W&B run")
 
 
 def write_identity(run_dir: Path, identity: Mapping[str, Any]) -> None:
