@@ -12,7 +12,8 @@ Conventions checked here:
   when it imports it or a name from it.
 - **Function-level imports** are allowed only for an optional dependency or a stated reason (keeping
   ``field --help`` or the pytest plugin free of torch, breaking an import-time dependency). The reason
-  is a comment on the import statement's own line(s), or a comment line directly above it.
+  is a comment on the import statement's own line(s), or a comment line directly above it; one
+  comment line above a run of consecutive import lines explains the whole run.
 """
 
 from __future__ import annotations
@@ -149,14 +150,16 @@ def unexplained_function_imports(root: Path) -> list[str]:
         for function in ast.walk(ast.parse(source, str(path))):
             if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 continue
-            for node in ast.walk(function):
-                if not isinstance(node, (ast.Import, ast.ImportFrom)):
-                    continue
+            imports = [node for node in ast.walk(function) if isinstance(node, (ast.Import, ast.ImportFrom))]
+            explained_ends: set[int] = set()
+            for node in sorted(imports, key=lambda node: node.lineno):
                 end = node.end_lineno or node.lineno
                 own = any(line in comments for line in range(node.lineno, end + 1))
                 above = node.lineno - 1
                 above_is_comment = above in comments and lines[above - 1].lstrip().startswith("#")
-                if not own and not above_is_comment:
+                if own or above_is_comment or above in explained_ends:
+                    explained_ends.add(end)
+                else:
                     problems.append(f"{path.relative_to(root.parent)}:{node.lineno}: {ast.unparse(node)}")
     return sorted(set(problems))  # a nested function's import is seen from its enclosing one too
 
@@ -227,6 +230,9 @@ def test_the_import_checker_wants_a_reason_beside_each_function_level_import(tmp
                 "    from pathlib import (\n"
                 "        Path,\n"
                 "    )\n"
+                "    import re\n"
+                "\n"
+                "    import shlex\n"
                 "def bare():\n"
                 "    x = 1  # a comment on the line above code does not count\n"
                 "    import shutil\n"
@@ -237,6 +243,7 @@ def test_the_import_checker_wants_a_reason_beside_each_function_level_import(tmp
         },
     )
     assert unexplained_function_imports(package) == [
-        "pkg/m.py:10: import shutil",
-        "pkg/m.py:13: from typing import Any",
+        "pkg/m.py:10: import shlex",
+        "pkg/m.py:13: import shutil",
+        "pkg/m.py:16: from typing import Any",
     ]

@@ -19,6 +19,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
 from lightning_field.compat.lightning import convert_params
 from lightning_field.core.distributed import env_global_rank
 from lightning_field.core.documents import DocumentFormat, parse_document
@@ -86,13 +88,8 @@ def scrub_config(config: Any) -> dict[str, Any]:
     the manifests use), so nothing secret reaches W&B, whose config is visible to everyone on the project."""
     if config is None:
         return {}
-    try:
-        from omegaconf import DictConfig, ListConfig, OmegaConf
-
-        if isinstance(config, (DictConfig, ListConfig)):
-            config = OmegaConf.to_container(config, resolve=True, throw_on_missing=False)
-    except ImportError:  # hydra-core is a dependency, but a bare install of the logger need not have it
-        pass
+    if isinstance(config, (DictConfig, ListConfig)):
+        config = OmegaConf.to_container(config, resolve=True, throw_on_missing=False)
     scrubbed = scrub_secrets(convert_params(config) if not isinstance(config, Mapping) else config)
     if not isinstance(scrubbed, dict):
         raise TypeError(f"config must be a mapping (dict, DictConfig or Namespace), got {type(config).__name__}")

@@ -174,7 +174,7 @@ class FieldWandbLogger(WandbLogger):
         return run
 
     def _prepare_segment(self) -> None:
-        import wandb
+        import wandb  # wandb takes ~1 s to import: only runs that log to W&B pay it
 
         if wandb.run is not None:
             if wandb.run.id != self.run_id:

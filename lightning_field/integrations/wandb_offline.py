@@ -34,7 +34,7 @@ class _Torn:
 
 
 def _iter_records(path: Path, torn: _Torn) -> Iterator[Any]:
-    from wandb.proto import wandb_internal_pb2
+    from wandb.proto import wandb_internal_pb2  # wandb's protobufs load only to read a .wandb log
 
     with open(path, "rb") as f:
         header = f.read(_HEADER)

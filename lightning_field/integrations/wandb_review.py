@@ -208,7 +208,7 @@ class WandbReview(Callback):
         self._logged[key] = manifest.restore_tested
 
     def _log_artifacts(self, path: Path, manifest: Manifest, aliases: list[str]) -> None:
-        import wandb
+        import wandb  # wandb takes ~1 s to import: only runs that log to W&B pay it
 
         assert self._logger is not None
         run = self._logger.experiment

@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from lightning_field.core.distributed import end_process_groups
+from lightning_field.evidence import worker
 from lightning_field.evidence.protocol import Attempt, note_timeout, prepare_attempt
 from lightning_field.evidence.worker import RunSpec
 
@@ -119,9 +121,6 @@ def run_attempt(spec_path: str, log_path: str, cwd: str, devices: int, port: int
                 break
             peers.append(pid)
         os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank))
-    from lightning_field.core.distributed import end_process_groups
-    from lightning_field.evidence import worker
-
     code = 1
     try:
         code = worker.run(RunSpec.read(spec_path))

@@ -22,6 +22,8 @@ from typing import Any
 
 import pytest
 
+from lightning_field.testing.resume import assert_resumes_exactly
+
 MARKER = "resume"
 FIXTURE = "field_evidence"
 DEFAULT_KEEP_DIR = "field-evidence-failures"
@@ -59,8 +61,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def field_evidence(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable[..., Any]]:
     """``field_evidence(module, data, **options)``: ``assert_resumes_exactly`` with its bundle under
     this test's ``tmp_path``; returns the passing evidence, raises ``ResumeCheckFailed`` otherwise."""
-    from lightning_field.testing.resume import assert_resumes_exactly
-
     bundles: list[Path] = []
     request.node.stash[_BUNDLES] = bundles
 
