@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -39,27 +40,27 @@ EXTERNAL = ("lightning", "torch", "torchdata", "torchmetrics", "wandb", "hydra",
 ALLOWED = {"os._exit", "argparse._SubParsersAction"}
 
 
-def _private_names_wrapped_by_compat() -> set[str]:
+def _private_names_wrapped_by_compat(package: Path = PACKAGE) -> set[str]:
     names = set()
-    for path in (PACKAGE / "compat").glob("*.py"):
+    for path in (package / "compat").glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
                 names.add(node.attr)
     return names
 
 
-def test_no_module_outside_compat_touches_a_private_name_of_another_package() -> None:
-    wrapped = _private_names_wrapped_by_compat()
-    assert {"_checkpoint_connector", "_sampler_list", "_wandb_init", "_spec", "_version"} <= wrapped
+def private_accesses_outside_compat(package: Path = PACKAGE) -> list[str]:
+    """``path:line: what`` for every private name of another package used outside ``package/compat/``."""
+    wrapped = _private_names_wrapped_by_compat(package)
     problems = []
-    for path in sorted(PACKAGE.rglob("*.py")):
-        if "compat" in path.relative_to(PACKAGE).parts:
+    for path in sorted(package.rglob("*.py")):
+        if "compat" in path.relative_to(package).parts:
             continue
         tree = ast.parse(path.read_text())
         imported = {alias.asname or alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
                     for alias in node.names}  # fmt: skip
         for node in ast.walk(tree):
-            where = f"{path.relative_to(REPO)}:{getattr(node, 'lineno', '?')}"
+            where = f"{path.relative_to(package.parent)}:{getattr(node, 'lineno', '?')}"
             if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in EXTERNAL:
                 problems += [f"{where}: imports {a.name}" for a in node.names if a.name.startswith("_")]
             if not isinstance(node, ast.Attribute) or not node.attr.startswith("_") or node.attr.startswith("__"):
@@ -69,7 +70,31 @@ def test_no_module_outside_compat_touches_a_private_name_of_another_package() ->
                 continue
             if base in imported or node.attr in wrapped:
                 problems.append(f"{where}: {ast.unparse(node)}")
+    return problems
+
+
+def test_no_module_outside_compat_touches_a_private_name_of_another_package() -> None:
+    wrapped = _private_names_wrapped_by_compat()
+    assert {"_checkpoint_connector", "_sampler_list", "_wandb_init", "_spec", "_version"} <= wrapped
+    problems = private_accesses_outside_compat()
     assert not problems, "private names of other packages outside lightning_field/compat/:\n" + "\n".join(problems)
+
+
+def test_the_scan_finds_a_private_access_planted_outside_compat(tmp_path: Path) -> None:
+    package = tmp_path / "lightning_field"
+    shutil.copytree(PACKAGE / "compat", package / "compat")
+    (package / "clean.py").write_text("import torch\n\ndef size(t):\n    return t.numel()\n")
+    assert private_accesses_outside_compat(package) == []
+    (package / "planted.py").write_text(
+        "import torch\nfrom lightning.pytorch.loops.loop import _Loop\n\n"
+        "def peek(trainer, t):\n    return trainer._checkpoint_connector, torch._C, t._version\n"
+    )
+    assert private_accesses_outside_compat(package) == [
+        "lightning_field/planted.py:2: imports _Loop",
+        "lightning_field/planted.py:5: trainer._checkpoint_connector",
+        "lightning_field/planted.py:5: torch._C",
+        "lightning_field/planted.py:5: t._version",
+    ]
 
 
 def test_the_package_root_lists_each_public_name_once_and_every_one_resolves() -> None:

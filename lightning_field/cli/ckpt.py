@@ -9,6 +9,17 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
+
 from lightning_field.checkpoint.resolver import committed_checkpoints, latest_recoverable
 from lightning_field.checkpoint.verify import VerifyReport, verify_checkpoint
 from lightning_field.core.manifest import MANIFEST_NAME, Manifest, ManifestError, read_manifest
@@ -33,23 +44,32 @@ def _human_age(seconds: float) -> str:
 
 
 class _Progress:
-    """A one-line progress meter on stderr, shown only for verifications big enough to wait for."""
+    """A byte progress bar on stderr (``rich.progress``), shown only for verifications big enough to
+    wait for: it starts at the first report of such a total and is closed by ``close``."""
 
     def __init__(self, stream: TextIO) -> None:
-        self.stream = stream
-        self.start = time.monotonic()
-        self.last = 0.0
+        self._bar = Progress(
+            TextColumn("verifying"),
+            BarColumn(),
+            DownloadColumn(binary_units=True),
+            TransferSpeedColumn(),
+            TimeRemainingColumn(),
+            console=Console(file=stream),
+        )
+        self._task: TaskID | None = None
 
     def __call__(self, done: int, total: int) -> None:
-        now = time.monotonic()
-        if total < _PROGRESS_MIN_BYTES or (now - self.last < 0.5 and done < total):
+        if total < _PROGRESS_MIN_BYTES:
             return
-        self.last = now
-        rate = done / max(now - self.start, 1e-9)
-        self.stream.write(f"\rverifying {_human_bytes(done)} / {_human_bytes(total)} ({_human_bytes(rate)}/s)")
-        if done >= total:
-            self.stream.write("\n")
-        self.stream.flush()
+        if self._task is None:
+            self._bar.start()
+            self._task = self._bar.add_task("verify", total=total)
+        self._bar.update(self._task, completed=done)
+
+    def close(self) -> None:
+        if self._task is not None:
+            self._bar.stop()
+            self._task = None
 
 
 def parse_storage_options(pairs: list[str]) -> dict[str, Any]:
@@ -122,9 +142,12 @@ def _not_a_checkpoint(path: str, options: StorageOptions | None, problems: list[
 
 def cmd_verify(args: argparse.Namespace) -> int:
     options = _storage_options(args)
-    report = verify_checkpoint(
-        args.path, progress=None if args.quiet else _Progress(sys.stderr), storage_options=options
-    )
+    progress = None if args.quiet else _Progress(sys.stderr)
+    try:
+        report = verify_checkpoint(args.path, progress=progress, storage_options=options)
+    finally:
+        if progress is not None:
+            progress.close()
     if report.manifest is None:
         print(_not_a_checkpoint(args.path, options, report.problems))
         return 1
@@ -150,7 +173,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 def _drill_mark(m: Manifest) -> str:
     if m.restore_tested:
         return "tested"
-    outcome = (m.restore_drill or {}).get("outcome")
+    outcome = str((m.restore_drill or {}).get("outcome"))
     return {"mismatch": "FAILED", "error": "error"}.get(outcome, "-")
 
 

@@ -78,6 +78,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             if value is None:
                 hint = " (or --from-run a run profiled by StragglerMonitor)" if name == "device_tflops" else ""
                 raise PlanInputError(f"--{name.replace('_', '-')} is required{hint}")
+        assert device_tflops is not None  # refused above when missing; narrows the type
         save = parse_duration(args.save_seconds, "--save-seconds", "s") if args.save_seconds else None
         mtbf = parse_duration(args.mtbf_hours, "--mtbf-hours", "h") / 3600 if args.mtbf_hours else None
         for name, given in (("save_seconds", save), ("mtbf_hours", mtbf), ("restart_seconds", args.restart_seconds)):

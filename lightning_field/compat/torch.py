@@ -6,7 +6,11 @@ torch's (``torch>=2.4``), not Lightning's.
 
 from __future__ import annotations
 
+import pickle
 from typing import Any
+
+import torch
+from torch import nn, serialization
 
 
 def save_without_crc32(obj: Any, buffer: Any) -> None:
@@ -21,11 +25,6 @@ def save_without_crc32(obj: Any, buffer: Any) -> None:
     and ``torch.serialization._save``, torch 2.6+), and falls back to ``torch.save`` where they differ.
     Files load with a plain ``torch.load``; zip tools cannot check their (zero) CRC fields.
     """
-    import pickle
-
-    import torch
-    from torch import serialization
-
     try:
         zip_file = torch._C.PyTorchFileWriter(buffer, False, serialization._get_storage_alignment())
         save = serialization._save
@@ -59,6 +58,7 @@ def host_dtensor(tensor: Any, local: Any) -> Any:
     ``DTensor.from_local`` would move the host copy back onto the mesh's device, and DCP's planner
     needs only the sharding metadata plus this rank's bytes (private: ``DTensor._spec``, torch 2.4+).
     """
+    # Only sharded saves hold DTensors; a torch built without distributed support lacks the module.
     from torch.distributed.tensor import DTensor
 
     return DTensor(local, tensor._spec, requires_grad=False)
@@ -67,8 +67,6 @@ def host_dtensor(tensor: Any, local: Any) -> Any:
 def is_dropout(module: Any) -> bool:
     """Whether ``module`` is any of torch's dropout layers (their private common base ``_DropoutNd``;
     ``AlphaDropout`` and ``FeatureAlphaDropout`` included, which no public class groups)."""
-    from torch import nn
-
     return isinstance(module, nn.modules.dropout._DropoutNd)
 
 

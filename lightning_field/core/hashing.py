@@ -25,6 +25,8 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+import blake3
+
 HASH_ALGORITHM = "blake3"
 """The algorithm of every content hash written now (checkpoint manifest format 2 and later)."""
 
@@ -52,8 +54,6 @@ def new_hasher(algorithm: str = HASH_ALGORITHM, threads: bool = False) -> Any:
         ValueError: ``algorithm`` is not one of ``HASH_ALGORITHMS``.
     """
     if algorithm == "blake3":
-        import blake3
-
         return blake3.blake3(max_threads=blake3.blake3.AUTO if threads else 1)
     if algorithm == "sha256":
         return hashlib.sha256()

@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from fsspec.core import url_to_fs
+
 Location = Path | str
 """A local checkpoint path (``Path``) or an object-store URL (``str`` with a protocol)."""
 
@@ -67,8 +69,6 @@ def fs_options(storage_options: StorageOptions | None = None) -> dict[str, Any]:
 def open_fs(url: str, storage_options: StorageOptions | None = None) -> tuple[Any, str]:
     """The fsspec filesystem for ``url`` with ``storage_options`` (e.g. ``endpoint_url``) and the
     protocol-less path inside it. fsspec caches instances by their options, so this is cheap."""
-    from fsspec.core import url_to_fs
-
     try:
         return url_to_fs(url, **fs_options(storage_options))
     except (ImportError, ValueError) as err:

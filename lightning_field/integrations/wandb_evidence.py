@@ -40,8 +40,9 @@ def log_evidence_bundle(run: Any, bundle_dir: str | os.PathLike[str], aliases: l
 
     Returns the logged ``wandb.Artifact``.
     """
-    import wandb
+    import wandb  # wandb takes ~1 s to import: only runs that log to W&B pay it
 
+    # The evidence bundle module loads matplotlib and torch: only when a bundle is logged.
     from lightning_field.evidence.bundle import EVIDENCE_JSON
 
     if isinstance(run, WandbLogger):

@@ -19,7 +19,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
 from lightning_field.compat.lightning import convert_params
+from lightning_field.core.distributed import env_global_rank
+from lightning_field.core.documents import DocumentFormat, parse_document
 from lightning_field.core.events import process_start_unix, read_events
 from lightning_field.core.fsio import atomic_write_bytes
 from lightning_field.core.layout import WANDB_RELPATH
@@ -30,6 +34,7 @@ SEGMENTS_DIRNAME = "wandb"
 FORMAT = "lightning_field.wandb/1"
 """The format of ``field/wandb.json``, the run's W&B identity beside the event log: the one thing a
 restart needs to continue the run."""
+IDENTITY_DOCUMENT = DocumentFormat(title="W&B identity", current=FORMAT, readable=(FORMAT,), required=("run_id",))
 
 _ID_ALPHABET = string.ascii_lowercase + string.digits
 _SEGMENT_DIR = re.compile(r"^attempt-(\d+)$")
@@ -38,23 +43,9 @@ _OFFLINE_RUN_DIR = re.compile(r"^offline-run-(\d{8}_\d{6})-(.+)$")
 
 # ---------------------------------------------------------------------------------------------- identity
 def env_global_zero() -> bool:
-    """Whether this process is global rank 0, from the environment alone (the Trainer may not exist yet).
-
-    Lightning's DDP launcher sets ``LOCAL_RANK`` in the processes it starts and nothing in rank 0's
-    own process; torchrun and SLURM set ``RANK`` / ``SLURM_PROCID``. ``LOCAL_RANK`` is read before
-    ``SLURM_PROCID`` (as Lightning does) because one SLURM task can launch several local ranks, and a
-    node rank counts when no global rank is set (node 1's first process has ``LOCAL_RANK=0``).
-    """
-    for key in ("RANK", "LOCAL_RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK"):
-        value = os.environ.get(key)
-        if value is not None:
-            if int(value) != 0:
-                return False
-            if key == "RANK":
-                return True
-            break
-    node = os.environ.get("NODE_RANK") or os.environ.get("GROUP_RANK")
-    return node is None or int(node) == 0
+    """Whether this process is global rank 0, from the environment alone (the Trainer may not exist
+    yet): ``core.distributed.env_global_rank`` says which variables count, and in which order."""
+    return env_global_rank() == 0
 
 
 def new_run_id() -> str:
@@ -70,15 +61,20 @@ def read_wandb_identity(run_dir: str | os.PathLike[str]) -> dict[str, Any] | Non
     """
     path = Path(run_dir) / WANDB_RELPATH
     try:
-        data = json.loads(path.read_text())
+        text = path.read_bytes()
     except FileNotFoundError:
         return None
-    except (OSError, json.JSONDecodeError) as err:
-        raise ValueError(f"{path}: unreadable W&B identity ({err}); fix or delete it to start a new W&B run") from err
-    if not isinstance(data, dict) or data.get("format") != FORMAT or not data.get("run_id"):
-        raise ValueError(f"{path}: not a {FORMAT} identity (no run_id); fix or delete it to start a new W&B run")
+    except OSError as err:
+        raise _unreadable_identity(f"{path}: {IDENTITY_DOCUMENT.title} cannot be read ({err})") from err
+    data = parse_document(text, IDENTITY_DOCUMENT, path, _unreadable_identity)
+    if not data["run_id"]:
+        raise _unreadable_identity(f"{path}: {IDENTITY_DOCUMENT.title} has an empty run_id")
     data.setdefault("segments", [])
     return data
+
+
+def _unreadable_identity(message: str) -> ValueError:
+    return ValueError(f"{message}; an unreadable W&B identity: fix or delete it to start a new W&B run")
 
 
 def write_identity(run_dir: Path, identity: Mapping[str, Any]) -> None:
@@ -92,13 +88,8 @@ def scrub_config(config: Any) -> dict[str, Any]:
     the manifests use), so nothing secret reaches W&B, whose config is visible to everyone on the project."""
     if config is None:
         return {}
-    try:
-        from omegaconf import DictConfig, ListConfig, OmegaConf
-
-        if isinstance(config, (DictConfig, ListConfig)):
-            config = OmegaConf.to_container(config, resolve=True, throw_on_missing=False)
-    except ImportError:  # hydra-core is a dependency, but a bare install of the logger need not have it
-        pass
+    if isinstance(config, (DictConfig, ListConfig)):
+        config = OmegaConf.to_container(config, resolve=True, throw_on_missing=False)
     scrubbed = scrub_secrets(convert_params(config) if not isinstance(config, Mapping) else config)
     if not isinstance(scrubbed, dict):
         raise TypeError(f"config must be a mapping (dict, DictConfig or Namespace), got {type(config).__name__}")

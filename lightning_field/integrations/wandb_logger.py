@@ -160,7 +160,7 @@ class FieldWandbLogger(WandbLogger):
         those must not move between attempts or ``ckpt_path="last"`` would find nothing."""
         return os.fspath(self.run_dir)
 
-    @property  # type: ignore[misc]
+    @property
     @override
     @rank_zero_experiment
     def experiment(self) -> Any:
@@ -174,7 +174,7 @@ class FieldWandbLogger(WandbLogger):
         return run
 
     def _prepare_segment(self) -> None:
-        import wandb
+        import wandb  # wandb takes ~1 s to import: only runs that log to W&B pay it
 
         if wandb.run is not None:
             if wandb.run.id != self.run_id:

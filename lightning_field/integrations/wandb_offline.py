@@ -34,7 +34,7 @@ class _Torn:
 
 
 def _iter_records(path: Path, torn: _Torn) -> Iterator[Any]:
-    from wandb.proto import wandb_internal_pb2
+    from wandb.proto import wandb_internal_pb2  # wandb's protobufs load only to read a .wandb log
 
     with open(path, "rb") as f:
         header = f.read(_HEADER)
@@ -75,7 +75,8 @@ def _iter_records(path: Path, torn: _Torn) -> Iterator[Any]:
                 if kind == _MIDDLE:
                     continue
                 data, fragments = bytes(fragments), None
-            record = wandb_internal_pb2.Record()
+            # The generated protobuf module builds its message classes at import time, unseen by mypy.
+            record = wandb_internal_pb2.Record()  # type: ignore[attr-defined]  # generated at import time
             record.ParseFromString(data)
             yield record
         if fragments is not None:
@@ -95,9 +96,10 @@ def _set_nested(target: dict[str, Any], item: Any, value: Any) -> None:
 def _remove_nested(target: dict[str, Any], item: Any) -> None:
     keys = list(item.nested_key) or [item.key]
     for key in keys[:-1]:
-        target = target.get(key)  # type: ignore[assignment]
-        if not isinstance(target, dict):
+        child = target.get(key)
+        if not isinstance(child, dict):
             return
+        target = child
     target.pop(keys[-1], None)
 
 

@@ -24,6 +24,7 @@ from typing_extensions import override
 from lightning_field.checkpoint.manifest_checkpoint import ManifestCheckpoint
 from lightning_field.checkpoint.observe import CommitWatcher, find_manifest_checkpoint
 from lightning_field.checkpoint.preemption import TrainingPreempted
+from lightning_field.compat.lightning import trainer_callbacks
 from lightning_field.core.hashing import bytes_digest
 from lightning_field.core.layout import WANDB_RELPATH
 from lightning_field.core.manifest import MANIFEST_NAME, Manifest, ManifestError, is_checkpoint_dir, read_manifest
@@ -207,7 +208,7 @@ class WandbReview(Callback):
         self._logged[key] = manifest.restore_tested
 
     def _log_artifacts(self, path: Path, manifest: Manifest, aliases: list[str]) -> None:
-        import wandb
+        import wandb  # wandb takes ~1 s to import: only runs that log to W&B pay it
 
         assert self._logger is not None
         run = self._logger.experiment
@@ -253,7 +254,7 @@ class WandbReview(Callback):
         if isinstance(exception, TrainingPreempted):
             # The attempt's time-to-quality summary belongs in this run's review, whichever of the
             # two callbacks Lightning calls first.
-            ttq = next((c for c in trainer.callbacks if isinstance(c, TimeToQuality)), None)
+            ttq = next((c for c in trainer_callbacks(trainer) if isinstance(c, TimeToQuality)), None)
             if ttq is not None:
                 ttq.finish_attempt(trainer)
             if isinstance(self._logger, FieldWandbLogger):
@@ -275,8 +276,8 @@ class WandbReview(Callback):
         if last is not None:
             self._log_manifest(trainer, Path(last[0]))
         self._relog_restore_tested(trainer)
-        ttq = next((c for c in trainer.callbacks if isinstance(c, TimeToQuality)), None)
-        monitor = next((c for c in trainer.callbacks if isinstance(c, StragglerMonitor)), None)
+        ttq = next((c for c in trainer_callbacks(trainer) if isinstance(c, TimeToQuality)), None)
+        monitor = next((c for c in trainer_callbacks(trainer) if isinstance(c, StragglerMonitor)), None)
         final = ttq.summary if ttq is not None and ttq.summary.get("final") else None
         try:
             summary = field_summary(self._run_dir, quality=final, straggler=monitor)

@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 from lightning.pytorch.strategies import DDPStrategy
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+from torch.nn.parallel import DistributedDataParallel
 from typing_extensions import override
 
 CommHook = Callable[[Any, dist.GradBucket], torch.futures.Future[torch.Tensor]]
@@ -70,11 +71,11 @@ class StepComm:
                 seconds = (b.done or b.arrived) - b.arrived
             algbw, busbw = bus_bandwidth("all_reduce", b.bytes, seconds, group_size)
             rows.append({"bucket": b.index, "bytes": b.bytes, "seconds": seconds, "algbw": algbw, "busbw": busbw})
-        if self.buckets and all(b.events is not None for b in self.buckets):
+        last_events = self.buckets[-1].events if self.buckets else None
+        if last_events is not None and all(b.events is not None for b in self.buckets):
             # On a GPU the host-side future completes when the reduction is *queued*; the device events
             # say when it ran. Exposed: from the last bucket becoming ready to its reduction finishing.
-            last = self.buckets[-1]
-            exposed = last.events[0].elapsed_time(last.events[1]) / 1000.0  # type: ignore[index]
+            exposed = last_events[0].elapsed_time(last_events[1]) / 1000.0
         else:
             host_done = [b.done for b in self.buckets if b.done is not None]
             last_ready = max((b.arrived for b in self.buckets), default=0.0)
@@ -104,7 +105,7 @@ class CommTimer:
         self._current = None
 
     def wrap(self, inner: CommHook) -> CommHook:
-        def timed(state, bucket):  # type: ignore[no-untyped-def]  # annotated below: DDP checks the objects
+        def timed(state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
             if self._current is None or self._current.step != self._step:
                 self._current = StepComm(self._step)
                 self._steps.append(self._current)
@@ -161,5 +162,5 @@ class ProfiledDDPStrategy(DDPStrategy):
         inner = self._user_hook or allreduce_hook
         if self._ddp_comm_wrapper is not None:  # e.g. fp16 compression around the user's hook
             inner = self._ddp_comm_wrapper(inner)
-        assert self.model is not None
-        self.model.register_comm_hook(state, self.comm_timer.wrap(inner))  # type: ignore[operator]
+        assert isinstance(self.model, DistributedDataParallel)  # wrapped by configure_ddp before this hook
+        self.model.register_comm_hook(state, self.comm_timer.wrap(inner))

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from lightning_field.core.distributed import global_rank
 from lightning_field.planning.plan import PlanInputError, parse_count
 from lightning_field.profiling.comm import bus_bandwidth
 
@@ -69,7 +70,7 @@ def probe(sizes: list[int], iters: int, warmup: int, device: torch.device) -> li
                 rows.append(row)
                 continue
             # Every rank's time, the slowest counts (as nccl-tests reports it).
-            times = [None] * world
+            times: list[float] = [0.0] * world
             dist.all_gather_object(times, seconds)
             seconds = max(times)
             algbw, busbw = bus_bandwidth(op, row["bytes"], seconds, world)
@@ -114,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         if device.type == "cuda":
             torch.cuda.set_device(device)
         rows = probe(sizes, args.iters, args.warmup, device)
-        if dist.get_rank() == 0:
+        if global_rank() == 0:
             Path(args.out).write_text(json.dumps({"backend": backend, "rows": rows}, indent=2))
             print(render(rows, backend))
             print(f"saved {args.out}")

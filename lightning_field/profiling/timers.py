@@ -18,6 +18,8 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
+from lightning_field.compat import lightning as internals
+
 SECTIONS = ("data", "forward", "backward", "optimizer", "checkpoint")
 
 
@@ -117,8 +119,6 @@ class FetchClock:
         self._waited_s = 0.0
 
     def install(self, trainer: pl.Trainer) -> None:
-        from lightning_field.compat import lightning as internals
-
         internals.install_fetch_hook(trainer, "before", self._before)
         internals.install_fetch_hook(trainer, "after", self._after)
 

@@ -16,7 +16,7 @@ from lightning_field.core.events import read_events, read_jsonl
 from lightning_field.core.layout import PROFILE_RELPATH
 from lightning_field.profiling.straggler import StragglerMonitor
 from lightning_field.quality.ledger import BUCKETS, goodput_ledger
-from lightning_field.quality.time_to_quality import quality_summary
+from lightning_field.quality.target import quality_summary
 
 log = logging.getLogger(__name__)
 

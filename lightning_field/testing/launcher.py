@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from lightning_field.core.distributed import end_process_groups
+from lightning_field.evidence import worker
 from lightning_field.evidence.protocol import Attempt, note_timeout, prepare_attempt
 from lightning_field.evidence.worker import RunSpec
 
@@ -109,7 +111,7 @@ def run_attempt(spec_path: str, log_path: str, cwd: str, devices: int, port: int
     # A forkserver child inherits "forkserver" as its start method; a user's script has the
     # platform default, which is what its DataLoader workers (and their start-up cost) must see.
     multiprocessing.set_start_method(None, force=True)
-    rank, peers = 0, []
+    rank, peers = 0, list[int]()  # the forked peers' process ids
     if devices > 1:
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(devices), NODE_RANK="0")
         for other in range(1, devices):
@@ -119,9 +121,6 @@ def run_attempt(spec_path: str, log_path: str, cwd: str, devices: int, port: int
                 break
             peers.append(pid)
         os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank))
-    from lightning_field.core.distributed import end_process_groups
-    from lightning_field.evidence import worker
-
     code = 1
     try:
         code = worker.run(RunSpec.read(spec_path))

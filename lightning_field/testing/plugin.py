@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import re
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from lightning_field.testing.resume import assert_resumes_exactly
 
 MARKER = "resume"
 FIXTURE = "field_evidence"
@@ -59,8 +61,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def field_evidence(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable[..., Any]]:
     """``field_evidence(module, data, **options)``: ``assert_resumes_exactly`` with its bundle under
     this test's ``tmp_path``; returns the passing evidence, raises ``ResumeCheckFailed`` otherwise."""
-    from lightning_field.testing.resume import assert_resumes_exactly
-
     bundles: list[Path] = []
     request.node.stash[_BUNDLES] = bundles
 
@@ -75,7 +75,7 @@ def field_evidence(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[C
 # Old-style wrapper (not ``wrapper=True``): this plugin loads in every suite of an environment that
 # has lightning_field installed, so it must work with pytest 7 as well as 8.
 @pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, None]:
     outcome = yield
     report = outcome.get_result()
     keep = item.config.getoption("--field-keep")

@@ -274,6 +274,7 @@ def assert_resumes_exactly(
         def test_my_model_resumes_exactly():
             assert_resumes_exactly("my_project.models.MyModel", "my_project.data.MyData", kill_at="mid-epoch")
     """
+    # The pytest plugin imports this module in every suite: torch and Lightning load only when a check runs.
     from lightning_field.evidence.bundle import build_evidence, write_bundle
     from lightning_field.evidence.protocol import EvidenceSettings, RunResult, run_protocol
     from lightning_field.evidence.trace import read_trace
