@@ -121,7 +121,7 @@ def check_leakage(
     if train.dataset_len and val.dataset_len:
         coverage = f" (distinct samples hashed: {len(train_hashes)} of {train.dataset_len} train, {len(val_hashes)} of"
         coverage += f" {val.dataset_len} val; duplicates outside the sample are not seen)"
-    data = {"train_hashed": len(train_hashes), "val_hashed": len(val_hashes), "duplicates": len(shared)}
+    data: dict[str, Any] = {"train_hashed": len(train_hashes), "val_hashed": len(val_hashes), "duplicates": len(shared)}
     if shared:
         example = f"train {train_hashes[shared[0]]} = val {val_hashes[shared[0]]}"
         data["example"] = example

@@ -43,6 +43,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset, Sampler, default_collate
 from typing_extensions import override
 
+from lightning_field.compat import lightning as internals
 from lightning_field.compat.torch import is_dropout
 from lightning_field.core.distributed import end_process_groups, exit_finished_process
 from lightning_field.demo import NoisyRegressionDataset
@@ -97,11 +98,11 @@ class ExactRegressionData(pl.LightningDataModule):
         self.save_hyperparameters()
 
     def setup(self, stage: str) -> None:
-        base = NoisyRegressionDataset(self.hparams.size, self.hparams.features, self.hparams.seed)
+        base = NoisyRegressionDataset(self.hparams["size"], self.hparams["features"], self.hparams["seed"])
         self.train_set: Dataset = torch.utils.data.TensorDataset(base.x, base.y)
 
     def train_dataloader(self) -> DataLoader:
-        return DataLoader(self.train_set, batch_size=self.hparams.batch_size)
+        return DataLoader(self.train_set, batch_size=self.hparams["batch_size"])
 
 
 class RecordingSampler(Sampler[int]):
@@ -174,7 +175,9 @@ class StudyData(pl.LightningDataModule):
         # rank r reads r, r+N, r+2N, ..., so the first step's samples are 0..E-1 at every rank count.
         trainer = self.trainer
         world, rank = (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
-        inner = DistributedSampler(self.dataset, num_replicas=world, rank=rank, shuffle=False, drop_last=True)
+        inner: DistributedSampler[int] = DistributedSampler(
+            self.dataset, num_replicas=world, rank=rank, shuffle=False, drop_last=True
+        )
         self.sampler = RecordingSampler(inner, self.spec.per_rank_batch * self.spec.accumulation)
         stalled = self.spec.stall_rank is not None and rank == self.spec.stall_rank and self.spec.stall_s > 0
         collate = StallingCollate(self.collate, self.spec.stall_s) if stalled else self.collate
@@ -256,7 +259,7 @@ class ScaleClock(Callback):
             row["comm_s"] = exposed.get(row["step"], 0.0)
             row["comm_measured"] = row["step"] in exposed
             row["compute_s"] = max(row["wall_s"] - row["data_s"] - row["comm_s"], 0.0)
-        datamodule = trainer.datamodule
+        datamodule = internals.trainer_datamodule(trainer)
         sampler = datamodule.sampler if isinstance(datamodule, StudyData) else None
         record = {
             "rank": trainer.global_rank,

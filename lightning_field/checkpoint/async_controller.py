@@ -36,6 +36,7 @@ from lightning_field.checkpoint.async_save import (
     optimizer_written_storages,
 )
 from lightning_field.checkpoint.commit import CheckpointSaveError, SaveJob, commit_save
+from lightning_field.compat import lightning as internals
 from lightning_field.core.distributed import new_host_group
 from lightning_field.core.events import EventLog
 from lightning_field.core.storage import Location
@@ -118,11 +119,12 @@ class AsyncSaves:
         """A host-side process group for the writer's collectives, and the copy gate (every rank)."""
         if trainer.world_size > 1 and self._host_group is None:
             self._host_group = new_host_group()  # every rank runs setup: the group creation is collective
-        if self._gate not in trainer.callbacks:
+        callbacks = internals.trainer_callbacks(trainer)
+        if self._gate not in callbacks:
             # First in the list: its hooks run before every other callback's, which is where
             # callbacks like WeightAveraging write the weights a pending copy still reads.
             self._gate = _SnapshotCopyGate(self, owner_key)
-            trainer.callbacks.insert(0, self._gate)
+            callbacks.insert(0, self._gate)
 
     def submit(self, trainer: pl.Trainer, job: SaveJob, start: float) -> None:
         """Snapshot ``job``'s state and commit it on the writer thread (after :meth:`settle`)."""
@@ -251,13 +253,13 @@ class AsyncSaves:
         """At each batch end: surface a finished background save without blocking; under
         ``on_save_error="stop"`` every rank stops together at the step where any rank saw a failure."""
         self.collect(trainer, block=False)
-        failed = self._pending is not None and self._pending.outcome is not None and self._pending.outcome.error
+        failed = bool(self._pending is not None and self._pending.outcome is not None and self._pending.outcome.error)
         if self.on_save_error != "stop":
             return
         if trainer.world_size > 1:
             if not self._agreement_step(trainer):
                 return
-            failed = trainer.strategy.reduce_boolean_decision(bool(failed), all=False)
+            failed = trainer.strategy.reduce_boolean_decision(failed, all=False)
         if failed:
             self.settle(trainer)  # raises: the save failed on every rank
             raise CheckpointSaveError(

@@ -272,7 +272,7 @@ def discard(tmp: Path) -> None:
 
 def clean_leftovers(dirpath: Path) -> list[Path]:
     """Delete the hidden directories interrupted saves and removals left behind."""
-    removed = []
+    removed: list[Path] = []
     if not dirpath.is_dir():
         return removed
     for child in dirpath.iterdir():

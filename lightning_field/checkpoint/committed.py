@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 from weakref import proxy
 
 import fsspec
@@ -172,7 +172,9 @@ class CommittedCheckpoint(ModelCheckpoint):
         and a manifest PUT under a URL."""
         if self._given_store is not None:
             return self._given_store
-        return self._object_store if is_url(self.dirpath or "") else self._local_store
+        chosen = self._object_store if is_url(self.dirpath or "") else self._local_store
+        # Each serves the Location kind it is chosen for (LocalStore: a Path), which the Protocol cannot say.
+        return cast(CheckpointStore, chosen)
 
     @property
     def _fs(self) -> Any:

@@ -6,6 +6,8 @@ from typing import Any
 
 import lightning.pytorch as pl
 
+from lightning_field.compat import lightning as internals
+
 
 def present_components(checkpoint: dict[str, Any], trainer: pl.Trainer) -> list[str]:
     """The shared (rank 0) components found in a dumped Lightning checkpoint."""
@@ -22,7 +24,8 @@ def present_components(checkpoint: dict[str, Any], trainer: pl.Trainer) -> list[
         present.append("loops")
     if "callbacks" in checkpoint:
         present.append("callbacks")
-    if trainer.datamodule is not None and trainer.datamodule.__class__.__qualname__ in checkpoint:
+    datamodule = internals.trainer_datamodule(trainer)
+    if datamodule is not None and datamodule.__class__.__qualname__ in checkpoint:
         present.append("datamodule")
     if "hyper_parameters" in checkpoint:
         present.append("hparams")

@@ -58,7 +58,7 @@ log = logging.getLogger(__name__)
 _SUPPORTED_STRATEGIES = (SingleDeviceStrategy, DDPStrategy)
 
 
-def _unusable_dirpath(dirpath: str | None) -> str | None:
+def _unusable_dirpath(dirpath: str | os.PathLike[str] | None) -> str | None:
     """Why checkpoints cannot be written under a local ``dirpath``, or None (URLs are the store's)."""
     if not dirpath or is_url(str(dirpath)):
         return None
@@ -245,7 +245,7 @@ class ManifestCheckpoint(CommittedCheckpoint):
         if stage == "fit":
             # Every rank checks and every rank learns of any rank's problem (collective), so a bad
             # dirpath stops the job before its first step instead of at its first save.
-            problems = [p for p in all_gather_objects(_unusable_dirpath(self.dirpath)) if p]
+            problems = [p for p in all_gather_objects(_unusable_dirpath(self.dirpath)) if p]  # every rank
             if problems:
                 raise ValueError(f"ManifestCheckpoint(dirpath={self.dirpath!r}) is unusable: {problems[0]}")
         if self._show_hint_again is not None:
@@ -273,6 +273,7 @@ class ManifestCheckpoint(CommittedCheckpoint):
             )
         self._guard.record(trainer, pl_module, self._run_config(trainer, pl_module), self.code_dir)
         if trainer.is_global_zero:
+            assert self.dirpath is not None  # ModelCheckpoint.setup resolved it
             for leftover in self._store.clean_leftovers(as_location(self.dirpath)):
                 log.info("Removed leftover from an interrupted save: %s", leftover)
             self._events = EventLog(trainer.default_root_dir, world_size=trainer.world_size)
@@ -283,7 +284,7 @@ class ManifestCheckpoint(CommittedCheckpoint):
         if self.config is not None:
             return dict(self.config)
         config: dict[str, Any] = {"model": dict(pl_module.hparams)}
-        datamodule = trainer.datamodule
+        datamodule = internals.trainer_datamodule(trainer)
         if datamodule is not None and getattr(datamodule, "hparams", None):
             config["datamodule"] = dict(datamodule.hparams)
         return config

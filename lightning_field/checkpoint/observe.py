@@ -10,10 +10,11 @@ from __future__ import annotations
 import lightning.pytorch as pl
 
 from lightning_field.checkpoint.manifest_checkpoint import ManifestCheckpoint
+from lightning_field.compat import lightning as internals
 
 
 def find_manifest_checkpoint(trainer: pl.Trainer) -> ManifestCheckpoint | None:
-    return next((c for c in trainer.callbacks if isinstance(c, ManifestCheckpoint)), None)
+    return next((c for c in internals.trainer_callbacks(trainer) if isinstance(c, ManifestCheckpoint)), None)
 
 
 def configured_every_n_train_steps(checkpoint: ManifestCheckpoint) -> int | None:

@@ -101,7 +101,7 @@ def latest_recoverable(
             log.warning(
                 "Skipping checkpoint %s: its restore drill failed (%s); falling back to an older one",
                 entry.path,
-                entry.manifest.restore_drill.get("log"),
+                (entry.manifest.restore_drill or {}).get("log"),
             )
             continue
         report = (reports or {}).get(entry.path) or verify_checkpoint(entry.path, storage_options=storage_options)

@@ -19,6 +19,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
 from lightning_field.checkpoint.resolver import committed_checkpoints, latest_recoverable
+from lightning_field.compat import lightning as internals
 from lightning_field.core.distributed import broadcast_object
 from lightning_field.core.manifest import Manifest
 from lightning_field.core.storage import Location, as_location, basename
@@ -251,7 +252,8 @@ class ResumeGuard:
         """
         fingerprint = None
         if trainer.is_global_zero:
-            fingerprint = provenance.data_provenance(trainer.datamodule, loaders[0] if loaders else None)
+            datamodule = internals.trainer_datamodule(trainer)
+            fingerprint = provenance.data_provenance(datamodule, loaders[0] if loaders else None)
         self._data = broadcast_object(fingerprint)
         saved = self.resumed.provenance.get("data") if self.resumed is not None else None
         if self.resumed is not None and saved is not None:

@@ -85,6 +85,7 @@ __all__ = [
     "start_next_epoch_iterator",
     "step_plateau_schedulers_missed_at_epoch_end",
     "trainer_callbacks",
+    "trainer_datamodule",
     "training_results",
     "unapplied_loader_states",
     "undo_epoch_end_double_count",
@@ -198,3 +199,9 @@ def trainer_callbacks(trainer: pl.Trainer) -> list[pl.Callback]:
     """``trainer.callbacks``: public API, but assigned by Lightning 2.6's callback connector and not
     declared on ``Trainer``, so a type checker does not see it."""
     return trainer.callbacks  # type: ignore[attr-defined]  # assigned by the callback connector
+
+
+def trainer_datamodule(trainer: pl.Trainer) -> pl.LightningDataModule | None:
+    """``trainer.datamodule``: public API, but assigned by Lightning 2.6's data connector and not
+    declared on ``Trainer``, so a type checker does not see it."""
+    return trainer.datamodule  # type: ignore[attr-defined]  # assigned by the data connector

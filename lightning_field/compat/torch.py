@@ -7,7 +7,7 @@ torch's (``torch>=2.4``), not Lightning's.
 from __future__ import annotations
 
 import pickle
-from typing import Any
+from typing import Any, TypeGuard
 
 import torch
 from torch import nn, serialization
@@ -64,9 +64,10 @@ def host_dtensor(tensor: Any, local: Any) -> Any:
     return DTensor(local, tensor._spec, requires_grad=False)
 
 
-def is_dropout(module: Any) -> bool:
+def is_dropout(module: Any) -> TypeGuard[nn.Dropout]:
     """Whether ``module`` is any of torch's dropout layers (their private common base ``_DropoutNd``;
-    ``AlphaDropout`` and ``FeatureAlphaDropout`` included, which no public class groups)."""
+    ``AlphaDropout`` and ``FeatureAlphaDropout`` included, which no public class groups). Typed as
+    ``nn.Dropout``, the public one: every such layer has its float ``p`` and ``inplace``."""
     return isinstance(module, nn.modules.dropout._DropoutNd)
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from lightning_field.checkpoint.resolver import committed_checkpoints
 from lightning_field.core.layout import PLAN_RELPATH
+from lightning_field.core.storage import basename
 from lightning_field.evidence.bundle import EVIDENCE_JSON
 from lightning_field.record.collect_reports import collect_evidence, collect_plan, collect_preflight, collect_scale
 from lightning_field.record.collect_run import collect_checkpoints, collect_profile, collect_quality
@@ -55,9 +56,10 @@ def collect(
     if released is not None:
         identity, projection, basis = run_identity(released, keys)
         newest = next(e for e in committed_checkpoints(released / "checkpoints") if e.manifest is not None)
+        assert newest.manifest is not None  # the one just chosen for having a manifest
         release.update(
-            checkpoint=newest.path.name, step=newest.manifest.step, identity=identity, config_projection=projection,
-            code_version=code_version(identity), basis=basis,
+            checkpoint=basename(newest.path), step=newest.manifest.step, identity=identity,
+            config_projection=projection, code_version=code_version(identity), basis=basis,
         )  # fmt: skip
     else:
         release.update(identity=unknown_identity(None), config_projection=None, code_version="unknown",

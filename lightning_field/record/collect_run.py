@@ -16,6 +16,7 @@ from lightning_field.checkpoint.resolver import committed_checkpoints, latest_re
 from lightning_field.checkpoint.verify import verify_checkpoint
 from lightning_field.core.events import read_events, read_jsonl
 from lightning_field.core.layout import EVENTS_RELPATH, PROFILE_RELPATH, SUMMARY_RELPATH
+from lightning_field.core.storage import basename
 from lightning_field.quality.ledger import goodput_ledger
 from lightning_field.record.identity import identity_from_provenance
 from lightning_field.record.sources import Collection, Source, modified
@@ -23,48 +24,48 @@ from lightning_field.record.sources import Collection, Source, modified
 
 def collect_checkpoints(col: Collection, run_dir: Path, keys: Sequence[str], verify_all: bool) -> None:
     root = run_dir / "checkpoints"
-    entries = [e for e in committed_checkpoints(root) if e.manifest is not None]
+    # A local root: every entry's path is a Path; only entries with a readable manifest count.
+    entries = [(Path(e.path), e.manifest) for e in committed_checkpoints(root) if e.manifest is not None]
     if not entries:
         col.not_found.append(f"{root}: no committed checkpoint")
         return
     resume_point = latest_recoverable(root)
-    tested = [e for e in entries if e.manifest.restore_tested]
-    failed = [e for e in entries if (e.manifest.restore_drill or {}).get("outcome") == "mismatch"]
+    tested = [m for _, m in entries if m.restore_tested]
+    failed = [m for _, m in entries if (m.restore_drill or {}).get("outcome") == "mismatch"]
     population = f"{len(entries)} committed checkpoint(s) of {run_dir}"
     newest_source: Source | None = None
-    for index, entry in enumerate(entries):
-        m = entry.manifest
+    for index, (path, m) in enumerate(entries):
         identity, projection = identity_from_provenance(m.provenance, keys)
-        source = col.add_source("checkpoint", entry.path / "manifest.json", m.created_unix, "manifest created_unix",
+        source = col.add_source("checkpoint", path / "manifest.json", m.created_unix, "manifest created_unix",
                                 identity, projection)  # fmt: skip
         newest = index == 0
         newest_source = newest_source or source
         if newest or verify_all:
-            report = verify_checkpoint(entry.path)
+            report = verify_checkpoint(path)
             col.add_figure(
-                source, "checkpoint_intact", f"checkpoint {entry.path.name}: every file matches its manifest",
+                source, "checkpoint_intact", f"checkpoint {path.name}: every file matches its manifest",
                 report.intact, None, f"{len(m.files)} file(s), {sum(f.size for f in m.files.values())} bytes",
                 "files listed in the manifest", [] if report.intact else report.problems,
             )  # fmt: skip
         if newest:
             col.add_figure(source, "newest_checkpoint", "newest committed checkpoint",
-                           {"name": entry.path.name, "step": m.step, "world_size": m.world_size,
+                           {"name": path.name, "step": m.step, "world_size": m.world_size,
                             "recoverable": m.recoverable, "missing": list(m.missing),
                             "restore_tested": m.restore_tested,
-                            "resume_point": resume_point.name if resume_point else None},
+                            "resume_point": basename(resume_point) if resume_point else None},
                            None, population, "the newest by step")  # fmt: skip
         if m.restore_drill:
             drill = m.restore_drill
             col.add_figure(
-                source, "restore_drill", f"restore drill of {entry.path.name}",
-                {"checkpoint": entry.path.name, "step": m.step, "outcome": drill.get("outcome"),
+                source, "restore_drill", f"restore drill of {path.name}",
+                {"checkpoint": path.name, "step": m.step, "outcome": drill.get("outcome"),
                  "passed": bool(drill.get("passed")), "seconds": drill.get("seconds")},
                 None, "one replay of the step after the checkpoint, in a fresh process",
                 f"{len(tested)} of {len(entries)} committed checkpoints restore-tested, {len(failed)} failed",
                 ["A drill replays one step in one process."],
                 date_unix=drill.get("finished_unix"),
             )  # fmt: skip
-    saves = [float(e.manifest.save_seconds) for e in entries if e.manifest.save_seconds is not None]
+    saves = [float(m.save_seconds) for _, m in entries if m.save_seconds is not None]
     if saves and newest_source is not None:
         col.add_figure(newest_source, "median_save_seconds", "blocking checkpoint save (median)",
                        statistics.median(saves), "s", population, f"{len(saves)} saves")  # fmt: skip

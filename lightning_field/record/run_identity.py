@@ -11,9 +11,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from lightning_field.checkpoint.resolver import committed_checkpoints
+from lightning_field.core.storage import basename
 from lightning_field.record.identity import comparable_identity, identity_from_provenance
 from lightning_field.state.secrets import scrub_secrets
 
@@ -27,6 +28,8 @@ def _hydra_config(run_dir: Path, keys: Sequence[str]) -> dict[str, Any] | None:
     try:
         cfg = OmegaConf.load(path)
     except Exception:  # an unreadable config is an unknown one, which staleness then reports
+        return None
+    if not isinstance(cfg, DictConfig):  # a list at the top is not a Hydra app's config
         return None
     projected: dict[str, Any] = {}
     for key in keys:
@@ -49,7 +52,7 @@ def run_identity(run_dir: Path, keys: Sequence[str]) -> tuple[dict[str, Any], di
     for entry in committed_checkpoints(run_dir / "checkpoints"):
         if entry.manifest is not None:
             identity, projection = identity_from_provenance(entry.manifest.provenance, keys)
-            return identity, projection, f"its newest checkpoint manifest ({entry.path.name})"
+            return identity, projection, f"its newest checkpoint manifest ({basename(entry.path)})"
     projection = _hydra_config(run_dir, keys)
     if projection is not None:
         return unknown_identity(projection), projection, "its Hydra config (.hydra/config.yaml; no code identity)"

@@ -12,7 +12,7 @@ import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import wandb
 
@@ -48,9 +48,11 @@ def log_record(record: Mapping[str, Any], record_dir: Path, run_dir: Path, mode:
     segment = _next_segment(run_dir)
     segment.mkdir(parents=True, exist_ok=True)
     mode = mode or os.environ.get("WANDB_MODE") or None
+    if mode not in (None, "online", "offline", "disabled", "shared"):
+        raise ValueError(f"W&B mode {mode!r} is not one of online, offline, disabled, shared")
     run = wandb.init(
         id=identity["run_id"], project=identity.get("project"), entity=identity.get("entity"), resume="allow",
-        dir=os.fspath(segment), job_type="release-record", mode=mode, reinit="create_new",
+        dir=os.fspath(segment), job_type="release-record", mode=cast(Any, mode), reinit="create_new",
     )  # fmt: skip
     try:
         decision = record["decision"]

@@ -117,7 +117,7 @@ def adopt_loaders(loaders: Any) -> tuple[Any, list[Adoption]]:
             obj.flattened = [walk(item) for item in flattened]
             return obj
         if isinstance(obj, Mapping):
-            return type(obj)({key: walk(value) for key, value in obj.items()})
+            return type(obj)({key: walk(value) for key, value in obj.items()})  # type: ignore[call-arg]  # dict subclasses take a mapping
         if isinstance(obj, (list, tuple)):
             return type(obj)(walk(value) for value in obj)
         if isinstance(obj, DataLoader) or hasattr(obj, "__iter__"):

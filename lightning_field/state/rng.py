@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -41,7 +41,8 @@ def capture_rng_state(generators: Mapping[str, torch.Generator] | None = None) -
     """
     state: dict[str, Any] = {
         "python": random.getstate(),
-        "numpy": _numpy_state_to_plain(np.random.get_state()),
+        # legacy=True (the default) is the tuple form; only legacy=False returns a dict.
+        "numpy": _numpy_state_to_plain(cast(tuple[Any, ...], np.random.get_state(legacy=True))),
         "torch": torch.get_rng_state(),
         "generators": {name: gen.get_state() for name, gen in (generators or {}).items()},
     }
@@ -114,8 +115,8 @@ _WORKER_RNG = "lightning_field_worker_rng"
 
 
 def _attach_worker_rng_state(dataset: Any) -> None:
-    own_state_dict = getattr(dataset, "state_dict", None)
-    own_load = getattr(dataset, "load_state_dict", None)
+    own_state_dict: Any = getattr(dataset, "state_dict", None)
+    own_load: Any = getattr(dataset, "load_state_dict", None)
     has_own = callable(own_state_dict) and callable(own_load)
 
     def state_dict() -> dict[str, Any]:

@@ -91,7 +91,7 @@ class JumpSequentialSampler(Sampler[int]):
         self.data_source = data_source
         self.generator: torch.Generator | None = None
 
-    def epoch_order(self) -> range:  # type: ignore[override]
+    def epoch_order(self) -> range:
         return range(len(self.data_source))
 
     def __iter__(self) -> _JumpIterator:
