@@ -22,7 +22,7 @@ def unsupported_lightning(version: str, tested: str = TESTED_LIGHTNING) -> str |
         return None
     return (
         f"lightning_field is tested with Lightning {tested} and reaches into its private loop and"
-        f" checkpoint internals (lightning_field/compat/lightning.py); Lightning {version} is"
+        f" checkpoint internals (lightning_field/compat/); Lightning {version} is"
         " installed. Install a tested release (pip install 'lightning" + tested + "') or a"
         " lightning_field release that supports yours."
     )

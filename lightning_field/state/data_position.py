@@ -17,6 +17,11 @@ from typing import Any
 import torch
 from torch.utils.data import IterableDataset
 
+from lightning_field.compat.lightning_samplers import (
+    set_wrapped_sampler_order,
+    wrapped_sampler_datasets,
+    wrapped_sampler_order,
+)
 from lightning_field.state.samplers import JumpRandomSampler, JumpSequentialSampler
 
 _MAX_DEPTH = 5
@@ -48,8 +53,6 @@ def sampler_generators(loader: Any) -> dict[str, torch.Generator]:
 
 
 def _wrapped_sampler_orders(loader: Any) -> dict[str, Any]:
-    from lightning_field.compat.lightning import wrapped_sampler_datasets  # compat imports this module
-
     return wrapped_sampler_datasets(loader)
 
 
@@ -57,8 +60,6 @@ def capture_sampler_state(loaders: Iterable[Any]) -> list[dict[str, Any]]:
     """Per loader: its sampler generators' states and any wrapped sampler's current epoch order."""
     states = []
     for loader in loaders:
-        from lightning_field.compat.lightning import wrapped_sampler_order
-
         orders = {
             path: torch.tensor(order, dtype=torch.int64)
             for path, wrapper in _wrapped_sampler_orders(loader).items()
@@ -89,8 +90,6 @@ def replaying_sampler_state(loaders: list[Any], saved: list[dict[str, Any]]) -> 
                 continue
 
             def reset(wrapper: Any = wrapper, order: torch.Tensor = order) -> None:
-                from lightning_field.compat.lightning import set_wrapped_sampler_order
-
                 set_wrapped_sampler_order(wrapper, order.tolist())
 
             wrapper.reset = reset
