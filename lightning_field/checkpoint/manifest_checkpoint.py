@@ -6,15 +6,10 @@ checkpoint *is*: a directory with the complete Lightning state, each rank's own 
 position, and a manifest written last that makes it visible. Only checkpoints that hold everything
 needed for an exact continuation are marked recoverable, and only those are resumed from.
 
-This module is the first of the three files a save passes through: it decides *when* to save and
-captures the save as a :class:`~lightning_field.checkpoint.commit.SaveJob`; ``commit.py`` runs the
-commit protocol; ``core/fsio.py`` puts the bytes on disk. What it delegates:
-
-* ``state/rank_tracking.py``: each rank's RNG, data position and epoch metrics, and their restore;
-* ``checkpoint/async_controller.py``: the background save's lifecycle (``async_save=True``);
-* ``checkpoint/preemption.py``: a signal becomes a checkpoint at the next step boundary;
-* ``checkpoint/resume_policy.py``: which checkpoint this run may continue from;
-* ``checkpoint/io.py`` and ``compat/lightning.py``: how it is installed into Lightning's restore path.
+A save passes through three files: this one decides *when*, and captures a ``SaveJob``;
+``commit.py`` runs the commit protocol; ``core/fsio.py`` puts the bytes on disk. Delegated:
+``committed.py`` (store, save path, retention), ``state/rank_tracking.py`` (RNG, data position),
+``async_controller.py``, ``preemption.py``, ``resume_policy.py`` and ``io.py`` (Lightning's restore).
 """
 
 from __future__ import annotations
@@ -23,12 +18,10 @@ import datetime
 import logging
 import os
 from collections.abc import Iterable, Mapping, Sequence
-from pathlib import Path
 from typing import Any, Literal
 
 import lightning.pytorch as pl
 import torch
-from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from typing_extensions import override
@@ -48,27 +41,13 @@ from lightning_field.compat import lightning as internals
 from lightning_field.core.distributed import all_gather_objects, elastic_restart_hazard
 from lightning_field.core.events import EventLog
 from lightning_field.core.manifest import Manifest
-from lightning_field.core.storage import Location, as_location, is_url
+from lightning_field.core.storage import Location, as_location, unusable_local_dir
 from lightning_field.state.rank_tracking import RankStateTracker
 
 __all__ = ["ManifestCheckpoint", "NoRecoverableCheckpointError"]
 
 log = logging.getLogger(__name__)
 
-_SUPPORTED_STRATEGIES = (SingleDeviceStrategy, DDPStrategy)
-
-
-def _unusable_dirpath(dirpath: str | os.PathLike[str] | None) -> str | None:
-    """Why checkpoints cannot be written under a local ``dirpath``, or None (URLs are the store's)."""
-    if not dirpath or is_url(str(dirpath)):
-        return None
-    path = Path(dirpath)
-    existing = next((p for p in (path, *path.parents) if p.exists()), None)
-    if existing is not None and not existing.is_dir():
-        return f"{existing} is a file, not a directory"
-    if existing is not None and not os.access(existing, os.W_OK | os.X_OK):
-        return f"{existing} is not writable by this process"
-    return None
 
 
 class ManifestCheckpoint(CommittedCheckpoint):
@@ -211,7 +190,6 @@ class ManifestCheckpoint(CommittedCheckpoint):
         self._trainer: pl.Trainer | None = None
         self._deferred_batch_end: tuple[Any, Any, int] | None = None
         self._deferred_validation_end = False
-        self._told_unresumable = False
         self._show_hint_again: Any = None
 
     # ------------------------------------------------------------------ public state
@@ -245,7 +223,7 @@ class ManifestCheckpoint(CommittedCheckpoint):
         if stage == "fit":
             # Every rank checks and every rank learns of any rank's problem (collective), so a bad
             # dirpath stops the job before its first step instead of at its first save.
-            problems = [p for p in all_gather_objects(_unusable_dirpath(self.dirpath)) if p]  # every rank
+            problems = [p for p in all_gather_objects(unusable_local_dir(self.dirpath)) if p]  # every rank
             if problems:
                 raise ValueError(f"ManifestCheckpoint(dirpath={self.dirpath!r}) is unusable: {problems[0]}")
         if self._show_hint_again is not None:
@@ -254,16 +232,9 @@ class ManifestCheckpoint(CommittedCheckpoint):
         hazard = elastic_restart_hazard(os.environ)
         if hazard is not None:
             rank_zero_warn(f"lightning_field: {hazard}")
-        if sharded.is_sharded(trainer.strategy):
-            sharded.check_supported(trainer.strategy)
+        if sharded.check_strategy(trainer.strategy):
             # It loads without the CheckpointIO: verification must sit in front of its own loader.
             internals.wrap_strategy_load(trainer.strategy, self._load_sharded)
-        elif not isinstance(trainer.strategy, _SUPPORTED_STRATEGIES):
-            raise NotImplementedError(
-                f"ManifestCheckpoint supports single-device, DDP and ModelParallel strategies;"
-                f" {type(trainer.strategy).__name__} (FSDP, DeepSpeed) is not supported yet. For sharded state"
-                " use ModelParallelStrategy with torch's fully_shard, whose checkpoints go through DCP."
-            )
         self._trainer = trainer
         if self.async_save:
             self._saves.setup(trainer, self.state_key)
@@ -271,7 +242,7 @@ class ManifestCheckpoint(CommittedCheckpoint):
             trainer.strategy.checkpoint_io = ManifestCheckpointIO(
                 trainer.strategy.checkpoint_io, self._check_resume, self._object_store
             )
-        self._guard.record(trainer, pl_module, self._run_config(trainer, pl_module), self.code_dir)
+        self._guard.record(trainer, pl_module, self.config, self.code_dir)
         if trainer.is_global_zero:
             assert self.dirpath is not None  # ModelCheckpoint.setup resolved it
             for leftover in self._store.clean_leftovers(as_location(self.dirpath)):
@@ -279,15 +250,6 @@ class ManifestCheckpoint(CommittedCheckpoint):
             self._events = EventLog(trainer.default_root_dir, world_size=trainer.world_size)
         if stage == "fit":
             self._ranks.install(trainer)
-
-    def _run_config(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> Any:
-        if self.config is not None:
-            return dict(self.config)
-        config: dict[str, Any] = {"model": dict(pl_module.hparams)}
-        datamodule = internals.trainer_datamodule(trainer)
-        if datamodule is not None and getattr(datamodule, "hparams", None):
-            config["datamodule"] = dict(datamodule.hparams)
-        return config
 
     @override
     def _is_agreement_step(self, trainer: pl.Trainer) -> bool:
@@ -391,35 +353,15 @@ class ManifestCheckpoint(CommittedCheckpoint):
         nothing from the trainer, so it can run while training moves on."""
         checkpoint = internals.dump_checkpoint(trainer, self.save_weights_only)
         rank_state, rank_missing = self._ranks.capture(trainer, checkpoint, self.save_weights_only)
-        for reason in rank_missing:
-            if reason.startswith("data_position"):
-                self._tell_unresumable(reason)
         return SaveJob.capture(
             trainer, final, start, store=self._store, checkpoint=checkpoint, rank_state=rank_state,
             rank_missing=rank_missing, weights_only=self.save_weights_only,
             provenance=self._guard.manifest_provenance(trainer.world_size),
         )  # fmt: skip
 
-    def _tell_unresumable(self, reason: str) -> None:
-        """Once per run, loudly: the run's checkpoints cannot resume exactly, and why."""
-        if self._told_unresumable:
-            return
-        self._told_unresumable = True
-        rank_zero_warn(
-            f"lightning_field: this checkpoint and every later one are NOT recoverable: {reason}. A resume"
-            " could not continue exactly. Fix it as said; `field ckpt inspect` shows what is missing."
-        )
-
     @override
     def _find_last_checkpoints(self, trainer: pl.Trainer) -> set[str]:
         where = internals.checkpoint_dir(self, trainer)
-        if is_url(where):
-            # Lightning would re-open the found URL without the storage options and read a prefix's
-            # modification time, which object stores do not have: resolve it explicitly instead.
-            raise ValueError(
-                f'ckpt_path="last" cannot be resolved by Lightning for the object-store dirpath {where}. Pass'
-                f" ckpt_path=lightning_field.latest_recoverable({str(where)!r}, storage_options) instead."
-            )
         found = resume_policy.resolve_last(where, self._guard if self.resume_inexact else None)
         if found is None:
             self._show_hint_again = internals.hide_no_last_checkpoint_hint()

@@ -22,7 +22,7 @@ from lightning_field.checkpoint.resolver import committed_checkpoints, latest_re
 from lightning_field.compat import lightning as internals
 from lightning_field.core.distributed import broadcast_object
 from lightning_field.core.manifest import Manifest
-from lightning_field.core.storage import Location, as_location, basename
+from lightning_field.core.storage import Location, as_location, basename, is_url
 from lightning_field.state import provenance, reshard
 
 log = logging.getLogger(__name__)
@@ -210,11 +210,19 @@ class ResumeGuard:
         self._static: dict[str, Any] = {}
         self._data: dict[str, Any] | None = None
 
-    def record(self, trainer: pl.Trainer, pl_module: pl.LightningModule, config: Any, code_dir: Any) -> None:
-        """This run's code, resolved config (secrets redacted) and environment."""
+    def record(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, config: Mapping[str, Any] | None, code_dir: Any
+    ) -> None:
+        """This run's code, resolved config (secrets redacted; by default the module's and the
+        datamodule's hparams) and environment."""
+        if config is None:
+            config = {"model": dict(pl_module.hparams)}
+            datamodule = internals.trainer_datamodule(trainer)
+            if datamodule is not None and getattr(datamodule, "hparams", None):
+                config["datamodule"] = dict(datamodule.hparams)
         self._static = {
             "code": provenance.code_provenance(code_dir, model=pl_module),
-            "config": provenance.config_provenance(config),
+            "config": provenance.config_provenance(dict(config)),
             "environment": provenance.environment_provenance(trainer),
         }
 
@@ -293,8 +301,16 @@ def resolve_last(where: Location, inexact_guard: ResumeGuard | None = None) -> s
     is chosen when no recoverable one exists, and the guard records it for every later manifest.
 
     Raises:
+        ValueError: ``where`` is a URL, which ``ckpt_path="last"`` cannot resolve through Lightning.
         NoRecoverableCheckpointError: checkpoints exist, but none may be resumed.
     """
+    if is_url(where):
+        # Lightning would re-open the found URL without the storage options and read a prefix's
+        # modification time, which object stores do not have: resolve it explicitly instead.
+        raise ValueError(
+            f'ckpt_path="last" cannot be resolved by Lightning for the object-store dirpath {where}. Pass'
+            f" ckpt_path=lightning_field.latest_recoverable({str(where)!r}, storage_options) instead."
+        )
     found = latest_recoverable(where)
     if found is not None:
         return str(found)

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from lightning.pytorch.strategies import ModelParallelStrategy
+from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy, SingleDeviceStrategy
 
 from lightning_field.checkpoint.io import attach_rank_state, rank_files_to_load
 from lightning_field.checkpoint.object_store import ObjectStore
@@ -51,6 +51,25 @@ DCP_COMPONENTS = ["model", "optimizer"]
 def is_sharded(strategy: Any) -> bool:
     """Whether ``strategy`` holds DTensor-sharded model and optimizer state that DCP must write."""
     return isinstance(strategy, ModelParallelStrategy)
+
+
+def check_strategy(strategy: Any) -> bool:
+    """Whether ``strategy`` is sharded (its saves go through DCP), once it is known to be supported.
+
+    Raises:
+        NotImplementedError: a strategy other than single-device, DDP or ModelParallel, or a
+            sharded configuration this path does not handle.
+    """
+    if is_sharded(strategy):
+        check_supported(strategy)
+        return True
+    if not isinstance(strategy, (SingleDeviceStrategy, DDPStrategy)):
+        raise NotImplementedError(
+            f"ManifestCheckpoint supports single-device, DDP and ModelParallel strategies;"
+            f" {type(strategy).__name__} (FSDP, DeepSpeed) is not supported yet. For sharded state"
+            " use ModelParallelStrategy with torch's fully_shard, whose checkpoints go through DCP."
+        )
+    return False
 
 
 def check_supported(strategy: Any) -> None:

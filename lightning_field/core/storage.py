@@ -80,3 +80,16 @@ def open_fs(url: str, storage_options: StorageOptions | None = None) -> tuple[An
 def to_url(fs: Any, path: str) -> str:
     """The full URL of a protocol-less ``path`` returned by ``fs`` listings."""
     return fs.unstrip_protocol(path).rstrip("/")
+
+
+def unusable_local_dir(dirpath: str | os.PathLike[str] | None) -> str | None:
+    """Why checkpoints cannot be written under a local ``dirpath``, or None (URLs are the store's)."""
+    if not dirpath or is_url(str(dirpath)):
+        return None
+    path = Path(dirpath)
+    existing = next((p for p in (path, *path.parents) if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        return f"{existing} is a file, not a directory"
+    if existing is not None and not os.access(existing, os.W_OK | os.X_OK):
+        return f"{existing} is not writable by this process"
+    return None

@@ -69,6 +69,7 @@ class RankStateTracker:
         self._prefetch_hook_installed = False
         self._undo_loader_patch: Callable[[], None] | None = None
         self._told_adopted = False
+        self._told_unresumable = False
 
     # ------------------------------------------------------------------ set-up and tear-down
     def install(self, trainer: pl.Trainer) -> None:
@@ -194,8 +195,20 @@ class RankStateTracker:
     def capture(
         self, trainer: pl.Trainer, checkpoint: dict[str, Any], weights_only: bool
     ) -> tuple[dict[str, Any], list[str]]:
-        """This rank's file of a checkpoint and what it lacks (see ``capture_rank_state``)."""
-        return capture_rank_state(
+        """This rank's file of a checkpoint and what it lacks (see ``capture_rank_state``).
+
+        The first save without a data position says so, once per run and loudly: a resume from it
+        (and from every later one) could not continue exactly.
+        """
+        state, missing = capture_rank_state(
             trainer, checkpoint, capture_rng_state(self.generators), weights_only=weights_only,
             samples_seen=self.samples_seen, tokens_seen=self.tokens_seen, adoptions=self.adoptions,
         )  # fmt: skip
+        unresumable = next((reason for reason in missing if reason.startswith("data_position")), None)
+        if unresumable is not None and not self._told_unresumable:
+            self._told_unresumable = True
+            rank_zero_warn(
+                f"lightning_field: this checkpoint and every later one are NOT recoverable: {unresumable}. A"
+                " resume could not continue exactly. Fix it as said; `field ckpt inspect` shows what is missing."
+            )
+        return state, missing
