@@ -129,7 +129,7 @@ def _torchrun(name: str, root: Path, out: Path, checkpoint: str, kill: bool) -> 
 
     config = CONFIGS[name]
     env = child_env()
-    # The launch line the README documents: without it, restarted groups can hang (pytorch#135712).
+    # The launch line docs/conformance.md documents: without it, restarted groups can hang (pytorch#135712).
     env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     port = _free_port()
     command = [

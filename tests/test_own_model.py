@@ -1,5 +1,5 @@
 """A user's own LightningModule and DataModule in every app, run from the console scripts as the
-README shows (``examples/own_model``): their constructors share no key with the shipped models,
+docs/hydra.md shows (``examples/own_model``): their constructors share no key with the shipped models,
 and bad command lines are refused with exit 2 before anything starts."""
 
 from __future__ import annotations

@@ -512,7 +512,7 @@ def main(argv: list[str] | None = None) -> None:
         run(args.name, args.root, args.out, args.checkpoint, args.kill, args.resume)
     except TrainingPreempted as stop:
         # Its exit status (75) as raised, but without the interpreter teardown that can abort a
-        # finished gloo job (-6, README "Known limits"), as after a completed run below.
+        # finished gloo job (-6, docs/known-limits.md), as after a completed run below.
         exit_finished_process(int(stop.code))
     sys.stdout.flush()
     exit_finished_process(0)
