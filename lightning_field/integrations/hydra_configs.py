@@ -24,6 +24,8 @@ from hydra.core.config_store import ConfigStore
 from hydra.utils import get_class
 from omegaconf import MISSING
 
+from lightning_field.workloads import current_target
+
 CONFIG_PACKAGE = "pkg://lightning_field.conf"
 """The search-path entry that makes ``lightning_field/<group>/<option>`` composable in any Hydra app."""
 SCHEMA_GROUP = "lightning_field_schema"
@@ -195,6 +197,7 @@ def apply_target_swaps(cfg: Any, overrides: typing.Sequence[str]) -> Any:
     from omegaconf import OmegaConf, open_dict
     from omegaconf.errors import OmegaConfBaseException
 
+    refuse_moved_targets(OmegaConf.to_container(cfg, resolve=False))
     given = _overridden_keys(overrides)
     for section in SWAPPABLE_SECTIONS:
         if "_target_" not in given.get(section, ()) or section not in cfg:
@@ -224,6 +227,29 @@ def apply_target_swaps(cfg: Any, overrides: typing.Sequence[str]) -> Any:
         with open_dict(cfg):
             cfg[section] = OmegaConf.create(OmegaConf.to_container(typed, resolve=False))
     return cfg
+
+
+def refuse_moved_targets(node: Any, where: str = "") -> None:
+    """Refuse a ``_target_`` that names a class at the path it had before it moved
+    (``lightning_field.workloads.MOVED_TARGETS``), wherever it is set: on the command line, in a
+    shipped or the user's own YAML. The error names the path to write instead.
+
+    Raises:
+        TargetConfigError: a moved target, e.g. ``model._target_=lightning_field.char_gpt.CharGPT``.
+    """
+    if isinstance(node, dict):
+        for key, value in node.items():
+            name = f"{where}.{key}" if where else str(key)
+            if key == "_target_" and isinstance(value, str) and current_target(value) != value:
+                raise TargetConfigError(
+                    f"{name}={value}: that class moved to {current_target(value)} (lightning_field keeps its example"
+                    f" workloads in lightning_field.workloads); write {name}={current_target(value)}. A checkpoint"
+                    " written under the old name still resumes."
+                )
+            refuse_moved_targets(value, name)
+    elif isinstance(node, list):
+        for index, value in enumerate(node):
+            refuse_moved_targets(value, f"{where}[{index}]")
 
 
 def prepare_target_overrides(overrides: typing.Sequence[str]) -> list[str]:
