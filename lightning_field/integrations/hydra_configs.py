@@ -15,15 +15,19 @@ from __future__ import annotations
 import collections.abc
 import dataclasses
 import enum
+import importlib
 import inspect
 import types
 import typing
 from typing import Any, Literal, Optional, Union
 
 from hydra.core.config_store import ConfigStore
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.utils import get_class
-from omegaconf import MISSING
+from omegaconf import MISSING, OmegaConf, open_dict
+from omegaconf.errors import OmegaConfBaseException
 
+from lightning_field.conf import CONFIG_DIR
 from lightning_field.workloads import current_target
 
 CONFIG_PACKAGE = "pkg://lightning_field.conf"
@@ -144,8 +148,6 @@ def structured_config(cls: type, target: str, exclude: frozenset[str] = frozense
 def group_options(*groups: str) -> str:
     """``  group: a, b, c`` per line, from the shipped config directory: the ``--help`` listing of
     the apps (Hydra's own lists every group twice, once per search-path entry, and the schemas)."""
-    from lightning_field.conf import CONFIG_DIR
-
     lines = []
     for group in groups:
         options = sorted(p.stem for p in (CONFIG_DIR / group).glob("*.yaml"))
@@ -158,8 +160,6 @@ def register_configs(store: ConfigStore | None = None) -> None:
     and the ``lightning_field_groups`` resolver the apps' ``--help`` uses.
 
     Idempotent, so the plugin and the apps may both call it."""
-    from omegaconf import OmegaConf
-
     OmegaConf.register_new_resolver("lightning_field_groups", group_options, replace=True)
     store = store or ConfigStore.instance()
     for key, schema in SCHEMAS.items():
@@ -194,9 +194,6 @@ def apply_target_swaps(cfg: Any, overrides: typing.Sequence[str]) -> Any:
     Call it in your own Hydra app with ``HydraConfig.get().overrides.task`` to get the same behaviour
     on the shipped groups; the ``field-*`` apps and ``field scale`` do.
     """
-    from omegaconf import OmegaConf, open_dict
-    from omegaconf.errors import OmegaConfBaseException
-
     refuse_moved_targets(OmegaConf.to_container(cfg, resolve=False))
     given = _overridden_keys(overrides)
     for section in SWAPPABLE_SECTIONS:
@@ -273,8 +270,6 @@ def prepare_target_overrides(overrides: typing.Sequence[str]) -> list[str]:
 
 def _overridden_keys(overrides: typing.Sequence[str]) -> dict[str, set[str]]:
     """section -> first-level keys set under it by the overrides (``model.width=8`` -> width)."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
     found: dict[str, set[str]] = {}
     for override in OverridesParser.create().parse_overrides(list(overrides)):
         if override.is_delete():
@@ -324,8 +319,6 @@ def _takes_open_kwargs(cls: type) -> bool:
 
 
 def _import_class(section: str, target: str) -> type:
-    import importlib
-
     module, _, name = target.rpartition(".")
     try:
         found = getattr(importlib.import_module(module), name) if module else None
