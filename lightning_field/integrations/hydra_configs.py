@@ -191,6 +191,9 @@ def apply_target_swaps(cfg: Any, overrides: typing.Sequence[str]) -> Any:
     anything is built: an unknown key, a wrong type or a missing required argument raises
     :class:`TargetConfigError` naming the key and the signature. ``cfg`` is changed in place and returned.
 
+    First, a ``_target_`` anywhere in ``cfg`` that names a moved class by its old path is refused
+    (:func:`refuse_moved_targets`).
+
     Call it in your own Hydra app with ``HydraConfig.get().overrides.task`` to get the same behaviour
     on the shipped groups; the ``field-*`` apps and ``field scale`` do.
     """
