@@ -41,7 +41,7 @@ def train(args: argparse.Namespace) -> int:
 
     from lightning_field import ManifestCheckpoint, latest_recoverable
     from lightning_field.core.distributed import exit_finished_process
-    from lightning_field.demo import DemoDataModule, DemoRegressor, DemoShardedRegressor
+    from lightning_field.workloads.demo import DemoDataModule, DemoRegressor, DemoShardedRegressor
 
     class KillAfterStep(Callback):
         def on_train_batch_end(self, trainer: pl.Trainer, *_: Any) -> None:
@@ -93,7 +93,7 @@ def blocking(args: argparse.Namespace) -> int:
 
     from lightning_field import ManifestCheckpoint
     from lightning_field.core.distributed import exit_finished_process
-    from lightning_field.demo import DemoDataModule
+    from lightning_field.workloads.demo import DemoDataModule
 
     class Wide(pl.LightningModule):
         def __init__(self, width: int) -> None:

@@ -15,8 +15,8 @@ import lightning.pytorch as pl
 import torch
 
 from lightning_field import ManifestCheckpoint, RestoreDrill, read_manifest
-from lightning_field.demo import DemoDataModule, DemoRegressor
 from lightning_field.state.rng import capture_rng_state, restore_rng_state
+from lightning_field.workloads.demo import DemoDataModule, DemoRegressor
 
 
 def cuda_rng_round_trip() -> bool:

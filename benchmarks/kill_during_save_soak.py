@@ -50,7 +50,7 @@ def child_main(root: Path, hidden: int, seed: int, save_last: bool) -> None:
     import torch
 
     from lightning_field import ManifestCheckpoint
-    from lightning_field.demo import DemoDataModule, DemoRegressor
+    from lightning_field.workloads.demo import DemoDataModule, DemoRegressor
 
     torch.set_num_threads(1)
     pl.seed_everything(seed, verbose=False)

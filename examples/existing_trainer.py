@@ -4,7 +4,7 @@
     python examples/existing_trainer.py --tiny              # a smoke run: seconds
     python examples/existing_trainer.py --root runs/x       # killed? run the same command again: it resumes
 
-It trains a byte-level GPT (``lightning_field.char_gpt``) on the Python standard library's own
+It trains a byte-level GPT (``lightning_field.workloads.char_gpt``) on the Python standard library's own
 source, read from this interpreter's installation: no download. Everything below is plain
 Lightning except the lines marked ``# + lightning_field``: an atomic, verified checkpoint that holds
 the RNG and data position (so a rerun after a kill continues exactly), time to the target
@@ -26,14 +26,14 @@ import lightning.pytorch as pl
 from lightning.pytorch.loggers import CSVLogger
 
 from lightning_field import CheckpointCadence, ManifestCheckpoint, StragglerMonitor, TimeToQuality  # + lightning_field
-from lightning_field.char_gpt import (
+from lightning_field.workloads.char_gpt import (
     RECOMMENDED_TARGET_VAL_LOSS,
     TINY_DATA,
     TINY_MODEL,
     TINY_TARGET_VAL_LOSS,
     CharGPT,
-    StdlibTextDataModule,
 )
+from lightning_field.workloads.stdlib_text import StdlibTextDataModule
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:

@@ -24,7 +24,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from lightning_field import ManifestCheckpoint
-from lightning_field.demo import DemoDataModule, DemoRegressor
+from lightning_field.workloads.demo import DemoDataModule, DemoRegressor
 
 
 class _KillAfterStep(Callback):

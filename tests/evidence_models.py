@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from lightning_field import ManifestCheckpoint
-from lightning_field.demo import DemoRegressor
+from lightning_field.workloads.demo import DemoRegressor
 
 
 class HiddenStateRegressor(DemoRegressor):

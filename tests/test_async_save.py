@@ -20,7 +20,7 @@ from lightning_field.checkpoint import committed_checkpoints
 from lightning_field.checkpoint.async_save import DeferredCopies, HostSnapshot
 from lightning_field.checkpoint.commit import LocalStore, RankOutcome
 from lightning_field.core.manifest import SHARED_STATE_FILE
-from lightning_field.demo import DemoDataModule, DemoRegressor
+from lightning_field.workloads.demo import DemoDataModule, DemoRegressor
 
 
 class GatedStore(LocalStore):

@@ -13,9 +13,9 @@ from lightning.pytorch.callbacks import Callback
 
 from lightning_field import CheckpointCadence, ManifestCheckpoint, read_events
 from lightning_field.checkpoint.commit import LocalStore
-from lightning_field.demo import DemoDataModule, DemoRegressor
 from lightning_field.planning.intervals import daly_interval, young_interval
 from lightning_field.quality.cadence import choose_steps, updated_mtbf
+from lightning_field.workloads.demo import DemoDataModule, DemoRegressor
 
 SAVE_DELAY_S = 2.0
 STEP_S = 0.05

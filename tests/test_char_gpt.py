@@ -15,16 +15,14 @@ from torch.nn import functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
 from lightning_field import ManifestCheckpoint, latest_recoverable, read_manifest
-from lightning_field.char_gpt import (
+from lightning_field.workloads.char_gpt import TINY_DATA, TINY_MODEL, CharGPT
+from lightning_field.workloads.stdlib_corpus import (
     EXCLUDED_ANYWHERE,
     EXCLUDED_TOP_LEVEL,
-    TINY_DATA,
-    TINY_MODEL,
-    CharGPT,
     CorpusTooSmallError,
-    StdlibTextDataModule,
     stdlib_source_files,
 )
+from lightning_field.workloads.stdlib_text import StdlibTextDataModule
 
 EXAMPLE = Path(__file__).parent.parent / "examples" / "existing_trainer.py"
 

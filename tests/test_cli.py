@@ -15,7 +15,7 @@ from conftest import make_trainer, run_child
 
 from lightning_field.cli.main import build_parser
 from lightning_field.cli.main import main as field_main
-from lightning_field.demo import DemoDataModule, DemoRegressor
+from lightning_field.workloads.demo import DemoDataModule, DemoRegressor
 
 
 @pytest.fixture(scope="module")

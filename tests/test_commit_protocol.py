@@ -108,7 +108,7 @@ def test_retention_never_deletes_the_only_recoverable_checkpoint(tmp_path: Path)
 def test_top_k_with_save_last_keeps_only_the_newest_checkpoint(tmp_path: Path) -> None:
     from conftest import make_trainer
 
-    from lightning_field.demo import DemoDataModule, DemoRegressor
+    from lightning_field.workloads.demo import DemoDataModule, DemoRegressor
 
     trainer = make_trainer(tmp_path, 6, every_n_train_steps=1, save_top_k=1, save_last=True)
     trainer.fit(DemoRegressor(), datamodule=DemoDataModule(size=64))

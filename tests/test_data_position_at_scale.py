@@ -15,8 +15,8 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from torchdata.stateful_dataloader.sampler import RandomSampler
 
 from lightning_field import JumpRandomSampler, latest_recoverable, read_manifest
-from lightning_field.demo import DemoRegressor
 from lightning_field.state.samplers import _JumpIterator
+from lightning_field.workloads.demo import DemoRegressor
 
 BATCH = 8
 

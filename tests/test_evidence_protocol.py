@@ -16,7 +16,7 @@ import pytest
 from conftest import TESTS_DIR, child_env, make_trainer
 
 from lightning_field.cli.main import main as field_main
-from lightning_field.demo import DemoDataModule, DemoRegressor
+from lightning_field.workloads.demo import DemoDataModule, DemoRegressor
 
 STEPS = "evidence.steps=20"
 
@@ -69,7 +69,7 @@ def test_demo_model_resumes_exactly_after_a_sigkill_and_the_bundle_holds_everyth
     bundle = user_dir / "bundle"
     # machine-readable record: configuration, identity hashes, versions, hardware, date, population, limitations
     tested = ev["tested_configuration"]
-    assert tested["resolved"]["model"]["_target_"] == "lightning_field.demo.DemoRegressor"
+    assert tested["resolved"]["model"]["_target_"] == "lightning_field.workloads.demo.DemoRegressor"
     assert tested["identity"]["config.hash"] and tested["identity"]["data.fingerprint"]
     assert ev["versions"]["torch"] and ev["hardware"]["cpu_count"] and ev["created"].startswith("20")
     assert ev["population"]["controls"] == 2 and ev["population"]["interrupted_runs"] == 1

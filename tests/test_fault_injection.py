@@ -20,7 +20,7 @@ from lightning_field import CheckpointSaveError, latest_recoverable, verify_chec
 from lightning_field.checkpoint import committed_checkpoints
 from lightning_field.checkpoint.verify import CheckpointCorruptError
 from lightning_field.cli.main import main as field_main
-from lightning_field.demo import DemoDataModule, DemoRegressor
+from lightning_field.workloads.demo import DemoDataModule, DemoRegressor
 
 KILL_TRIALS = 20
 

@@ -59,7 +59,7 @@ def test_resume_false_refuses_a_run_directory_that_already_has_a_recovery_point(
 
 def test_cfg_job_prints_the_config_alone_and_trains_nothing(tmp_path: Path) -> None:
     shown = field_train(tmp_path, "--cfg=job")
-    assert shown.returncode == 0 and "_target_: lightning_field.demo.DemoRegressor" in shown.stdout
+    assert shown.returncode == 0 and "_target_: lightning_field.workloads.demo.DemoRegressor" in shown.stdout
     assert "Plan (estimates)" not in shown.stdout and not (tmp_path / "outputs").exists()
 
 
@@ -117,4 +117,4 @@ def test_wandb_offline_keeps_one_run_across_a_kill_and_the_automatic_resume(tmp_
     manifests = [a for a in final["artifacts"] if a["type"] == "checkpoint-manifest"]
     assert manifests and all("recoverable" in a["metadata"] and "step" in a["metadata"] for a in manifests)
     assert any(a["metadata"]["step"] == 60 for a in manifests)
-    assert final["config"]["model"]["_target_"] == "lightning_field.demo.DemoRegressor"
+    assert final["config"]["model"]["_target_"] == "lightning_field.workloads.demo.DemoRegressor"

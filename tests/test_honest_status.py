@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader
 from lightning_field import ResumeMismatchError, latest_recoverable, load_weights, read_manifest
 from lightning_field.checkpoint.manifest_checkpoint import NoRecoverableCheckpointError
 from lightning_field.cli.main import main as field_main
-from lightning_field.demo import DemoDataModule, DemoRegressor
+from lightning_field.workloads.demo import DemoDataModule, DemoRegressor
 
 
 class _OwnLoader(DataLoader):

@@ -14,7 +14,7 @@ from conftest import make_trainer
 from lightning_field import latest_recoverable, read_manifest, verify_checkpoint
 from lightning_field.cli.main import main as field_main
 from lightning_field.core.manifest import FORMAT, MANIFEST_NAME, ManifestError
-from lightning_field.demo import DemoDataModule, DemoRegressor
+from lightning_field.workloads.demo import DemoDataModule, DemoRegressor
 
 
 def as_format_1(checkpoint: Path) -> None:

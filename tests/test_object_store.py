@@ -19,7 +19,7 @@ from lightning_field.checkpoint import committed_checkpoints
 from lightning_field.checkpoint.object_store import ObjectStore
 from lightning_field.cli.main import main as field_main
 from lightning_field.core.manifest import SHARED_STATE_FILE, read_manifest
-from lightning_field.demo import DemoDataModule, DemoRegressor
+from lightning_field.workloads.demo import DemoDataModule, DemoRegressor
 
 
 def test_run_killed_before_its_s3_manifest_resumes_bitwise_exact_from_the_previous_commit(

@@ -13,8 +13,8 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_field.baseline import CheckResult, check_data, format_results, split_batch, tiny_overfit
-from lightning_field.char_gpt import TINY_MODEL, CharGPT
-from lightning_field.demo import DemoDataModule, DemoRegressor
+from lightning_field.workloads.char_gpt import TINY_MODEL, CharGPT
+from lightning_field.workloads.demo import DemoDataModule, DemoRegressor
 
 
 def by_name(results: list[CheckResult], name: str, split: str = "train") -> CheckResult:

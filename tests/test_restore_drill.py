@@ -27,8 +27,8 @@ from lightning_field.checkpoint.resolver import committed_checkpoints
 from lightning_field.cli.main import main as field_main
 from lightning_field.core.hashing import hash_file
 from lightning_field.core.manifest import SHARED_STATE_FILE
-from lightning_field.demo import DemoDataModule, DemoRegressor
 from lightning_field.evidence import RestoreDrillError
+from lightning_field.workloads.demo import DemoDataModule, DemoRegressor
 
 
 class OptimizerSaboteur(Callback):

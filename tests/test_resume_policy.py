@@ -11,9 +11,9 @@ from conftest import make_trainer
 from lightning.pytorch.demos.boring_classes import BoringModel
 
 from lightning_field import ManifestCheckpoint, ResumeMismatchError, read_events, read_manifest
-from lightning_field.demo import DemoDataModule, DemoRegressor
 from lightning_field.state.provenance import diff_provenance
 from lightning_field.state.secrets import is_redacted
+from lightning_field.workloads.demo import DemoDataModule, DemoRegressor
 
 
 def _trainer(root: Path, max_steps: int, **kwargs: object) -> tuple[pl.Trainer, ManifestCheckpoint]:

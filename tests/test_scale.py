@@ -85,7 +85,7 @@ def test_data_stall_on_one_rank_makes_the_verdict_name_data_and_that_rank(stalle
 
 
 def test_the_builtin_workload_comes_from_the_shipped_configs_and_is_recorded(stalled_study: dict[str, Any]) -> None:
-    assert stalled_study["workload"]["model"]["_target_"] == "lightning_field.demo.DemoRegressor"
+    assert stalled_study["workload"]["model"]["_target_"] == "lightning_field.workloads.demo.DemoRegressor"
     assert stalled_study["workload"]["data"]["_target_"].endswith("ExactRegressionData")
     assert stalled_study["dropout_modules_disabled"] == 0  # its dropout is configured at 0 already
 

@@ -11,9 +11,9 @@ import pytest
 from conftest import make_trainer
 
 from lightning_field import ResumeMismatchError, read_manifest
-from lightning_field.demo import DemoDataModule, DemoRegressor
 from lightning_field.record.identity import project_config
 from lightning_field.state.secrets import is_redacted, is_secret_key, redact, scrub_secrets
+from lightning_field.workloads.demo import DemoDataModule, DemoRegressor
 
 SECRET_KEYS = [
     "api_key", "apikey", "apiKey", "API-KEY", "wandb_api_key", "password", "db_password", "passwd", "secret",

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import lightning.pytorch as pl
 
-from lightning_field.demo import DemoDataModule, DemoRegressor
 from lightning_field.profiling import StragglerMonitor
+from lightning_field.workloads.demo import DemoDataModule, DemoRegressor
 
 
 def fit(tmp_path: Path, **monitor: object) -> StragglerMonitor:

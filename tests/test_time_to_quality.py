@@ -11,7 +11,7 @@ import pytest
 from conftest import TESTS_DIR, run_child
 
 from lightning_field import ManifestCheckpoint, TimeToQuality, goodput_ledger, read_events
-from lightning_field.demo import DemoDataModule, DemoRegressor
+from lightning_field.workloads.demo import DemoDataModule, DemoRegressor
 
 QUALITY_JOB = TESTS_DIR / "jobs" / "quality_job.py"
 

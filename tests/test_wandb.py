@@ -24,7 +24,6 @@ from lightning.pytorch.callbacks import Callback
 
 from lightning_field import ManifestCheckpoint, TimeToQuality, TrainingPreempted, read_events, read_manifest
 from lightning_field.cli.wandb import main as wandb_cli
-from lightning_field.demo import DemoDataModule, DemoRegressor
 from lightning_field.integrations import (
     WANDB_RELPATH,
     FieldWandbLogger,
@@ -38,6 +37,7 @@ from lightning_field.integrations import (
 from lightning_field.profiling import StragglerMonitor
 from lightning_field.quality.ledger import BUCKETS
 from lightning_field.state.secrets import is_redacted, redact
+from lightning_field.workloads.demo import DemoDataModule, DemoRegressor
 
 pytest.importorskip("wandb", reason="the optional wandb extra is not installed")
 

@@ -19,6 +19,8 @@ class LightningFieldSearchPathPlugin(SearchPathPlugin):
     def manipulate_search_path(self, search_path: ConfigSearchPath) -> None:
         search_path.append(provider="lightning_field", path="pkg://lightning_field.conf")
         try:
+            # Here, not at the top: Hydra imports every plugin module at start-up, in every app, and the
+            # schemas import the callbacks (torch); a failure must cost only the type checks.
             from lightning_field.integrations.hydra_configs import register_configs
 
             register_configs()

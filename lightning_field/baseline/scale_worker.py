@@ -46,10 +46,10 @@ from typing_extensions import override
 from lightning_field.compat import lightning as internals
 from lightning_field.compat.torch import is_dropout
 from lightning_field.core.distributed import end_process_groups, exit_finished_process
-from lightning_field.demo import NoisyRegressionDataset
 from lightning_field.profiling.comm import CommTimer, ProfiledDDPStrategy
 from lightning_field.profiling.throughput import batch_counts
 from lightning_field.profiling.timers import FetchClock
+from lightning_field.workloads.demo import NoisyRegressionDataset
 
 GRADIENT_FILE = "grad-step1.pt"
 

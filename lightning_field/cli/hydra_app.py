@@ -7,10 +7,13 @@ import os
 import re
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig
+from hydra.errors import HydraException
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from lightning_field.conf import CONFIG_DIR, compose_config
 from lightning_field.integrations.hydra_configs import (
@@ -69,10 +72,6 @@ def hydra_main(
 
 def _rewrite_saved_config(cfg: DictConfig) -> None:
     """Hydra saved the composed config (``.hydra/config.yaml``) before the target swap: save what runs."""
-    from pathlib import Path
-
-    from omegaconf import OmegaConf
-
     hydra_cfg = HydraConfig.get()
     if hydra_cfg.output_subdir is None:
         return
@@ -92,9 +91,6 @@ def composition_problem(
     """
     if any(a.startswith("-") for a in arguments):
         return None
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
     try:
         cfg = apply_target_swaps(compose_config(config_name, arguments), arguments)
         return validate(cfg) if validate is not None else None
@@ -113,8 +109,6 @@ def composition_problem(
 
 def _unknown_key(config_name: str, arguments: Sequence[str], key: str) -> str:
     """``model.hiddn: no such key; model has features, hidden, ...``: the keys that do exist there."""
-    from omegaconf import DictConfig as Node
-
     parent, _, _ = key.rpartition(".")
     others = [a for a in arguments if a.split("=", 1)[0].lstrip("+~") != key]
     try:
@@ -123,7 +117,7 @@ def _unknown_key(config_name: str, arguments: Sequence[str], key: str) -> str:
             node = node[part]
     except Exception:  # the rest of the command line has problems of its own: name this one only
         node = None
-    known = f"; {parent or 'the config'} has {', '.join(map(str, node.keys()))}" if isinstance(node, Node) else ""
+    known = f"; {parent or 'the config'} has {', '.join(map(str, node.keys()))}" if isinstance(node, DictConfig) else ""
     return f"{key}: no such key{known} (to add a new key on purpose: +{key}=...)"
 
 

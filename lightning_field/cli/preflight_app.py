@@ -10,10 +10,18 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import lightning.pytorch as pl
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from lightning_field.baseline.preflight import (
+    PreflightConfigError,
+    PreflightSettings,
+    render_report,
+    run_preflight,
+    write_report,
+)
 from lightning_field.cli.hydra_app import hydra_main
 from lightning_field.core.layout import PREFLIGHT_RELPATH
 
@@ -23,16 +31,6 @@ SINGLE_DEVICE = {"devices": 1, "num_nodes": 1, "strategy": "auto"}
 
 
 def run(cfg: DictConfig) -> int:
-    import lightning.pytorch as pl
-
-    from lightning_field.baseline.preflight import (
-        PreflightConfigError,
-        PreflightSettings,
-        render_report,
-        run_preflight,
-        write_report,
-    )
-
     run_dir = Path(cfg.paths.output_dir).resolve()
     try:
         typed = OmegaConf.merge(OmegaConf.structured(PreflightSettings), cfg.preflight)

@@ -13,12 +13,29 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import lightning.pytorch as pl
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
+from lightning.pytorch.callbacks import RichProgressBar, TQDMProgressBar
+from lightning.pytorch.loggers import WandbLogger
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from lightning_field.checkpoint.observe import find_manifest_checkpoint
+from lightning_field.checkpoint.preemption import TrainingPreempted
+from lightning_field.checkpoint.resolver import committed_checkpoints, latest_recoverable
+from lightning_field.checkpoint.resume_policy import ResumeMismatchError, short_key
 from lightning_field.cli.hydra_app import hydra_main
+from lightning_field.core.distributed import end_process_groups
+from lightning_field.core.events import read_events
 from lightning_field.core.layout import EVIDENCE_RELPATH, FAULT_RELPATH, LAUNCH_RELPATH
+from lightning_field.evidence.faults import KillAtStep
+from lightning_field.integrations import WandbReview
+from lightning_field.planning.launch import LaunchInputs, launch_estimate, render_launch_estimate
+from lightning_field.quality.ledger import goodput_ledger
+from lightning_field.quality.time_to_quality import TimeToQuality
+from lightning_field.state.provenance import trajectory_config
+from lightning_field.state.secrets import scrub_secrets
 
 EXIT_BAD_CONFIG = 2
 LAUNCH_CONFIG = "launch_config"
@@ -30,8 +47,6 @@ class TrainConfigError(ValueError):
 
 def _rank() -> int:
     # Lightning reads the launcher's environment (RANK, LOCAL_RANK, SLURM_PROCID, ...) at import.
-    from lightning.pytorch.utilities.rank_zero import rank_zero_only
-
     return int(getattr(rank_zero_only, "rank", 0) or 0)
 
 
@@ -68,8 +83,6 @@ def build_callbacks(cfg: DictConfig, identity: dict[str, Any], run_dir: Path) ->
     fault = cfg.get("fault") or {}
     step = fault.get("kill_at_step")
     if step is not None:
-        from lightning_field.evidence.faults import KillAtStep
-
         problem = kill_step_problem(step)
         if problem:
             raise TrainConfigError(problem)
@@ -107,10 +120,6 @@ def build_loggers(cfg: DictConfig, logged_config: dict[str, Any]) -> list[Any]:
 
 def review_callbacks(loggers: list[Any], callbacks: list[Any]) -> list[Any]:
     """A W&B logger without WandbReview would miss the manifest artifacts and the run summary."""
-    from lightning.pytorch.loggers import WandbLogger
-
-    from lightning_field.integrations import WandbReview
-
     wanted = any(isinstance(lg, WandbLogger) for lg in loggers)
     return [WandbReview()] if wanted and not any(isinstance(c, WandbReview) for c in callbacks) else []
 
@@ -122,24 +131,12 @@ def progress_bar(choice: str) -> tuple[list[Any], bool]:
     if choice == "none":
         return [], False
     if choice == "auto":
-        choice = "rich" if sys.stdout.isatty() and _has_rich() else "tqdm"
+        choice = "rich" if sys.stdout.isatty() else "tqdm"
     # Named explicitly either way: Lightning picks rich by itself whenever it is installed.
-    from lightning.pytorch.callbacks import RichProgressBar, TQDMProgressBar
-
     return [RichProgressBar() if choice == "rich" else TQDMProgressBar()], True
 
 
-def _has_rich() -> bool:
-    try:
-        import rich  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 def launch_inputs(cfg: DictConfig, model: Any, trainer: Any) -> Any:
-    from lightning_field.planning.launch import LaunchInputs
-
     callbacks = cfg.get("callbacks") or {}
     cadence = callbacks.get("checkpoint_cadence") if "_target_" in (callbacks.get("checkpoint_cadence") or {}) else None
     checkpoint = callbacks.get("checkpoint") or {}
@@ -182,10 +179,6 @@ def prepare_rank_launch(cfg: DictConfig, run_dir: Path) -> None:
 
 
 def end_summary(run_dir: Path, checkpoint_dir: Path | None, printed_ttq: bool) -> str:
-    from lightning_field.checkpoint.resolver import committed_checkpoints, latest_recoverable
-    from lightning_field.core.events import read_events
-    from lightning_field.quality.ledger import goodput_ledger
-
     lines = [f"[field-train] run directory: {run_dir}"]
     if not printed_ttq:
         ledger = goodput_ledger(read_events(run_dir))
@@ -213,16 +206,6 @@ def end_summary(run_dir: Path, checkpoint_dir: Path | None, printed_ttq: bool) -
 
 
 def run(cfg: DictConfig) -> int:
-    import lightning.pytorch as pl
-
-    from lightning_field.checkpoint.observe import find_manifest_checkpoint
-    from lightning_field.checkpoint.preemption import TrainingPreempted
-    from lightning_field.checkpoint.resolver import latest_recoverable
-    from lightning_field.checkpoint.resume_policy import ResumeMismatchError
-    from lightning_field.planning.launch import launch_estimate, render_launch_estimate
-    from lightning_field.quality.time_to_quality import TimeToQuality
-    from lightning_field.state.provenance import scrub_secrets, trajectory_config
-
     run_dir = Path(cfg.paths.output_dir).resolve()
     rank = _rank()
     launching = "LOCAL_RANK" not in os.environ and "RANK" not in os.environ
@@ -300,8 +283,6 @@ def run(cfg: DictConfig) -> int:
 
 def refusal_message(run_dir: Path, refused: Exception) -> str:
     """A refused resume in a few lines: what differs, then the command-line ways out."""
-    from lightning_field.checkpoint.resume_policy import short_key
-
     differences = getattr(refused, "differences", {}) or {}
     if not differences:
         return f"field-train: {refused}"
@@ -324,8 +305,6 @@ def _end_distributed_job(environment_before: dict[str, str]) -> None:
     """Leave the process as the job found it. Lightning keeps the process group up and its launcher
     variables (LOCAL_RANK, ...) set after fit; under -m the next job in this process would then take
     itself for a started rank, start no peers, and wait for them forever."""
-    from lightning_field.core.distributed import end_process_groups
-
     end_process_groups()
     for name in LAUNCHER_VARIABLES:
         if name in environment_before:

@@ -10,6 +10,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from hydra import compose, initialize_config_dir
+
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
@@ -20,8 +22,8 @@ def compose_config(config_name: str | None, overrides: Sequence[str] = ()) -> Di
     """Compose a shipped config outside a Hydra app (no output directory, no logging set-up), type-checked
     against the generated schemas: for commands that take Hydra overrides next to their own flags.
     ``config_name=None`` composes the groups the overrides name (``+record=default``) and nothing else."""
-    from hydra import compose, initialize_config_dir
-
+    # Not at the top: hydra_configs imports CONFIG_DIR from this module, which Hydra's pkg:// search
+    # path also imports in any user app; the import here keeps the two from importing each other.
     from lightning_field.integrations.hydra_configs import register_configs
 
     register_configs()

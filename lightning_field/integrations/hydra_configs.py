@@ -15,14 +15,20 @@ from __future__ import annotations
 import collections.abc
 import dataclasses
 import enum
+import importlib
 import inspect
 import types
 import typing
 from typing import Any, Literal, Optional, Union
 
 from hydra.core.config_store import ConfigStore
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.utils import get_class
-from omegaconf import MISSING
+from omegaconf import MISSING, OmegaConf, open_dict
+from omegaconf.errors import OmegaConfBaseException
+
+from lightning_field.conf import CONFIG_DIR
+from lightning_field.workloads import current_target
 
 CONFIG_PACKAGE = "pkg://lightning_field.conf"
 """The search-path entry that makes ``lightning_field/<group>/<option>`` composable in any Hydra app."""
@@ -142,8 +148,6 @@ def structured_config(cls: type, target: str, exclude: frozenset[str] = frozense
 def group_options(*groups: str) -> str:
     """``  group: a, b, c`` per line, from the shipped config directory: the ``--help`` listing of
     the apps (Hydra's own lists every group twice, once per search-path entry, and the schemas)."""
-    from lightning_field.conf import CONFIG_DIR
-
     lines = []
     for group in groups:
         options = sorted(p.stem for p in (CONFIG_DIR / group).glob("*.yaml"))
@@ -156,8 +160,6 @@ def register_configs(store: ConfigStore | None = None) -> None:
     and the ``lightning_field_groups`` resolver the apps' ``--help`` uses.
 
     Idempotent, so the plugin and the apps may both call it."""
-    from omegaconf import OmegaConf
-
     OmegaConf.register_new_resolver("lightning_field_groups", group_options, replace=True)
     store = store or ConfigStore.instance()
     for key, schema in SCHEMAS.items():
@@ -189,12 +191,13 @@ def apply_target_swaps(cfg: Any, overrides: typing.Sequence[str]) -> Any:
     anything is built: an unknown key, a wrong type or a missing required argument raises
     :class:`TargetConfigError` naming the key and the signature. ``cfg`` is changed in place and returned.
 
+    First, a ``_target_`` anywhere in ``cfg`` that names a moved class by its old path is refused
+    (:func:`refuse_moved_targets`).
+
     Call it in your own Hydra app with ``HydraConfig.get().overrides.task`` to get the same behaviour
     on the shipped groups; the ``field-*`` apps and ``field scale`` do.
     """
-    from omegaconf import OmegaConf, open_dict
-    from omegaconf.errors import OmegaConfBaseException
-
+    refuse_moved_targets(OmegaConf.to_container(cfg, resolve=False))
     given = _overridden_keys(overrides)
     for section in SWAPPABLE_SECTIONS:
         if "_target_" not in given.get(section, ()) or section not in cfg:
@@ -226,6 +229,29 @@ def apply_target_swaps(cfg: Any, overrides: typing.Sequence[str]) -> Any:
     return cfg
 
 
+def refuse_moved_targets(node: Any, where: str = "") -> None:
+    """Refuse a ``_target_`` that names a class at the path it had before it moved
+    (``lightning_field.workloads.MOVED_TARGETS``), wherever it is set: on the command line, in a
+    shipped or the user's own YAML. The error names the path to write instead.
+
+    Raises:
+        TargetConfigError: a moved target, e.g. ``model._target_=lightning_field.char_gpt.CharGPT``.
+    """
+    if isinstance(node, dict):
+        for key, value in node.items():
+            name = f"{where}.{key}" if where else str(key)
+            if key == "_target_" and isinstance(value, str) and current_target(value) != value:
+                raise TargetConfigError(
+                    f"{name}={value}: that class moved to {current_target(value)} (lightning_field keeps its example"
+                    f" workloads in lightning_field.workloads); write {name}={current_target(value)}. A checkpoint"
+                    " written under the old name still resumes."
+                )
+            refuse_moved_targets(value, name)
+    elif isinstance(node, list):
+        for index, value in enumerate(node):
+            refuse_moved_targets(value, f"{where}[{index}]")
+
+
 def prepare_target_overrides(overrides: typing.Sequence[str]) -> list[str]:
     """Let keys of a swapped target reach Hydra: ``model.width=8`` becomes ``++model.width=8`` when
     ``model._target_`` is overridden too, since the shipped group has no ``width`` and Hydra would
@@ -247,8 +273,6 @@ def prepare_target_overrides(overrides: typing.Sequence[str]) -> list[str]:
 
 def _overridden_keys(overrides: typing.Sequence[str]) -> dict[str, set[str]]:
     """section -> first-level keys set under it by the overrides (``model.width=8`` -> width)."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
     found: dict[str, set[str]] = {}
     for override in OverridesParser.create().parse_overrides(list(overrides)):
         if override.is_delete():
@@ -298,8 +322,6 @@ def _takes_open_kwargs(cls: type) -> bool:
 
 
 def _import_class(section: str, target: str) -> type:
-    import importlib
-
     module, _, name = target.rpartition(".")
     try:
         found = getattr(importlib.import_module(module), name) if module else None

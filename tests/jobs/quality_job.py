@@ -14,7 +14,7 @@ from lightning.pytorch.callbacks import Callback
 
 from lightning_field import CheckpointCadence, ManifestCheckpoint, StragglerMonitor, TimeToQuality
 from lightning_field.core.distributed import end_process_groups, exit_finished_process
-from lightning_field.demo import DemoDataModule, DemoRegressor
+from lightning_field.workloads.demo import DemoDataModule, DemoRegressor
 
 
 class KillAfterStep(Callback):

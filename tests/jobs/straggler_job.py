@@ -18,8 +18,8 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from lightning_field import ManifestCheckpoint
 from lightning_field.core.distributed import end_process_groups, exit_finished_process
-from lightning_field.demo import DemoDataModule, DemoRegressor
 from lightning_field.profiling import ProfiledDDPStrategy, StragglerMonitor
+from lightning_field.workloads.demo import DemoDataModule, DemoRegressor
 
 
 def this_rank() -> int:

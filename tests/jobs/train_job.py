@@ -22,8 +22,8 @@ from lightning_field import ManifestCheckpoint, TrainingPreempted, latest_recove
 from lightning_field.checkpoint.commit import LocalStore
 from lightning_field.checkpoint.object_store import ObjectStore
 from lightning_field.core.distributed import exit_finished_process
-from lightning_field.demo import DemoDataModule, DemoRegressor, DemoShardedRegressor
 from lightning_field.state.rng import capture_rng_state, rng_digest
+from lightning_field.workloads.demo import DemoDataModule, DemoRegressor, DemoShardedRegressor
 
 
 class KillAfterStep(Callback):

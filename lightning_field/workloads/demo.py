@@ -99,6 +99,8 @@ class DemoShardedRegressor(DemoRegressor):
     ``data_parallel`` mesh dimension of Lightning's ``ModelParallelStrategy``; runs on CPU with gloo."""
 
     def configure_model(self) -> None:
+        # Only the sharded variant needs FSDP2: a torch build without distributed support, or one
+        # before 2.6 (where fully_shard was not public), still imports the other demo workloads.
         from torch.distributed.fsdp import fully_shard
 
         mesh = self.device_mesh["data_parallel"]
