@@ -13,6 +13,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
+from torchmetrics import Metric
 
 from lightning_field.core.hashing import new_hasher
 from lightning_field.state.rng import capture_rng_state, rng_digest
@@ -74,8 +75,6 @@ def metric_state_digest(module: torch.nn.Module) -> str | None:
 
     These states are not in ``state_dict`` (torchmetrics registers them non-persistent), yet an
     epoch-level metric computed after a resume depends on them."""
-    from torchmetrics import Metric
-
     states = {name: m.metric_state for name, m in module.named_modules() if isinstance(m, Metric)}
     return value_digest(states) if states else None
 

@@ -15,7 +15,8 @@ with ``save_top_k=1`` the next save removes the checkpoint, usually before a dri
 started. Committed files are never changed in place (saves and manifest updates are renames), so
 the links keep exactly the committed bytes, at no cost in disk until retention removes the original.
 
-Run as ``python -m lightning_field.evidence.drill SPEC`` by the callback; not meant to be run by hand.
+The drill process is ``drill_replay.py``; starting and stopping it, and what its result means and
+where that is recorded, is ``drill_runs.py``.
 """
 
 from __future__ import annotations
@@ -23,15 +24,12 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import math
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,11 +44,21 @@ from lightning_field.core.layout import DRILLS_RELPATH
 from lightning_field.core.manifest import ManifestError, read_manifest
 from lightning_field.core.storage import is_url
 from lightning_field.evidence.digest import batch_digest, parameter_norms, weights_digest
-from lightning_field.evidence.trace import StepTracer, loss_value, read_trace
+from lightning_field.evidence.drill_runs import (
+    ERROR,
+    MISMATCH,
+    RunningDrill,
+    drill_record,
+    mark_manifest,
+    release,
+    same_checkpoint,
+    start_drill,
+    stop_drill,
+)
+from lightning_field.evidence.trace import loss_value
 
 log = logging.getLogger(__name__)
 
-PASSED, MISMATCH, ERROR, SKIPPED = "passed", "mismatch", "error", "skipped"
 # Next to the checkpoint, so a hard link never crosses filesystems. The ".tmp-" prefix hides it from
 # resolvers and listings, and has the next run's ManifestCheckpoint delete it if this process dies.
 PROTECTED_PREFIX = ".tmp-drill-"
@@ -75,18 +83,6 @@ def _target_config(obj: Any, hparams: Mapping[str, Any], what: str, option: str)
             f"RestoreDrill cannot rebuild the {what} from its hparams ({err}); pass RestoreDrill({option}=...)"
         ) from None
     return config
-
-
-@dataclass
-class _Running:
-    process: subprocess.Popen[bytes]
-    checkpoint: str
-    step: int
-    created_unix: float | None
-    result_path: Path
-    log_path: Path
-    started: float
-    protected: Path | None  # the private copy the drill loads; None: it loads the checkpoint itself
 
 
 class RestoreDrill(Callback):
@@ -150,7 +146,7 @@ class RestoreDrill(Callback):
         self._commits = CommitWatcher()
         self._armed: dict[str, Any] | None = None
         self._armed_copy: Path | None = None
-        self._running: list[_Running] = []
+        self._running: list[RunningDrill] = []
         self._unprotected_warned = False
 
     @property
@@ -284,7 +280,7 @@ class RestoreDrill(Callback):
             self._poll(trainer, final=True)
         for running in self._running:
             # Not waited for: an unfinished drill says nothing about its checkpoint either way.
-            self._stop(running)
+            stop_drill(running)
             log.warning(
                 "Restore drill for %s (step %d) abandoned: training ended before it finished",
                 running.checkpoint,
@@ -309,7 +305,7 @@ class RestoreDrill(Callback):
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._disarm()
         for running in self._running:
-            self._stop(running)
+            stop_drill(running)
         self._running = []
 
     def _disarm(self) -> None:
@@ -317,13 +313,6 @@ class RestoreDrill(Callback):
         if self._armed_copy is not None:
             shutil.rmtree(self._armed_copy, ignore_errors=True)
             self._armed_copy = None
-
-    @staticmethod
-    def _stop(running: _Running) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(running.process.pid, signal.SIGKILL)
-        running.process.wait()
-        _release(running)
 
     def _launch(self, armed: dict[str, Any]) -> None:
         assert self._drill_dir is not None
@@ -333,31 +322,7 @@ class RestoreDrill(Callback):
         work.mkdir(parents=True, exist_ok=True)
         source = str(protected) if protected is not None else armed["checkpoint"]
         spec = {**self._recipe, "checkpoint": source, "expected": armed, "work_dir": str(work)}
-        spec_path = work / "spec.json"
-        spec_path.write_text(json.dumps(spec, indent=2, default=str))
-        log_path = work / "drill.log"
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(self._recipe["sys_path"])
-        with open(log_path, "wb") as out:
-            process = subprocess.Popen(
-                [sys.executable, "-m", "lightning_field.evidence.drill", str(spec_path)],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env=env,
-                start_new_session=True,
-            )
-        self._running.append(
-            _Running(
-                process,
-                armed["checkpoint"],
-                armed["step"],
-                armed["created_unix"],
-                work / "result.json",
-                log_path,
-                time.monotonic(),
-                protected,
-            )
-        )
+        self._running.append(start_drill(spec, work, self._recipe["sys_path"], protected))
 
     def _poll(self, trainer: pl.Trainer, final: bool = False) -> None:
         for running in list(self._running):
@@ -365,7 +330,7 @@ class RestoreDrill(Callback):
             if running.process.poll() is None and not (overdue or final):
                 continue
             if running.process.poll() is None:
-                self._stop(running)
+                stop_drill(running)
                 result = {"outcome": ERROR, "error": f"drill did not finish within {self.timeout_s:.0f} s"}
             elif running.result_path.is_file():
                 result = json.loads(running.result_path.read_text())
@@ -373,69 +338,20 @@ class RestoreDrill(Callback):
                 code = running.process.returncode
                 result = {"outcome": ERROR, "error": f"drill process exited {code} without a result"}
             self._running.remove(running)
-            _release(running)  # the process is done with it: the result is all that is left to record
+            release(running)  # the process is done with it: the result is all that is left to record
             self._record(trainer, running, result)
 
-    def _record(self, trainer: pl.Trainer, running: _Running, result: dict[str, Any]) -> None:
-        outcome = result.get("outcome", ERROR)
-        record = {
-            "checkpoint": running.checkpoint,
-            "step": running.step,
-            "outcome": outcome,
-            "passed": outcome == PASSED,
-            "checks": result.get("checks", {}),
-            "error": result.get("error"),
-            "seconds": time.monotonic() - running.started,
-            "log": str(running.log_path),
-            "finished_unix": time.time(),
-            "protected_copy": running.protected is not None,
-        }
-        current = self._same_checkpoint(running)
-        if outcome == ERROR and not current and running.protected is None:
-            # Its error says nothing about the checkpoint: the drill had nothing to load.
-            record["outcome"] = SKIPPED
-            record["reason"] = "the checkpoint was removed by retention, or replaced, before its drill loaded it"
-            log.warning(
-                "Restore drill for %s (step %d) skipped: %s (%s); see %s",
-                running.checkpoint,
-                running.step,
-                record["reason"],
-                record["error"],
-                running.log_path,
-            )
-        elif not current:
-            log.info(
-                "Restore drill for %s (step %d) ran on its private copy; the checkpoint itself has since been removed"
-                " by retention or replaced, so no manifest is marked",
-                running.checkpoint,
-                running.step,
-            )
+    def _record(self, trainer: pl.Trainer, running: RunningDrill, result: dict[str, Any]) -> None:
+        current = same_checkpoint(running)
+        record = drill_record(running, result, current)
         self.results.append(record)
-        if record["outcome"] == PASSED:
-            log.info("Restore drill passed for %s (step %d)", running.checkpoint, running.step)
-        elif record["outcome"] == MISMATCH:
+        if record["outcome"] == MISMATCH:
             self.failures += 1
-            failed = [name for name, check in record["checks"].items() if not check.get("passed")]
-            log.error(
-                "RESTORE DRILL FAILED for checkpoint %s (step %d): replaying the next step from it differs from the"
-                " live run in %s. Resuming from it would not continue this run; see %s",
-                running.checkpoint,
-                running.step,
-                ", ".join(failed),
-                running.log_path,
-            )
         elif record["outcome"] == ERROR:
             self.errors += 1
-            log.error(
-                "Restore drill for checkpoint %s (step %d) could not run: %s; see %s",
-                running.checkpoint,
-                running.step,
-                record["error"],
-                running.log_path,
-            )
         if trainer.is_global_zero:
             if current:
-                self._mark_manifest(running.checkpoint, record)
+                mark_manifest(running.checkpoint, record)
             events = self._checkpoint.events if self._checkpoint else None
             if events is not None:
                 events.emit("restore_drill", step=running.step, payload=record)
@@ -447,22 +363,6 @@ class RestoreDrill(Callback):
             for logger in trainer.loggers:
                 logger.log_metrics(metrics, step=trainer.global_step)
 
-    @staticmethod
-    def _same_checkpoint(running: _Running) -> bool:
-        """The directory still holds the very checkpoint the drill was for (names can be reused)."""
-        try:
-            manifest = read_manifest(running.checkpoint)
-        except ManifestError:
-            return False
-        return manifest.step == running.step and manifest.created_unix == running.created_unix
-
-    @staticmethod
-    def _mark_manifest(checkpoint: str, record: dict[str, Any]) -> None:
-        manifest = read_manifest(checkpoint)
-        manifest.restore_tested = record["outcome"] == PASSED
-        manifest.restore_drill = record
-        manifest.write(Path(checkpoint))
-
     @override
     def state_dict(self) -> dict[str, Any]:
         return {"commits_seen": self._commits_seen, "failures": self.failures}
@@ -471,99 +371,3 @@ class RestoreDrill(Callback):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._commits_seen = int(state_dict.get("commits_seen", 0))
         self.failures = int(state_dict.get("failures", 0))
-
-
-def _release(running: _Running) -> None:
-    if running.protected is not None:
-        shutil.rmtree(running.protected, ignore_errors=True)
-
-
-# ---------------------------------------------------------------------- the drill process
-def _close(a: float | None, b: float | None, rtol: float) -> bool:
-    if a is None or b is None:
-        return a is b
-    if rtol == 0:
-        return a == b
-    return math.isclose(a, b, rel_tol=rtol, abs_tol=0.0)
-
-
-def run_drill(spec: Mapping[str, Any]) -> dict[str, Any]:
-    """Load the checkpoint into fresh objects, train exactly one step, compare with the live record."""
-    from hydra.utils import instantiate
-    from omegaconf import OmegaConf
-
-    started = time.monotonic()
-    torch.set_num_threads(int(spec["threads"]))
-    work = Path(spec["work_dir"])
-    expected = spec["expected"]
-    model = instantiate(OmegaConf.create(spec["model"]))
-    data = instantiate(OmegaConf.create(spec["data"]))
-    # A checkpoint callback that never saves: it loads the manifest checkpoint and its per-rank state.
-    # The live process built the recipe from the same code a moment ago, so code and config are not re-checked.
-    loader = ManifestCheckpoint(
-        dirpath=work / "unused", save_top_k=0, save_last=False, allow_resume_mismatch=["code", "config"]
-    )
-    tracer = StepTracer(work / "trace")
-    trainer = pl.Trainer(
-        **spec["trainer"],
-        max_steps=int(expected["step"]) + 1,
-        callbacks=[tracer, loader],
-        default_root_dir=str(work),
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-        limit_val_batches=0,
-    )
-    trainer.fit(model, datamodule=data, ckpt_path=spec["checkpoint"])
-    records = read_trace(work / "trace")
-    rtol = float(spec["rtol"])
-    if not records:
-        return {"outcome": ERROR, "error": "the drill trained no step from the checkpoint"}
-    first = records[0]
-    checks: dict[str, dict[str, Any]] = {
-        "position": {"expected": expected["position"], "actual": [first["epoch"], first["batch_idx"]]},
-        "batch": {"expected": expected["batch"], "actual": first["batch"]},
-        "loss": {"expected": expected["loss"], "actual": first["loss"]},
-    }
-    checks["position"]["passed"] = checks["position"]["expected"] == checks["position"]["actual"]
-    checks["batch"]["passed"] = expected["batch"] == first["batch"]
-    checks["loss"]["passed"] = _close(expected["loss"], first["loss"], rtol)
-    if rtol == 0:
-        actual = weights_digest(model)
-        checks["weights_after_step"] = {"expected": expected["weights"], "actual": actual}
-        checks["weights_after_step"]["passed"] = expected["weights"] == actual
-    else:
-        norms = parameter_norms(model)
-        worst = max(
-            (abs(norms.get(k, math.inf) - v) / max(abs(v), 1e-30) for k, v in expected["norms"].items()), default=0.0
-        )
-        checks["weights_after_step"] = {"max_relative_norm_diff": worst, "passed": worst <= rtol}
-    return {
-        "outcome": PASSED if all(c["passed"] for c in checks.values()) else MISMATCH,
-        "checks": checks,
-        "seconds": time.monotonic() - started,
-    }
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
-        print("usage: python -m lightning_field.evidence.drill SPEC.json", file=sys.stderr)
-        return 2
-    spec = json.loads(Path(args[0]).read_text())
-    for entry in reversed(spec.get("sys_path", [])):
-        if entry not in sys.path:
-            sys.path.insert(0, entry)
-    try:
-        result = run_drill(spec)
-    except Exception as err:  # the live run must learn *why* a drill could not run, not just that it died
-        result = {"outcome": ERROR, "error": f"{type(err).__name__}: {err}"}
-    out = Path(spec["work_dir"]) / "result.json"
-    out.write_text(json.dumps(result, indent=2, default=str))
-    print(json.dumps(result, indent=2, default=str))
-    return 0 if result["outcome"] == PASSED else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -10,6 +10,7 @@ from typing import Any
 def standalone_figure(size: tuple[float, float]) -> Any:
     """A standalone Figure: no pyplot, so no global backend is chosen for the user's process, and
     matplotlib is imported only when a bundle is written, not with the package."""
+    # Imported here, not with the module: matplotlib's import cost is paid only when a figure is drawn.
     from matplotlib.figure import Figure
 
     return Figure(figsize=size)
