@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import OmegaConf
 
 from lightning_field.baseline.scale_analysis import (
     SECTION_NAMES,
@@ -58,6 +57,7 @@ from lightning_field.baseline.scale_plan import (
 from lightning_field.baseline.scale_report import render_report, write_records
 from lightning_field.baseline.scale_worker import GRADIENT_FILE, ScaleRunSpec
 from lightning_field.conf import compose_config
+from lightning_field.integrations.hydra_configs import resolved_dict
 
 __all__ = [
     "ACCELERATORS",
@@ -115,7 +115,7 @@ class StudyConfig:
 def builtin_workload() -> tuple[dict[str, Any], dict[str, Any]]:
     """The model and data ``field scale`` studies when none is named, read from the shipped configs."""
     cfg = compose_config("field_scale")
-    return OmegaConf.to_container(cfg.model, resolve=True), OmegaConf.to_container(cfg.data, resolve=True)  # type: ignore[return-value]
+    return resolved_dict(cfg.model), resolved_dict(cfg.data)
 
 
 def launch(spec_path: Path, log_path: Path, timeout_s: float) -> int:

@@ -137,7 +137,7 @@ def verdict(runs: list[dict[str, Any]], threshold: float = 0.7, cpu_count: int |
             f"from 1 rank ({detail}); more ranks would train a different model",
             "evidence": evidence,
         }
-    earlier = next((r["stragglers"] for r in reversed(runs) if r["stragglers"]), [])
+    earlier: list[dict[str, Any]] = next((r["stragglers"] for r in reversed(runs) if r["stragglers"]), [])
     stragglers: list[dict[str, Any]] = top["stragglers"] or earlier
     if eff >= threshold and not stragglers:
         return {

@@ -121,7 +121,7 @@ class RecordingSampler(Sampler[int]):
             yield index
 
     def __len__(self) -> int:
-        return len(self.inner)  # type: ignore[arg-type]
+        return len(self.inner)  # type: ignore[arg-type]  # the wrapped DistributedSampler is sized
 
 
 class StallingCollate:

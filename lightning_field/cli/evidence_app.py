@@ -21,6 +21,7 @@ from lightning_field.cli.hydra_app import hydra_main
 from lightning_field.core.layout import EVIDENCE_RELPATH
 from lightning_field.evidence.bundle import EVIDENCE_JSON, EVIDENCE_MD, build_evidence, write_bundle
 from lightning_field.evidence.protocol import EvidenceConfigError, EvidenceSettings, plan_kills, run_protocol
+from lightning_field.integrations.hydra_configs import resolved_dict
 
 EXIT_PASSED, EXIT_GATE_FAILED, EXIT_BAD_CONFIG = 0, 1, 2
 
@@ -34,7 +35,7 @@ def settings_from(cfg: DictConfig) -> tuple[EvidenceSettings, Path | None]:
         typed = OmegaConf.merge(OmegaConf.structured(EvidenceSettings), raw)
     except OmegaConfBaseException as err:
         raise EvidenceConfigError(f"evidence settings: {err}") from None
-    settings = EvidenceSettings(**OmegaConf.to_container(typed))  # type: ignore[arg-type]
+    settings = EvidenceSettings(**resolved_dict(typed))
     settings.validate()
     return settings, Path(bundle_dir) if bundle_dir else None
 
@@ -56,8 +57,7 @@ def _check_targets(config: dict[str, Any]) -> None:
 def checked(cfg: DictConfig) -> tuple[EvidenceSettings, Path | None, dict[str, Any]]:
     """The protocol's settings, bundle directory and run config; EvidenceConfigError when unusable."""
     settings, bundle_dir = settings_from(cfg.evidence)
-    config = OmegaConf.to_container(cfg, resolve=True)
-    assert isinstance(config, dict)
+    config = resolved_dict(cfg)
     config.pop("evidence", None)
     _check_targets(config)
     save_every = (config.get("callbacks", {}).get("checkpoint") or {}).get("every_n_train_steps")

@@ -24,6 +24,7 @@ from lightning_field.baseline.preflight import (
 )
 from lightning_field.cli.hydra_app import hydra_main
 from lightning_field.core.layout import PREFLIGHT_RELPATH
+from lightning_field.integrations.hydra_configs import resolved_dict
 
 EXIT_PASSED, EXIT_FAILED, EXIT_BAD_CONFIG = 0, 1, 2
 # The baseline measures one device, whatever the trainer config says about several.
@@ -34,7 +35,7 @@ def run(cfg: DictConfig) -> int:
     run_dir = Path(cfg.paths.output_dir).resolve()
     try:
         typed = OmegaConf.merge(OmegaConf.structured(PreflightSettings), cfg.preflight)
-        settings = PreflightSettings(**OmegaConf.to_container(typed))  # type: ignore[arg-type]
+        settings = PreflightSettings(**resolved_dict(typed))
         settings.validate()
     except (OmegaConfBaseException, PreflightConfigError) as err:
         print(f"field preflight: {err}", file=sys.stderr)
@@ -42,8 +43,7 @@ def run(cfg: DictConfig) -> int:
     pl.seed_everything(int(cfg.seed), workers=True, verbose=False)
     model = instantiate(cfg.model, _convert_="all")
     data = instantiate(cfg.data, _convert_="all")
-    trainer_kwargs = OmegaConf.to_container(cfg.trainer, resolve=True)
-    assert isinstance(trainer_kwargs, dict)
+    trainer_kwargs = resolved_dict(cfg.trainer)
     trainer_kwargs = {k: v for k, v in trainer_kwargs.items() if k != "_target_" and v is not None}
     trainer_kwargs.update(SINGLE_DEVICE, default_root_dir=str(run_dir))
     try:

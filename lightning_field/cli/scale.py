@@ -31,7 +31,12 @@ from lightning_field.baseline.scale import (
 )
 from lightning_field.cli.hydra_app import import_from_working_directory, one_line
 from lightning_field.conf import compose_config
-from lightning_field.integrations.hydra_configs import TargetConfigError, apply_target_swaps, prepare_target_overrides
+from lightning_field.integrations.hydra_configs import (
+    TargetConfigError,
+    apply_target_swaps,
+    prepare_target_overrides,
+    resolved_dict,
+)
 
 # flag (argparse dest) -> the scale.* setting it sets
 FLAG_KEYS = {
@@ -48,9 +53,10 @@ def study_config(args: argparse.Namespace) -> StudyConfig:
     overrides = prepare_target_overrides(args.overrides)
     try:
         cfg = apply_target_swaps(compose_config("field_scale", overrides), overrides)
-        scale: dict[str, Any] = OmegaConf.to_container(cfg.scale, resolve=True)  # type: ignore[assignment]
-        model = OmegaConf.to_container(cfg.model, resolve=True)
-        data = OmegaConf.to_container(cfg.data, resolve=True)
+        scale = resolved_dict(cfg.scale)
+        # Checked below, with the message a config without a _target_ deserves.
+        model: Any = OmegaConf.to_container(cfg.model, resolve=True)
+        data: Any = OmegaConf.to_container(cfg.data, resolve=True)
     except TargetConfigError as err:
         raise ScaleInputError(str(err)) from None
     except (HydraException, OmegaConfBaseException) as err:
@@ -68,7 +74,7 @@ def study_config(args: argparse.Namespace) -> StudyConfig:
     if not isinstance(ranks, list) or not all(isinstance(n, int) for n in ranks):
         raise ScaleInputError(f"scale.ranks: {ranks!r} is not a list of rank counts (e.g. [1,2,4])")
     out = scale.pop("out_dir") or Path("runs") / "scale" / time.strftime("%Y%m%d-%H%M%S")
-    config = StudyConfig(ranks=sorted(set(ranks)), out_dir=Path(out), model=model, data=data, **scale)  # type: ignore[arg-type]
+    config = StudyConfig(ranks=sorted(set(ranks)), out_dir=Path(out), model=model, data=data, **scale)
     if config.stall_rank is None:
         config.stall_s = 0.0
     return config

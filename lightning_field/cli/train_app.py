@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import lightning.pytorch as pl
 from hydra.core.hydra_config import HydraConfig
@@ -29,8 +29,10 @@ from lightning_field.cli.hydra_app import hydra_main
 from lightning_field.core.distributed import end_process_groups
 from lightning_field.core.events import read_events
 from lightning_field.core.layout import EVIDENCE_RELPATH, FAULT_RELPATH, LAUNCH_RELPATH
+from lightning_field.core.storage import basename
 from lightning_field.evidence.faults import KillAtStep
 from lightning_field.integrations import WandbReview
+from lightning_field.integrations.hydra_configs import resolved_dict
 from lightning_field.planning.launch import LaunchInputs, launch_estimate, render_launch_estimate
 from lightning_field.quality.ledger import goodput_ledger
 from lightning_field.quality.time_to_quality import TimeToQuality
@@ -63,7 +65,7 @@ def instantiable_entries(section: str, node: Any) -> dict[str, DictConfig]:
             found[str(name)] = entry
         else:
             print(
-                f"[field-train] warning: {section}.{name} has no _target_ (its config was not selected): ignored",
+                f"[field-train] warning: {section}.{name!s} has no _target_ (its config was not selected): ignored",
                 file=sys.stderr,
             )
     return found
@@ -171,7 +173,7 @@ def prepare_rank_launch(cfg: DictConfig, run_dir: Path) -> None:
     launch_dir.mkdir(parents=True, exist_ok=True)
     (launch_dir / f"{LAUNCH_CONFIG}.yaml").write_text(OmegaConf.to_yaml(cfg))
     sys.argv = [sys.argv[0], "--config-path", str(launch_dir), "--config-name", LAUNCH_CONFIG]
-    hydra_cfg = HydraConfig.get()
+    hydra_cfg = cast(DictConfig, HydraConfig.get())  # a DictConfig at run time, typed as its schema
     OmegaConf.set_readonly(hydra_cfg, False)
     with open_dict(hydra_cfg):
         hydra_cfg.run.dir = str(run_dir)
@@ -187,12 +189,12 @@ def end_summary(run_dir: Path, checkpoint_dir: Path | None, printed_ttq: bool) -
             f" {ledger.interruptions} interruption(s)"
         )
     if checkpoint_dir is not None:
-        entries = [e for e in committed_checkpoints(checkpoint_dir) if e.manifest is not None]
-        tested = sum(1 for e in entries if e.manifest.restore_tested)
+        manifests = [e.manifest for e in committed_checkpoints(checkpoint_dir) if e.manifest is not None]
+        tested = sum(1 for m in manifests if m.restore_tested)
         last = latest_recoverable(checkpoint_dir)
         lines.append(
-            f"[field-train] checkpoints: {checkpoint_dir} ({len(entries)} committed, {tested} restore-tested);"
-            f" resume point: {last.name if last else 'none'}  (field ckpt list {checkpoint_dir})"
+            f"[field-train] checkpoints: {checkpoint_dir} ({len(manifests)} committed, {tested} restore-tested);"
+            f" resume point: {basename(last) if last else 'none'}  (field ckpt list {checkpoint_dir})"
         )
     bundles = sorted((run_dir / EVIDENCE_RELPATH).glob("*/evidence.json"))
     if bundles:
@@ -212,8 +214,7 @@ def run(cfg: DictConfig) -> int:
     environment_before = {k: os.environ[k] for k in LAUNCHER_VARIABLES if k in os.environ}
     try:
         pl.seed_everything(int(cfg.seed), workers=True, verbose=False)
-        resolved = OmegaConf.to_container(cfg, resolve=True)
-        assert isinstance(resolved, dict)
+        resolved = resolved_dict(cfg)
         identity = trajectory_config(resolved)
         # Plain lists and dicts, not OmegaConf containers: hparams land in checkpoints and in the
         # restore drill's JSON spec.
@@ -244,7 +245,7 @@ def run(cfg: DictConfig) -> int:
     if not cfg.get("resume", True) and resume_from is not None:
         print(
             f"field-train: resume=false, but {checkpoint_dir} already holds the recoverable checkpoint"
-            f" {resume_from.name}; choose another run_name or drop resume=false",
+            f" {basename(resume_from)}; choose another run_name or drop resume=false",
             file=sys.stderr,
         )
         return EXIT_BAD_CONFIG

@@ -172,8 +172,8 @@ def build_evidence(
             controls[1].name,
             reference,
             effective_records(controls[1]),
-            controls[0].final_state,
-            controls[1].final_state,
+            _final(controls[0]),
+            _final(controls[1]),
         )
         judged = []
         for r in interrupted:
@@ -183,8 +183,8 @@ def build_evidence(
                     r.name,
                     reference,
                     effective_records(r),
-                    controls[0].final_state,
-                    r.final_state,
+                    _final(controls[0]),
+                    _final(r),
                     int(used.get("step") or 0),
                 )
             )
@@ -285,3 +285,9 @@ def write_bundle(evidence: dict[str, Any], plot_inputs: Mapping[str, Any], bundl
     atomic_write_bytes(bundle_dir / EVIDENCE_MD, render_markdown(evidence).encode())
     # evidence.json last: like a manifest, its presence says the bundle is complete.
     atomic_write_bytes(bundle_dir / EVIDENCE_JSON, json.dumps(evidence, indent=2, default=str).encode())
+
+
+def _final(run: Any) -> Mapping[str, Any]:
+    """A completed run's final weights and optimizer state (every completed run saved them)."""
+    assert run.final_state is not None, f"{run.name} completed without its final state"
+    return run.final_state

@@ -40,6 +40,7 @@ from typing_extensions import override
 
 from lightning_field.checkpoint.manifest_checkpoint import ManifestCheckpoint
 from lightning_field.checkpoint.observe import CommitWatcher, find_manifest_checkpoint
+from lightning_field.compat import lightning as internals
 from lightning_field.core.layout import DRILLS_RELPATH
 from lightning_field.core.manifest import ManifestError, read_manifest
 from lightning_field.core.storage import is_url
@@ -167,10 +168,13 @@ class RestoreDrill(Callback):
                 " field-evidence (trainer=ddp_cpu) to test multi-rank restores."
             )
         model = self.model or _target_config(pl_module, pl_module.hparams, "module", "model")
-        datamodule = trainer.datamodule
+        datamodule = internals.trainer_datamodule(trainer)
         if self.data is None and datamodule is None:
             raise RestoreDrillError("RestoreDrill needs a LightningDataModule (or data=...) to replay a step")
-        data = self.data or _target_config(datamodule, datamodule.hparams, "datamodule", "data")
+        data = self.data
+        if data is None:
+            assert datamodule is not None  # refused just above otherwise
+            data = _target_config(datamodule, datamodule.hparams, "datamodule", "data")
         root = trainer.strategy.root_device
         device = root.type
         self._recipe = {

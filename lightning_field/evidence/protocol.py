@@ -246,13 +246,14 @@ def _collect(result: RunResult, keep_checkpoints: bool) -> None:
     manifests_dir = run_dir / "manifests"
     manifests_dir.mkdir(exist_ok=True)
     for entry in committed_checkpoints(run_dir / CHECKPOINTS):
-        report = verify_checkpoint(entry.path)
-        copy = manifests_dir / f"{entry.path.name}.json"
-        shutil.copyfile(entry.path / MANIFEST_NAME, copy)
+        path = Path(entry.path)  # a local run directory: every entry is a Path
+        report = verify_checkpoint(path)
+        copy = manifests_dir / f"{path.name}.json"
+        shutil.copyfile(path / MANIFEST_NAME, copy)
         result.checkpoints.append(
             {
-                "name": entry.path.name,
-                "path": str(entry.path),
+                "name": path.name,
+                "path": str(path),
                 "manifest_copy": str(copy),
                 "step": entry.manifest.step if entry.manifest else None,
                 "recoverable": report.recoverable,

@@ -15,6 +15,7 @@ from __future__ import annotations
 import collections.abc
 import dataclasses
 import enum
+import functools
 import importlib
 import inspect
 import types
@@ -78,7 +79,8 @@ def omegaconf_type(annotation: Any) -> Any:
         return Optional[inner]  # noqa: UP045 - OmegaConf reads typing.Optional, not X | None
     if origin in _SEQUENCES or annotation in (list, tuple):
         element = omegaconf_type(args[0]) if args else Any
-        return list[element] if element in _PRIMITIVES else list[Any]
+        # Built at run time from the annotation, so spelled as the subscription call it is.
+        return list.__class_getitem__(element) if element in _PRIMITIVES else list[Any]
     if origin in _MAPPINGS or annotation is dict:
         return dict[str, Any]
     return Any
@@ -139,7 +141,7 @@ def structured_config(cls: type, target: str, exclude: frozenset[str] = frozense
         if not _is_plain(value):
             raise TypeError(f"{target}.{name}: default {default!r} cannot be written in YAML; exclude it")
         if isinstance(value, list):
-            fields.append((name, kind, dataclasses.field(default_factory=lambda v=value: list(v))))
+            fields.append((name, kind, dataclasses.field(default_factory=functools.partial(list, value))))
         else:
             fields.append((name, kind, dataclasses.field(default=value)))
     return dataclasses.make_dataclass(f"{cls.__name__}Config", fields)
@@ -299,7 +301,7 @@ def _lenient_schema(cls: type, target: str) -> tuple[type, bool]:
             continue
         value = _plain(default)
         if isinstance(value, list) and _is_plain(value):
-            fields.append((name, kind, dataclasses.field(default_factory=lambda v=value: list(v))))
+            fields.append((name, kind, dataclasses.field(default_factory=functools.partial(list, value))))
         elif _is_plain(value):
             fields.append((name, kind, dataclasses.field(default=value)))
         # A default YAML cannot write (a callable, a tensor) stays the constructor's: no field.
@@ -334,7 +336,8 @@ def _import_class(section: str, target: str) -> type:
             f"{section}._target_={target} cannot be imported ({reason}); it must be importable from the current"
             " directory or PYTHONPATH"
         )
-    return found  # type: ignore[return-value]
+    assert isinstance(found, type)  # refused just above otherwise
+    return found
 
 
 def _signature_text(cls: type) -> str:
@@ -343,3 +346,11 @@ def _signature_text(cls: type) -> str:
     except (TypeError, ValueError):
         return f"see {cls.__module__}.{cls.__qualname__}"
     return f"its signature is {cls.__name__}{signature}"
+
+
+def resolved_dict(node: Any) -> dict[str, Any]:
+    """A config section as plain, resolved data: what an app passes to code that takes a dict."""
+    data = OmegaConf.to_container(node, resolve=True)
+    if not isinstance(data, dict):
+        raise TypeError(f"expected a config mapping, got {type(data).__name__}")
+    return {str(key): value for key, value in data.items()}  # Hydra's keys are strings

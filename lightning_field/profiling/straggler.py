@@ -216,8 +216,9 @@ class StragglerMonitor(SectionHooks):
             timer.begin_step(step)
             if self._comm is not None:
                 self._comm.begin_step(step)
-            if self._commits.new_commit(self._checkpoint, trainer) is not None:
-                timer.add_host("checkpoint", self._checkpoint.last_blocking_seconds or 0.0)  # type: ignore[union-attr]
+            checkpoint = self._checkpoint
+            if checkpoint is not None and self._commits.new_commit(checkpoint, trainer) is not None:
+                timer.add_host("checkpoint", checkpoint.last_blocking_seconds or 0.0)
         timer.add_host("data", self._fetch.take())
         samples, tokens = batch_counts(batch)
         self._samples += samples

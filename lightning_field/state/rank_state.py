@@ -22,8 +22,8 @@ from lightning_field.state.loaders import Adoption
 def epoch_closed(trainer: pl.Trainer) -> bool:
     """Whether the save is inside the epoch's end (its batches done, ``on_train_epoch_end`` under way)."""
     progress = trainer.fit_loop.epoch_progress.current
-    # A fit loop's epoch tracker is a _ProcessedTracker (it has `processed`), typed as its base.
-    return bool(progress.processed == progress.completed + 1)  # type: ignore[attr-defined]
+    done = progress.processed  # type: ignore[attr-defined]  # a _ProcessedTracker, typed as its base
+    return bool(done == progress.completed + 1)
 
 
 def capture_rank_state(

@@ -176,7 +176,7 @@ class CharGPT(pl.LightningModule):
         could skip half. Layer norms, softmax, GELU and the optimizer update (~10 FLOPs per parameter
         per step) are left out: element-wise work, a few percent at most at these sizes.
         """
-        hp = self.hparams
+        hp: Any = self.hparams  # an AttributeDict (save_hyperparameters), typed as a plain mapping
         return 6.0 * self.matmul_parameters + 12.0 * hp.n_layer * hp.n_embd * hp.block_size
 
     @property
@@ -191,8 +191,8 @@ class CharGPT(pl.LightningModule):
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Next-byte logits, shape ``(batch, time, vocab_size)``."""
         t = input_ids.shape[1]
-        if t > self.hparams.block_size:
-            raise ValueError(f"CharGPT got a sequence of {t} tokens; block_size is {self.hparams.block_size}")
+        if t > self.hparams["block_size"]:
+            raise ValueError(f"CharGPT got a sequence of {t} tokens; block_size is {self.hparams['block_size']}")
         pos = torch.arange(t, device=input_ids.device)
         x = self.drop(self.wte(input_ids) + self.wpe(pos))
         for block in self.blocks:
@@ -219,7 +219,7 @@ class CharGPT(pl.LightningModule):
         self.log("val_bpc", nll / math.log(2))
 
     def configure_optimizers(self) -> Any:
-        hp = self.hparams
+        hp: Any = self.hparams  # an AttributeDict (save_hyperparameters), typed as a plain mapping
         params = {name: p for name, p in self.named_parameters() if p.requires_grad}
         decay = [p for p in params.values() if p.dim() >= 2]
         no_decay = [p for p in params.values() if p.dim() < 2]

@@ -49,17 +49,18 @@ class DemoDataModule(pl.LightningDataModule):
         self.save_hyperparameters()
 
     def setup(self, stage: str) -> None:
-        self.train_set = NoisyRegressionDataset(self.hparams.size, self.hparams.features, self.hparams.seed)
-        self.val_set = NoisyRegressionDataset(64, self.hparams.features, self.hparams.seed + 1, w=self.train_set.w)
+        self.train_set = NoisyRegressionDataset(self.hparams["size"], self.hparams["features"], self.hparams["seed"])
+        features, seed = self.hparams["features"], self.hparams["seed"]
+        self.val_set = NoisyRegressionDataset(64, features, seed + 1, w=self.train_set.w)
 
     def train_dataloader(self) -> DataLoader:
-        loader_cls = StatefulDataLoader if self.hparams.stateful else DataLoader
-        extra: dict[str, Any] = {"persistent_workers": False} if self.hparams.num_workers else {}
+        loader_cls = StatefulDataLoader if self.hparams["stateful"] else DataLoader
+        extra: dict[str, Any] = {"persistent_workers": False} if self.hparams["num_workers"] else {}
         return loader_cls(
             self.train_set,
-            batch_size=self.hparams.batch_size,
+            batch_size=self.hparams["batch_size"],
             shuffle=True,
-            num_workers=self.hparams.num_workers,
+            num_workers=self.hparams["num_workers"],
             **extra,
         )
 
@@ -89,7 +90,7 @@ class DemoRegressor(pl.LightningModule):
         self.log("val_loss", nn.functional.mse_loss(self(x), y))
 
     def configure_optimizers(self) -> Any:
-        optimizer = torch.optim.AdamW(self.parameters(), lr=self.hparams.lr)
+        optimizer = torch.optim.AdamW(self.parameters(), lr=self.hparams["lr"])
         scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=10, gamma=0.9)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
@@ -103,6 +104,7 @@ class DemoShardedRegressor(DemoRegressor):
         # before 2.6 (where fully_shard was not public), still imports the other demo workloads.
         from torch.distributed.fsdp import fully_shard
 
+        assert self.device_mesh is not None, "ModelParallelStrategy sets the device mesh before configure_model"
         mesh = self.device_mesh["data_parallel"]
         for layer in self.net:
             if isinstance(layer, nn.Linear):

@@ -91,7 +91,7 @@ class StdlibTextDataModule(pl.LightningDataModule):
     def corpus(self) -> Corpus:
         """The text, read on first use (so constructing the module, e.g. by Hydra, reads nothing)."""
         if self._corpus is None:
-            hp = self.hparams
+            hp: Any = self.hparams  # an AttributeDict (save_hyperparameters), typed as a plain mapping
             self._corpus = read_corpus(hp.max_chars, hp.val_every_kth_file, hp.block_size + 1, hp.stdlib_dir)
         return self._corpus
 
@@ -114,7 +114,7 @@ class StdlibTextDataModule(pl.LightningDataModule):
     def setup(self, stage: str) -> None:
         if self.train_set is not None:
             return
-        hp = self.hparams
+        hp: Any = self.hparams  # an AttributeDict (save_hyperparameters), typed as a plain mapping
         corpus = self.corpus
         generator = torch.Generator().manual_seed(hp.seed)
         train_offsets = torch.randint(
@@ -127,15 +127,16 @@ class StdlibTextDataModule(pl.LightningDataModule):
 
     def train_dataloader(self) -> StatefulDataLoader:
         # drop_last: every step sees the same number of tokens, so FLOPs per batch are constant.
-        extra: dict[str, Any] = {"persistent_workers": False} if self.hparams.num_workers else {}
+        extra: dict[str, Any] = {"persistent_workers": False} if self.hparams["num_workers"] else {}
         return StatefulDataLoader(
             self.train_set,
-            batch_size=self.hparams.batch_size,
+            batch_size=self.hparams["batch_size"],
             shuffle=True,
             drop_last=True,
-            num_workers=self.hparams.num_workers,
+            num_workers=self.hparams["num_workers"],
             **extra,
         )
 
     def val_dataloader(self) -> DataLoader:
-        return DataLoader(self.val_set, batch_size=self.hparams.batch_size)
+        assert self.val_set is not None, "setup() builds the validation windows before Lightning asks for them"
+        return DataLoader(self.val_set, batch_size=self.hparams["batch_size"])
