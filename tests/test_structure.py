@@ -170,13 +170,11 @@ def test_the_package_has_no_import_cycle() -> None:
     assert not cycles, "module-level import cycles:\n" + "\n".join(" <-> ".join(c) for c in cycles)
 
 
-@pytest.mark.xfail(strict=False, reason="issue 18: being split")
 def test_no_module_of_the_package_is_over_400_lines() -> None:
     too_long = long_modules(PACKAGE)
     assert not too_long, f"modules over {MAX_LINES} lines:\n" + "\n".join(too_long)
 
 
-@pytest.mark.xfail(strict=False, reason="issue 18: function-level imports being removed or explained")
 def test_every_function_level_import_says_why() -> None:
     problems = unexplained_function_imports(PACKAGE)
     assert not problems, "function-level imports without a reason (see this module's docstring):\n" + "\n".join(

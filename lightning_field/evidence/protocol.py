@@ -243,8 +243,7 @@ def _collect(result: RunResult, keep_checkpoints: bool) -> None:
     if final_path.is_file():
         result.final_state = torch.load(final_path, map_location="cpu", weights_only=False)
     result.events = read_events(run_dir)
-    manifests_dir = run_dir / "manifests"
-    manifests_dir.mkdir(exist_ok=True)
+    (manifests_dir := run_dir / "manifests").mkdir(exist_ok=True)
     for entry in committed_checkpoints(run_dir / CHECKPOINTS):
         path = Path(entry.path)  # a local run directory: every entry is a Path
         report = verify_checkpoint(path)
