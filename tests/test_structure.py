@@ -24,8 +24,6 @@ import tokenize
 from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
 REPO = Path(__file__).resolve().parent.parent
 PACKAGE = REPO / "lightning_field"
 MAX_LINES = 400
