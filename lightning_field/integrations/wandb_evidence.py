@@ -3,14 +3,15 @@ bundle's files (manifests and traces, not the checkpoints' tensors) as contents.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
 
 from lightning.pytorch.loggers import WandbLogger
 
+from lightning_field.core.documents import read_document
 from lightning_field.core.manifest import MANIFEST_NAME, is_checkpoint_dir
+from lightning_field.evidence.bundle_format import EVIDENCE_DOCUMENT, EVIDENCE_JSON
 from lightning_field.integrations.wandb_review import artifact_name
 
 EVIDENCE_ARTIFACT_TYPE = "evidence"
@@ -42,22 +43,16 @@ def log_evidence_bundle(run: Any, bundle_dir: str | os.PathLike[str], aliases: l
     """
     import wandb  # wandb takes ~1 s to import: only runs that log to W&B pay it
 
-    # The evidence bundle module loads matplotlib and torch: only when a bundle is logged.
-    from lightning_field.evidence.bundle import EVIDENCE_JSON
-
     if isinstance(run, WandbLogger):
         run = run.experiment
     bundle_dir = Path(bundle_dir)
     path = bundle_dir / EVIDENCE_JSON
-    try:
-        evidence = json.loads(path.read_text())
-    except FileNotFoundError:
+    if not path.is_file():
         raise FileNotFoundError(
             f"{bundle_dir} is not an evidence bundle: {EVIDENCE_JSON} is missing (it is written last, so the"
             " bundle is incomplete or the path is wrong)"
-        ) from None
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{path}: unreadable evidence ({err})") from err
+        )
+    evidence = read_document(path, EVIDENCE_DOCUMENT, ValueError)
     gate = evidence.get("gate") or {}
     metadata = {
         "format": evidence.get("format"),
