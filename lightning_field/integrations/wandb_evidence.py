@@ -3,6 +3,7 @@ bundle's files (manifests and traces, not the checkpoints' tensors) as contents.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,10 @@ def _checkpoint_payload(path: Path, root: Path) -> bool:
     return False
 
 
+# Logging describes whatever the bundle holds (every field is read with .get): its format must be one
+# this version reads, but the fields a recovery claim needs are `field evidence check`'s to demand.
+_LOGGED_EVIDENCE = dataclasses.replace(EVIDENCE_DOCUMENT, required=())
+
 def log_evidence_bundle(run: Any, bundle_dir: str | os.PathLike[str], aliases: list[str] | None = None) -> Any:
     """Log an evidence bundle (``field-evidence``'s output) to ``run``: an artifact and its plots.
 
@@ -52,7 +57,7 @@ def log_evidence_bundle(run: Any, bundle_dir: str | os.PathLike[str], aliases: l
             f"{bundle_dir} is not an evidence bundle: {EVIDENCE_JSON} is missing (it is written last, so the"
             " bundle is incomplete or the path is wrong)"
         )
-    evidence = read_document(path, EVIDENCE_DOCUMENT, ValueError)
+    evidence = read_document(path, _LOGGED_EVIDENCE, ValueError)
     gate = evidence.get("gate") or {}
     metadata = {
         "format": evidence.get("format"),
