@@ -2,7 +2,7 @@
 
 The public names below are imported on first use (PEP 562), so ``import lightning_field`` and its
 pytest plugin cost nothing until something is used: a test suite that never asks for exact-resume
-checks does not import torch at collection time, and ``field --help`` answers without Lightning.
+checks does not import torch at collection time.
 """
 
 from __future__ import annotations
