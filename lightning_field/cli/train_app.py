@@ -18,7 +18,6 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import RichProgressBar, TQDMProgressBar
 from lightning.pytorch.loggers import WandbLogger
-from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from lightning_field.checkpoint.observe import find_manifest_checkpoint
@@ -26,7 +25,7 @@ from lightning_field.checkpoint.preemption import TrainingPreempted
 from lightning_field.checkpoint.resolver import committed_checkpoints, latest_recoverable
 from lightning_field.checkpoint.resume_policy import ResumeMismatchError, short_key
 from lightning_field.cli.hydra_app import hydra_main
-from lightning_field.core.distributed import end_process_groups
+from lightning_field.core.distributed import end_process_groups, env_global_rank
 from lightning_field.core.events import read_events
 from lightning_field.core.layout import EVIDENCE_RELPATH, FAULT_RELPATH, LAUNCH_RELPATH
 from lightning_field.core.storage import basename
@@ -45,11 +44,6 @@ LAUNCH_CONFIG = "launch_config"
 
 class TrainConfigError(ValueError):
     """The composed configuration cannot be trained; the message names the key."""
-
-
-def _rank() -> int:
-    # Lightning reads the launcher's environment (RANK, LOCAL_RANK, SLURM_PROCID, ...) at import.
-    return int(getattr(rank_zero_only, "rank", 0) or 0)
 
 
 def instantiable_entries(section: str, node: Any) -> dict[str, DictConfig]:
@@ -209,7 +203,7 @@ def end_summary(run_dir: Path, checkpoint_dir: Path | None, printed_ttq: bool) -
 
 def run(cfg: DictConfig) -> int:
     run_dir = Path(cfg.paths.output_dir).resolve()
-    rank = _rank()
+    rank = env_global_rank()  # the launcher's environment: no process group exists yet
     launching = "LOCAL_RANK" not in os.environ and "RANK" not in os.environ
     environment_before = {k: os.environ[k] for k in LAUNCHER_VARIABLES if k in os.environ}
     try:
