@@ -113,7 +113,7 @@ def test_every_callback_parameter_can_be_overridden_on_the_command_line(tmp_path
         tmp_path=tmp_path,
     )
     checkpoint = instantiate(cfg.callbacks.checkpoint)
-    assert checkpoint._every_n_train_steps == 7 and checkpoint.save_on_train_end is True
+    assert checkpoint.every_n_train_steps == 7 and checkpoint.save_on_train_end is True
     assert instantiate(cfg.callbacks.time_to_quality).target == 1.25
     assert instantiate(cfg.callbacks.checkpoint_cadence).formula == "young"
     assert instantiate(cfg.callbacks.straggler_monitor).k == 3

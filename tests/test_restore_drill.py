@@ -224,7 +224,7 @@ class _SigtermWhileDrilling(Callback):
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         if trainer.global_step == self.step:
-            self.seen = [running.process for running in self.drill._running]
+            self.seen = [running.process for running in self.drill.running]
             os.kill(os.getpid(), signal.SIGTERM)
 
 
@@ -240,4 +240,4 @@ def test_a_preemption_stops_running_drills_at_once_instead_of_leaving_them_behin
     with pytest.raises(TrainingPreempted):
         trainer.fit(DemoRegressor(), datamodule=DemoDataModule())
     assert probe.seen, "no drill was running when the preemption came"
-    assert all(process.poll() is not None for process in probe.seen) and drill._running == []
+    assert all(process.poll() is not None for process in probe.seen) and drill.running == []

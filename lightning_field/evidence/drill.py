@@ -151,6 +151,11 @@ class RestoreDrill(Callback):
         self._unprotected_warned = False
 
     @property
+    def running(self) -> list[RunningDrill]:
+        """The drills started and not yet finished (a copy), each with its process."""
+        return list(self._running)
+
+    @property
     def enabled(self) -> bool:
         return self.every_n_checkpoints > 0
 
