@@ -9,7 +9,7 @@ import blake3
 import pytest
 import torch
 
-from lightning_field.checkpoint import commit, committed_checkpoints, latest_recoverable, read_last_pointer, store
+from lightning_field.checkpoint import commit, committed_checkpoints, latest_recoverable, read_last_pointer
 from lightning_field.checkpoint.manifest_checkpoint import ManifestCheckpoint
 from lightning_field.core.fsio import HashingWriter, atomic_write_bytes, exchange_or_replace_dir
 from lightning_field.core.hashing import hash_file
@@ -18,7 +18,7 @@ from lightning_field.core.manifest import FORMAT, Manifest, ManifestError, read_
 
 def test_hash_computed_while_writing_equals_a_second_read_of_the_file(tmp_path: Path) -> None:
     state = {"w": torch.randn(1000, 100), "step": 3}
-    size, digest = store.save_durably(state, tmp_path / "s.pt")
+    size, digest = commit.save_durably(state, tmp_path / "s.pt")
     data = (tmp_path / "s.pt").read_bytes()
     assert size == len(data) and digest == blake3.blake3(data).hexdigest() == hash_file(tmp_path / "s.pt")[1]
     assert torch.equal(torch.load(tmp_path / "s.pt")["w"], state["w"])
@@ -51,7 +51,7 @@ def test_publishing_over_an_existing_checkpoint_swaps_it_atomically(tmp_path: Pa
 def _fake_checkpoint(root: Path, name: str, step: int, recoverable: bool = True) -> Path:
     directory = root / name
     directory.mkdir(parents=True)
-    size, digest = store.save_durably({"step": step}, directory / "state.pt")
+    size, digest = commit.save_durably({"step": step}, directory / "state.pt")
     Manifest(
         name=name,
         step=step,
@@ -77,7 +77,7 @@ def test_resolver_ignores_hidden_in_flight_directories_and_prefers_the_newest_st
 
 def test_publish_writes_manifest_last_and_points_last_at_the_new_checkpoint(tmp_path: Path) -> None:
     tmp = tmp_path / ".tmp-x-1"
-    outcome = store.write_rank_files(tmp, 0, {"state.pt": ({"a": 1}, ["model"])})
+    outcome = commit.write_rank_files(tmp, 0, {"state.pt": ({"a": 1}, ["model"])})
     assert outcome.error is None and not (tmp / "manifest.json").exists()
     manifest = Manifest("x", 1, 0, 1, commit.manifest_files([outcome]), {"model": [0]}, True, [])
     commit.publish(tmp, tmp_path / "x", manifest)
@@ -86,7 +86,7 @@ def test_publish_writes_manifest_last_and_points_last_at_the_new_checkpoint(tmp_
 
 
 def test_a_rank_write_error_is_returned_not_raised_so_every_rank_reaches_the_exchange(tmp_path: Path) -> None:
-    outcome = store.write_rank_files(tmp_path / ".tmp-y", 1, {"state.pt": (lambda: None, ["model"])})
+    outcome = commit.write_rank_files(tmp_path / ".tmp-y", 1, {"state.pt": (lambda: None, ["model"])})
     assert outcome.error is not None and outcome.rank == 1 and outcome.receipts == []
 
 
@@ -125,7 +125,7 @@ def test_our_saves_skip_the_zip_crc_and_a_users_torch_save_in_another_thread_kee
 
     def ours() -> None:
         for i in range(5):
-            store.save_durably(state, tmp_path / f"ours-{i}.pt")
+            commit.save_durably(state, tmp_path / f"ours-{i}.pt")
         done.set()
 
     saver = threading.Thread(target=ours)

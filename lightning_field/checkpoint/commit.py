@@ -32,9 +32,16 @@ import lightning.pytorch as pl
 from lightning_field.checkpoint import sharded
 from lightning_field.checkpoint.components import missing_components, present_components
 from lightning_field.checkpoint.resolver import LAST_POINTER, TEMP_PREFIXES, committed_checkpoints
-from lightning_field.checkpoint.store import CheckpointStore, RankOutcome, describe_error, write_rank_files
+from lightning_field.checkpoint.store import CheckpointStore, RankOutcome, Receipt, describe_error
+from lightning_field.compat.torch import save_without_crc32
 from lightning_field.core.distributed import all_gather_objects, broadcast_object
-from lightning_field.core.fsio import atomic_write_bytes, exchange_or_replace_dir, fsync_dir, remove_dir_unseen
+from lightning_field.core.fsio import (
+    HashingWriter,
+    atomic_write_bytes,
+    exchange_or_replace_dir,
+    fsync_dir,
+    remove_dir_unseen,
+)
 from lightning_field.core.manifest import SHARED_STATE_FILE, FileEntry, Manifest, rank_state_file
 from lightning_field.core.storage import Location, StorageOptions, basename, parent
 from lightning_field.state import provenance
@@ -239,6 +246,41 @@ def not_saved_message(final: Location, error: str, storage_options: StorageOptio
 
 
 # ---------------------------------------------------------------- the protocol on a local disk
+
+
+def save_durably(obj: Any, path: Path, durable: bool = True) -> tuple[int, str]:
+    """``torch.save`` straight to disk through a hashing writer; returns (size, hash).
+
+    ``durable=False`` skips the fsync, for local staging copies whose durability is the upload's job.
+    """
+    writer = HashingWriter(path)
+    try:
+        save_without_crc32(obj, writer)  # the manifest's hash covers every byte instead
+        return writer.finish(sync=durable)
+    except BaseException:
+        writer.close()
+        raise
+
+
+def write_rank_files(
+    tmp: Path, rank: int, files: dict[str, tuple[Any, list[str]]], durable: bool = True
+) -> RankOutcome:
+    """Write this rank's files into ``tmp``; errors are returned, not raised, so every rank still
+    reaches the receipt exchange and nobody waits forever on a rank that failed."""
+    start = time.perf_counter()
+    receipts = []
+    try:
+        tmp.mkdir(parents=True, exist_ok=True)
+        for name, (obj, contents) in files.items():
+            size, digest = save_durably(obj, tmp / name, durable)
+            receipts.append(Receipt(name, size, digest, rank, contents))
+        if durable:
+            fsync_dir(tmp)
+    except Exception as err:
+        return RankOutcome(rank, receipts, describe_error(err), time.perf_counter() - start)
+    return RankOutcome(rank, receipts, None, time.perf_counter() - start)
+
+
 
 
 def temp_dir_for(dirpath: Path, name: str, token: str) -> Path:

@@ -26,7 +26,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from typing_extensions import override
 
-from lightning_field.checkpoint import resume_policy, sharded
+from lightning_field.checkpoint import resume_policy, sharded, sharded_load
 from lightning_field.checkpoint.commit import SaveJob
 from lightning_field.checkpoint.committed import CommittedCheckpoint
 from lightning_field.checkpoint.io import FIELD_KEY, ManifestCheckpointIO
@@ -372,7 +372,7 @@ class ManifestCheckpoint(CommittedCheckpoint):
     def _load_sharded(self, load: Any, path: Any, weights_only: bool | None) -> Any:
         trainer = self._trainer
         assert trainer is not None
-        return sharded.load_verified(
+        return sharded_load.load_verified(
             load, path, weights_only, strategy=trainer.strategy, store=self._object_store,
             storage_options=self.storage_options, check_resume=self._check_resume,
         )  # fmt: skip

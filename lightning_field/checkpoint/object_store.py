@@ -22,7 +22,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from lightning_field.checkpoint.store import RankOutcome, describe_error, write_rank_files
+from lightning_field.checkpoint.commit import write_rank_files
+from lightning_field.checkpoint.store import RankOutcome, describe_error
 from lightning_field.core.manifest import MANIFEST_NAME, Manifest
 from lightning_field.core.storage import StorageOptions, open_fs, to_url
 

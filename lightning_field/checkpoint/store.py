@@ -8,22 +8,18 @@ fsync, atomic rename) and :class:`~lightning_field.checkpoint.object_store.Objec
 URL: local staging, multipart upload, the manifest PUT as the commit). Pass your own as
 ``ManifestCheckpoint(store=...)``.
 
-What every store shares lives here too: the receipts a rank's write returns, and the write itself
-(``write_rank_files``: ``torch.save`` through a hashing writer, fsynced), so that a store module
-depends on this one and never on the commit orchestration that drives it.
+The receipts a rank's write returns live here too, with the protocol that returns them, so that
+the sharded writer can report in them without importing the commit that drives it.
 """
 
 from __future__ import annotations
 
 import errno
-import time
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from lightning_field.compat.torch import save_without_crc32
-from lightning_field.core.fsio import HashingWriter, fsync_dir
 from lightning_field.core.manifest import Manifest
 from lightning_field.core.storage import Location
 
@@ -43,39 +39,6 @@ class RankOutcome:
     receipts: list[Receipt]
     error: str | None = None
     seconds: float = 0.0
-
-
-def save_durably(obj: Any, path: Path, durable: bool = True) -> tuple[int, str]:
-    """``torch.save`` straight to disk through a hashing writer; returns (size, hash).
-
-    ``durable=False`` skips the fsync, for local staging copies whose durability is the upload's job.
-    """
-    writer = HashingWriter(path)
-    try:
-        save_without_crc32(obj, writer)  # the manifest's hash covers every byte instead
-        return writer.finish(sync=durable)
-    except BaseException:
-        writer.close()
-        raise
-
-
-def write_rank_files(
-    tmp: Path, rank: int, files: dict[str, tuple[Any, list[str]]], durable: bool = True
-) -> RankOutcome:
-    """Write this rank's files into ``tmp``; errors are returned, not raised, so every rank still
-    reaches the receipt exchange and nobody waits forever on a rank that failed."""
-    start = time.perf_counter()
-    receipts = []
-    try:
-        tmp.mkdir(parents=True, exist_ok=True)
-        for name, (obj, contents) in files.items():
-            size, digest = save_durably(obj, tmp / name, durable)
-            receipts.append(Receipt(name, size, digest, rank, contents))
-        if durable:
-            fsync_dir(tmp)
-    except Exception as err:
-        return RankOutcome(rank, receipts, describe_error(err), time.perf_counter() - start)
-    return RankOutcome(rank, receipts, None, time.perf_counter() - start)
 
 
 def describe_error(err: BaseException) -> str:
