@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from lightning_field import ManifestCheckpoint
+from lightning_field.state.rank_tracking import RankStateTracker
 from lightning_field.workloads.demo import DemoRegressor
 
 
@@ -40,11 +41,18 @@ class NondeterministicRegressor(DemoRegressor):
         return super().training_step((x, y), batch_idx)
 
 
+class RngForgettingTracker(RankStateTracker):
+    """Saves each rank's RNG state but never puts it back."""
+
+    def before_fetch(self) -> None:
+        return
+
+
 class RngForgettingCheckpoint(ManifestCheckpoint):
     """A checkpoint callback whose RNG restore is broken: it saves the RNG state but never puts it back."""
 
-    def _before_train_fetch(self) -> None:
-        self._pending_rng = None
+    def make_rank_tracker(self, generators: Any) -> RankStateTracker:
+        return RngForgettingTracker(generators)
 
 
 class ScatterRegressor(DemoRegressor):

@@ -181,7 +181,7 @@ class ManifestCheckpoint(CommittedCheckpoint):
             store=store,
         )
         self._preemption = PreemptionSave(self, preemption_signals, preemption_check_every_n_steps)
-        self._ranks = RankStateTracker(generators)
+        self._ranks = self.make_rank_tracker(generators)
         self._guard = ResumeGuard(allow_resume_mismatch)
         self.config = config
         self.code_dir = code_dir
@@ -191,6 +191,10 @@ class ManifestCheckpoint(CommittedCheckpoint):
         self._deferred_batch_end: tuple[Any, Any, int] | None = None
         self._deferred_validation_end = False
         self._show_hint_again: Any = None
+
+    def make_rank_tracker(self, generators: Mapping[str, torch.Generator] | None) -> RankStateTracker:
+        """Each rank's RNG, data-position and epoch-metric tracker; a subclass may substitute its own."""
+        return RankStateTracker(generators)
 
     # ------------------------------------------------------------------ public state
     @property
@@ -306,11 +310,8 @@ class ManifestCheckpoint(CommittedCheckpoint):
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # Every rank gets here at the same step, so the collective save is safe.
-        if (
-            self.save_on_train_end
-            and not trainer.sanity_checking
-            and self._last_global_step_saved != trainer.global_step
-        ):
+        already_saved = self._last_global_step_saved == trainer.global_step
+        if self.save_on_train_end and not trainer.sanity_checking and not already_saved:
             self.save_now(trainer, "final-{step}")
         self._saves.settle(trainer)
         super().on_train_end(trainer, pl_module)
@@ -392,8 +393,5 @@ class ManifestCheckpoint(CommittedCheckpoint):
         if rank_state is not None:
             self._ranks.load(rank_state, checkpoint)
         if self._events is not None:
-            self._events.emit(
-                "ckpt_load",
-                step=field["manifest"].step,
-                payload={"path": field["path"], "seconds": field["load_seconds"]},
-            )
+            payload = {"path": field["path"], "seconds": field["load_seconds"]}
+            self._events.emit("ckpt_load", step=field["manifest"].step, payload=payload)

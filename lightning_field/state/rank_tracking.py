@@ -74,7 +74,7 @@ class RankStateTracker:
     # ------------------------------------------------------------------ set-up and tear-down
     def install(self, trainer: pl.Trainer) -> None:
         """Hook the train loop's fetch (RNG restore) and the train loaders (stateful adoption)."""
-        self._prefetch_hook_installed = internals.install_before_fetch(trainer, self._before_fetch)
+        self._prefetch_hook_installed = internals.install_before_fetch(trainer, self.before_fetch)
         self._undo_loader_patch = internals.patch_train_loaders(trainer, self._note_adoptions)
 
     def uninstall(self) -> None:
@@ -133,7 +133,7 @@ class RankStateTracker:
         saved_metrics = (self._loaded_epoch_metrics or {}).get("callback_metrics")
         self._restore_epoch_metrics(trainer, pl_module, restarted_at_epoch_end or resumed_after_epoch_end)
         if restarted_at_epoch_end or resumed_after_epoch_end or not self._prefetch_hook_installed:
-            self._before_fetch()
+            self.before_fetch()
             self._pending_rng = None
         if resumed_after_epoch_end and states:
             internals.start_next_epoch_iterator(trainer)
@@ -155,9 +155,12 @@ class RankStateTracker:
         if mid_epoch and saved.get("logged"):
             self._logged_value_merge = LoggedValueMerge(saved["logged"])
 
-    def _before_fetch(self) -> None:
-        # Restored before every fetch *attempt* until a batch actually arrives: a resumed epoch
-        # that is already exhausted attempts one fetch that only raises StopIteration.
+    def before_fetch(self) -> None:
+        """Put this rank's saved RNG streams back before a fetch of the resumed train loader.
+
+        Called before every fetch *attempt* until a batch actually arrives: a resumed epoch that is
+        already exhausted attempts one fetch that only raises StopIteration.
+        """
         if self._pending_rng is not None:
             unrestored = restore_rng_state(self._pending_rng, self.generators)
             if unrestored:
