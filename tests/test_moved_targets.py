@@ -20,6 +20,7 @@ from lightning_field.cli import train_app
 from lightning_field.cli.hydra_app import composition_problem
 from lightning_field.core.manifest import MANIFEST_NAME
 from lightning_field.integrations.hydra_configs import TargetConfigError, prepare_target_overrides, refuse_moved_targets
+from lightning_field.record.identity import project_config
 from lightning_field.state.provenance import diff_provenance, stable_hash
 from lightning_field.workloads import MOVED_TARGETS
 
@@ -126,3 +127,14 @@ def test_the_resume_diff_equates_only_a_moved_target_with_its_current_path() -> 
     assert diff_provenance({"_target_": "my_pkg.Old"}, {"_target_": "my_pkg.New"}) == {
         "_target_": ("my_pkg.Old", "my_pkg.New")
     }
+
+
+def test_the_release_record_hashes_a_workload_alike_under_its_old_and_current_target() -> None:
+    old, new = next(iter(MOVED_TARGETS.items()))
+    before = project_config({"model": {"_target_": old, "lr": 0.01}, "data": [{"_target_": old}]}, ["model", "data"])
+    after = project_config({"model": {"_target_": new, "lr": 0.01}, "data": [{"_target_": new}]}, ["model", "data"])
+    assert before == after and stable_hash(before) == stable_hash(after)
+    changed = project_config({"model": {"_target_": new, "lr": 0.02}}, ["model"])
+    assert stable_hash(changed) != stable_hash(project_config({"model": {"_target_": old, "lr": 0.01}}, ["model"]))
+    other = project_config({"model": {"_target_": "my_pkg.Other"}}, ["model"])
+    assert other == {"model": {"_target_": "my_pkg.Other"}}

@@ -16,6 +16,7 @@ from typing import Any
 from lightning_field.evidence.identity import IDENTITY_FIELDS, identity_differences, identity_of
 from lightning_field.state.provenance import diff_provenance, stable_hash
 from lightning_field.state.secrets import scrub_secrets
+from lightning_field.workloads import with_current_targets
 
 CONFIG_HASH = "config.hash"
 GROUP_OF_FIELD = {name: name.split(".", 1)[0] for name, _ in IDENTITY_FIELDS}
@@ -30,7 +31,8 @@ def project_config(resolved: Mapping[str, Any] | None, keys: Sequence[str]) -> d
     """
     if not isinstance(resolved, Mapping):
         return None
-    return scrub_secrets({key: resolved.get(key) for key in keys})
+    # A workload whose class moved (workloads.MOVED_TARGETS) is the same workload before and after.
+    return scrub_secrets(with_current_targets({key: resolved.get(key) for key in keys}))
 
 
 def comparable_identity(identity: Mapping[str, Any], projection: Mapping[str, Any] | None) -> dict[str, Any]:
