@@ -46,12 +46,15 @@ def make_trainer(root: Path, max_steps: int, dirpath: Path | None = None, **chec
     )
 
 
-def run_child(args: Sequence[str], timeout: float = 120, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    """Run ``python args...`` in its own session; on timeout the whole process group is killed."""
+def run_in_session(
+    argv: Sequence[str], timeout: float, cwd: Path | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run ``argv`` in its own session, output captured; on timeout the whole process group gets
+    SIGABRT (Python children print every thread's stack), then SIGKILL, and the test fails with it."""
     proc = subprocess.Popen(
-        [sys.executable, *map(str, args)],
+        list(argv),
         cwd=cwd,
-        env=child_env(),
+        env=env if env is not None else child_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -68,12 +71,18 @@ def run_child(args: Sequence[str], timeout: float = 120, cwd: Path | None = None
             os.killpg(proc.pid, signal.SIGKILL)
             out, _ = proc.communicate()
         raise AssertionError(
-            f"child {args} timed out after {timeout}s; output, ending with the stacks of every process:\n{out[-16000:]}"
+            f"child {list(argv)} timed out after {timeout}s; output, ending with the stacks of every process:\n"
+            f"{out[-16000:]}"
         ) from None
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)  # DataLoader workers or DDP ranks left behind
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, "")
+
+
+def run_child(args: Sequence[str], timeout: float = 120, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``python args...`` in its own session (:func:`run_in_session`)."""
+    return run_in_session([sys.executable, *map(str, args)], timeout, cwd)
 
 
 def run_train_job(root: Path, out: Path, *extra: str, expect_rc: int | None = 0, timeout: float = 120) -> str:

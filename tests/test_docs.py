@@ -28,15 +28,14 @@ be in it, and everything in it must exist.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import run_in_session
 
 REPO = Path(__file__).resolve().parent.parent
 PACKAGE = REPO / "lightning_field"
@@ -93,26 +92,8 @@ def _block_env() -> dict[str, str]:
 
 
 def _run_block(block: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    """``bash -euo pipefail`` in its own session; on timeout its whole process group is killed."""
-    proc = subprocess.Popen(
-        ["bash", "-euo", "pipefail", "-c", block],
-        cwd=cwd,
-        env=_block_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        out, _ = proc.communicate(timeout=BLOCK_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        raise AssertionError(f"block timed out after {BLOCK_TIMEOUT_S}s:\n{block}\noutput:\n{out[-8000:]}") from None
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)  # DDP ranks or workers a block left behind
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, "")
+    """``bash -euo pipefail`` in its own session (``conftest.run_in_session``)."""
+    return run_in_session(["bash", "-euo", "pipefail", "-c", block], BLOCK_TIMEOUT_S, cwd, _block_env())
 
 
 PAGES_WITH_BLOCKS = [page for page in PAGES if runnable_blocks(page)]
