@@ -16,7 +16,9 @@ from pathlib import Path
 import jinja2
 import pytest
 
-from lightning_field.evidence.bundle import EVIDENCE_DOCUMENT, EVIDENCE_JSON, EVIDENCE_MD, check_bundle, write_bundle
+from lightning_field.evidence.bundle import write_bundle
+from lightning_field.evidence.bundle_format import EVIDENCE_DOCUMENT, EVIDENCE_JSON, EVIDENCE_MD
+from lightning_field.evidence.check import check_bundle
 from lightning_field.evidence.markdown import render_markdown
 
 FIXTURES = Path(__file__).parent / "data" / "evidence_md"

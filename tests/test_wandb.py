@@ -360,7 +360,7 @@ def test_straggler_flags_from_every_attempt_reach_the_summary(requeued: dict[str
 def make_bundle(bundle: Path) -> None:
     from matplotlib.figure import Figure
 
-    from lightning_field.evidence.bundle import FORMAT
+    from lightning_field.evidence.bundle_format import FORMAT
 
     ckpt = bundle / "runs" / "kill-1" / "checkpoints" / "step=4"
     ckpt.mkdir(parents=True)

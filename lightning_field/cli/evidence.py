@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from lightning_field.evidence.bundle import check_bundle
+from lightning_field.evidence.check import check_bundle
 
 
 def cmd_check(args: argparse.Namespace) -> int:

@@ -19,7 +19,8 @@ from omegaconf.errors import OmegaConfBaseException
 
 from lightning_field.cli.hydra_app import hydra_main
 from lightning_field.core.layout import EVIDENCE_RELPATH
-from lightning_field.evidence.bundle import EVIDENCE_JSON, EVIDENCE_MD, build_evidence, write_bundle
+from lightning_field.evidence.bundle import build_evidence, write_bundle
+from lightning_field.evidence.bundle_format import EVIDENCE_JSON, EVIDENCE_MD
 from lightning_field.evidence.protocol import EvidenceConfigError, EvidenceSettings, plan_kills, run_protocol
 from lightning_field.integrations.hydra_configs import resolved_dict
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from lightning_field.evidence.bundle import build_evidence, check_bundle, write_bundle
+from lightning_field.evidence.bundle import build_evidence, write_bundle
+from lightning_field.evidence.check import check_bundle
 from lightning_field.evidence.compare import EXACT, FAIL, WITHIN_NOISE
 from lightning_field.evidence.drill import RestoreDrill, RestoreDrillError
 from lightning_field.evidence.protocol import EvidenceConfigError, EvidenceSettings, run_protocol

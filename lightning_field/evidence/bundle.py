@@ -32,37 +32,18 @@ from lightning_field.core.layout import EVENTS_RELPATH
 from lightning_field.evidence import compare, plots
 from lightning_field.evidence.bundle_format import (
     DIVERGENCE_PLOT,
-    EVIDENCE_DOCUMENT,
     EVIDENCE_JSON,
     EVIDENCE_MD,
     FORMAT,
     LOSS_PLOT,
-    READABLE_FORMATS,
 )
-from lightning_field.evidence.check import check_bundle, claim_problems
 from lightning_field.evidence.gate import Condition, critical_conditions, effective_records, resumed_checkpoint
-from lightning_field.evidence.markdown import RECOVERY_PHASES, render_markdown
+from lightning_field.evidence.markdown import render_markdown
 from lightning_field.evidence.protocol import EvidenceSettings, RunResult
 from lightning_field.state.provenance import stable_hash
 from lightning_field.state.secrets import scrub_secrets
 
-# The names callers have always imported from here, wherever they now live.
-__all__ = [
-    "DIVERGENCE_PLOT",
-    "EVIDENCE_DOCUMENT",
-    "EVIDENCE_JSON",
-    "EVIDENCE_MD",
-    "FORMAT",
-    "LOSS_PLOT",
-    "READABLE_FORMATS",
-    "RECOVERY_PHASES",
-    "Condition",
-    "build_evidence",
-    "check_bundle",
-    "claim_problems",
-    "render_markdown",
-    "write_bundle",
-]
+__all__ = ["build_evidence", "write_bundle"]
 
 
 def _versions() -> dict[str, str | None]:

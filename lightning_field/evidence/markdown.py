@@ -7,6 +7,7 @@ the few value formats the page needs (seconds, a number to a format spec, a path
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from pathlib import PurePath
 from typing import Any
@@ -32,6 +33,7 @@ def _seconds(value: Any) -> str:
     return f"{value:.2f} s" if isinstance(value, (int, float)) else "n/a"
 
 
+@functools.cache  # built on the first render, not at import
 def _environment() -> jinja2.Environment:
     environment = jinja2.Environment(
         loader=jinja2.PackageLoader("lightning_field.evidence", "templates"),
@@ -52,11 +54,9 @@ def _environment() -> jinja2.Environment:
     return environment
 
 
-_ENVIRONMENT = _environment()
-
 
 def render_markdown(ev: Mapping[str, Any]) -> str:
     """``evidence.md`` for the evidence record ``ev`` (``build_evidence``'s first result)."""
-    return _ENVIRONMENT.get_template(TEMPLATE).render(
+    return _environment().get_template(TEMPLATE).render(
         ev=ev, recovery_phases=RECOVERY_PHASES, loss_plot=LOSS_PLOT, divergence_plot=DIVERGENCE_PLOT
     )

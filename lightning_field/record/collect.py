@@ -14,7 +14,7 @@ from typing import Any
 from lightning_field.checkpoint.resolver import committed_checkpoints
 from lightning_field.core.layout import PLAN_RELPATH
 from lightning_field.core.storage import basename
-from lightning_field.evidence.bundle import EVIDENCE_JSON
+from lightning_field.evidence.bundle_format import EVIDENCE_JSON
 from lightning_field.record.collect_reports import collect_evidence, collect_plan, collect_preflight, collect_scale
 from lightning_field.record.collect_run import collect_checkpoints, collect_profile, collect_quality
 from lightning_field.record.document import RECORD_JSON

@@ -10,7 +10,7 @@ import statistics
 from collections.abc import Sequence
 from pathlib import Path
 
-from lightning_field.evidence.bundle import check_bundle
+from lightning_field.evidence.check import check_bundle
 from lightning_field.record.identity import comparable_identity, project_config
 from lightning_field.record.run_identity import run_identity, unknown_identity
 from lightning_field.record.sources import Collection, modified

@@ -11,6 +11,7 @@ value taken from the record, a source path or a condition name, is text on the p
 from __future__ import annotations
 
 import base64
+import functools
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -55,20 +56,23 @@ def _embedded_plots(record: Mapping[str, Any], record_dir: Path) -> list[Embedde
     return plots
 
 
-# StrictUndefined: a field the template names but the record lacks is an error, not an empty cell.
-_ENVIRONMENT = Environment(
-    loader=PackageLoader("lightning_field.record", "templates"),
-    autoescape=True,
-    undefined=StrictUndefined,
-    trim_blocks=True,
-    lstrip_blocks=True,
-)
-_ENVIRONMENT.filters.update(fmt=fmt, cited_digest=cited_digest)
+@functools.cache  # built on the first render, not at import
+def _environment() -> Environment:
+    # StrictUndefined: a field the template names but the record lacks is an error, not an empty cell.
+    environment = Environment(
+        loader=PackageLoader("lightning_field.record", "templates"),
+        autoescape=True,
+        undefined=StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    environment.filters.update(fmt=fmt, cited_digest=cited_digest)
+    return environment
 
 
 def render_html(record: Mapping[str, Any], record_dir: Path, signature_state: Mapping[str, Any]) -> str:
     """``signature_state``: ``valid``, ``problems`` and ``missing`` from ``signing``, shown as they are now."""
-    return _ENVIRONMENT.get_template(TEMPLATE).render(
+    return _environment().get_template(TEMPLATE).render(
         record=record,
         signatures=signature_state,
         plots=_embedded_plots(record, record_dir),
