@@ -299,3 +299,34 @@ def test_deferred_copies_detect_a_tracked_write_and_let_go_of_the_live_tensors()
     assert deferred.run() is None
     weight.add_(1)  # after the copy: the snapshot keeps the saved value
     assert torch.equal(copied["model"]["w"], torch.ones(1000))
+
+
+@pytest.mark.parametrize("async_save", [False, True], ids=["sync", "async"])
+def test_a_fit_sets_the_checkpoint_up_once_and_leaves_the_users_module_as_plain_lightning_does(
+    tmp_path: Path, async_save: bool
+) -> None:
+    """The async copy gate joins the Trainer's callbacks during ``setup``; joining them must not call
+    the checkpoint's ``setup`` twice, which patched the module's ``train_dataloader`` twice and left
+    one patch behind after ``fit``."""
+    setups: list[str] = []
+
+    class CountingCheckpoint(ManifestCheckpoint):
+        def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+            setups.append(stage)
+            super().setup(trainer, pl_module, stage)
+
+    def fit(callback: pl.Callback, root: Path) -> dict[str, Any]:
+        module = BoringModel()
+        before = dict(vars(module))
+        pl.Trainer(
+            default_root_dir=root, max_steps=4, callbacks=[callback], logger=False, enable_progress_bar=False,
+            enable_model_summary=False, limit_val_batches=0,
+        ).fit(module)  # fmt: skip
+        return {key: value for key, value in vars(module).items() if key not in before and not key.startswith("_")}
+
+    plain = fit(ModelCheckpoint(dirpath=tmp_path / "plain", every_n_train_steps=2), tmp_path / "plain-run")
+    ours = fit(
+        CountingCheckpoint(dirpath=tmp_path / "ours", every_n_train_steps=2, async_save=async_save), tmp_path / "run"
+    )
+    assert ours.keys() == plain.keys(), "attributes the fit left on the module that plain Lightning does not leave"
+    assert setups == ["fit"]

@@ -124,7 +124,9 @@ class AsyncSaves:
             # First in the list: its hooks run before every other callback's, which is where
             # callbacks like WeightAveraging write the weights a pending copy still reads.
             self._gate = _SnapshotCopyGate(self, owner_key)
-            callbacks.insert(0, self._gate)
+            # A new list, not an insert: Lightning is iterating the current one to call `setup`, and
+            # an insert in front would call the owner's `setup` (its loader patches) a second time.
+            internals.set_trainer_callbacks(trainer, [self._gate, *callbacks])
 
     def submit(self, trainer: pl.Trainer, job: SaveJob, start: float) -> None:
         """Snapshot ``job``'s state and commit it on the writer thread (after :meth:`settle`)."""

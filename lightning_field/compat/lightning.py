@@ -85,6 +85,7 @@ __all__ = [
     "start_next_epoch_iterator",
     "step_plateau_schedulers_missed_at_epoch_end",
     "trainer_callbacks",
+    "set_trainer_callbacks",
     "trainer_datamodule",
     "training_results",
     "unapplied_loader_states",
@@ -199,6 +200,11 @@ def trainer_callbacks(trainer: pl.Trainer) -> list[pl.Callback]:
     """``trainer.callbacks``: public API, but assigned by Lightning 2.6's callback connector and not
     declared on ``Trainer``, so a type checker does not see it."""
     return trainer.callbacks  # type: ignore[attr-defined]  # assigned by the callback connector
+
+
+def set_trainer_callbacks(trainer: pl.Trainer, callbacks: list[pl.Callback]) -> None:
+    """Replace ``trainer.callbacks`` with a new list (as the callback connector itself does)."""
+    trainer.callbacks = callbacks  # type: ignore[attr-defined]  # assigned by the callback connector
 
 
 def trainer_datamodule(trainer: pl.Trainer) -> pl.LightningDataModule | None:
