@@ -27,6 +27,7 @@ import torch
 
 TESTS_DIR = Path(__file__).parent
 JOB = TESTS_DIR / "jobs" / "conformance_job.py"
+CLI_JOB = TESTS_DIR / "jobs" / "cli_job.py"
 sys.path.insert(0, str(JOB.parent))
 
 import conformance_job  # noqa: E402  (tests/jobs is not a package)
@@ -41,6 +42,7 @@ class Outcome:
     name: str
     checkpoint: str  # "field" or "plain"
     killed_rc: int | None = None
+    stopped_at_step: int | None = None  # where a first attempt that stopped (not killed) ended
     resumed_from_step: int | None = None
     differences: list[str] = field(default_factory=list)
     error: str | None = None
@@ -117,6 +119,31 @@ def _launched(name: str, root: Path, out: Path, checkpoint: str, kill: bool, res
     return result.returncode, result.stdout
 
 
+def _cli_launched(name: str, root: Path, out: Path, checkpoint: str, kill: bool, resume: bool) -> tuple[int, str]:
+    """The user's LightningCLI script, everything on its command line, as a user would run it."""
+    from conftest import child_env, run_in_session
+
+    config = CONFIGS[name]
+    callback = "lightning_field.ManifestCheckpoint" if checkpoint == "field" else "ModelCheckpoint"
+    args = [
+        "fit", "--seed_everything=1234", "--trainer.accelerator=cpu", f"--trainer.max_steps={config.max_steps}",
+        f"--trainer.default_root_dir={root}", "--trainer.logger=false", "--trainer.enable_progress_bar=false",
+        "--trainer.enable_model_summary=false", "--trainer.num_sanity_val_steps=0", "--trainer.limit_val_batches=0",
+        f"--trainer.callbacks+={callback}", f"--trainer.callbacks.dirpath={root / 'checkpoints'}",
+        f"--trainer.callbacks.every_n_train_steps={config.every_n_train_steps}",
+        "--trainer.callbacks.save_top_k=-1", "--trainer.callbacks.save_last=true",
+        "--trainer.callbacks+=conformance_job.RecordRun",
+        *(["--trainer.callbacks+=conformance_job.KillAtStep", f"--trainer.callbacks.step={config.kill_at}"]
+          if kill else []),
+        *(["--ckpt_path=last"] if resume else []),
+    ]  # fmt: skip
+    env = child_env()
+    env["CONFORMANCE_OUT"] = str(out)
+    root.mkdir(parents=True, exist_ok=True)
+    result = run_in_session([sys.executable, str(CLI_JOB), *args], timeout=180, env=env)
+    return result.returncode, result.stdout
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -165,7 +192,7 @@ def run_protocol(name: str, checkpoint: str, tmp: Path) -> Outcome:
     config = CONFIGS[name]
     if config.nodes > 1:
         return _run_elastic_protocol(name, checkpoint, tmp)
-    go = _launched if config.devices > 1 else _forked
+    go = _cli_launched if config.cli else _launched if config.devices > 1 else _forked
     outcome = Outcome(name, checkpoint)
     reference, resumed = tmp / f"{checkpoint}-reference.pt", tmp / f"{checkpoint}-resumed.pt"
     rc, log = go(name, tmp / f"{checkpoint}-reference", reference, checkpoint, kill=False, resume=False)
@@ -173,16 +200,28 @@ def run_protocol(name: str, checkpoint: str, tmp: Path) -> Outcome:
         outcome.error, outcome.log = f"reference run exited {rc}: {_tail(log)}", log
         return outcome
     root = tmp / f"{checkpoint}-interrupted"
-    outcome.killed_rc, log = go(name, root, tmp / "unused.pt", checkpoint, kill=True, resume=False)
-    if outcome.killed_rc != -9:
-        outcome.error, outcome.log = f"interrupted run exited {outcome.killed_rc}, not -9: {_tail(log)}", log
+    first = tmp / f"{checkpoint}-first-attempt.pt"
+    outcome.killed_rc, log = go(name, root, first, checkpoint, kill=True, resume=False)
+    if outcome.killed_rc != interrupted_exit_status(name):
+        outcome.error = f"interrupted run exited {outcome.killed_rc}, not {interrupted_exit_status(name)}: {_tail(log)}"
+        outcome.log = log
         return outcome
+    if config.stop is not None:
+        outcome.stopped_at_step = torch.load(first, weights_only=False)["step"]
     rc, log = go(name, root, resumed, checkpoint, kill=False, resume=True)
     outcome.log = log
     if rc != 0:
         outcome.error = f"resumed run exited {rc}: {_tail(log)}"
         return outcome
     return _judged(outcome, reference, resumed)
+
+
+def interrupted_exit_status(name: str) -> int:
+    """How the first attempt ends: -9 for a SIGKILL, 75 for a preemption save, 0 for a stop."""
+    config = CONFIGS[name]
+    if config.stop is not None:
+        return 0
+    return 75 if config.interrupt == "SIGTERM" else -9
 
 
 def _run_elastic_protocol(name: str, checkpoint: str, tmp: Path) -> Outcome:
@@ -268,13 +307,15 @@ def _tail(log: str, lines: int = 12) -> str:
     return "\n".join(log.strip().splitlines()[-lines:])
 
 
-def _cell(outcome: Outcome | None, refused_reason: str | None = None) -> str:
+def _cell(outcome: Outcome | None, refused_reason: str | None = None, changed: str | None = None) -> str:
     if outcome is None:
         return "not run"
     if outcome.exact:
         return "exact, bitwise"
     if refused_reason is not None and outcome.error is not None and refused_reason in outcome.log:
         return f"**refused**: not recoverable ({refused_reason})"
+    if changed is not None and outcome.error is not None and changed in outcome.log:
+        return f"**refused** before training: `{changed}`"
     if outcome.differences:
         return "diverges: " + outcome.differences[0].replace("state_dict.", "").replace("|Δ|", "Δ")
     return outcome.summary()
@@ -285,7 +326,7 @@ def main() -> None:
     ``cd tests && python conformance.py [NAME ...]``."""
     import tempfile
 
-    from test_conformance import REFUSED
+    from test_conformance import CHANGED, REFUSED
 
     names = sys.argv[1:] or list(CONFIGS)
     print("| configuration | plain Lightning (`ModelCheckpoint`) | lightning_field (`ManifestCheckpoint`) |")
@@ -294,8 +335,8 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             field_outcome = run_protocol(name, "field", Path(tmp))
             plain = run_protocol(name, "plain", Path(tmp)) if CONFIGS[name].interrupt == "SIGKILL" else None
-        print(f"| `{name}`: {CONFIGS[name].what} | {_cell(plain)} | {_cell(field_outcome, REFUSED.get(name))} |",
-              flush=True)  # fmt: skip
+        cell = _cell(field_outcome, REFUSED.get(name), CHANGED.get(name))
+        print(f"| `{name}`: {CONFIGS[name].what} | {_cell(plain)} | {cell} |", flush=True)
 
 
 if __name__ == "__main__":

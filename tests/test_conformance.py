@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conformance import CONFIGS, run_protocol
+from conformance import CONFIGS, interrupted_exit_status, run_protocol
 
 # Configurations whose checkpoints are (correctly) not recoverable: the reason they must carry.
 REFUSED = {
@@ -21,12 +21,28 @@ REFUSED = {
     "iterable-dataset-with-state": "has no length, so Lightning fetches a batch ahead",
 }
 
+# Configurations rerun with a train-loader setting changed: refused before training, the setting named.
+CHANGED = {
+    "changed-num-workers-2-to-0": "num_workers: 2 (checkpoint) -> 0 (now)",
+    "changed-num-workers-0-to-2": "num_workers: 0 (checkpoint) -> 2 (now)",
+    "changed-batch-size": "batch_size: 8 (checkpoint) -> 4 (now)",
+    "changed-drop-last": "drop_last: False (checkpoint) -> True (now)",
+    "changed-sampler": "sampler: 'RandomSampler' (checkpoint) -> 'SequentialSampler' (now)",
+}
+
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_a_killed_run_resumes_bitwise_identically_or_refuses_with_the_reason(name: str, tmp_path: Path) -> None:
     outcome = run_protocol(name, "field", tmp_path)
-    # A SIGKILLed process ends -9; a SIGTERMed one saves and ends with TrainingPreempted's 75.
-    assert outcome.killed_rc == (75 if CONFIGS[name].interrupt == "SIGTERM" else -9), outcome.error
+    # A SIGKILLed process ends -9; a SIGTERMed one saves and ends with TrainingPreempted's 75; one that
+    # stopped before its limits (max_time, should_stop) ends 0.
+    assert outcome.killed_rc == interrupted_exit_status(name), outcome.error
+    if name in CHANGED:
+        assert outcome.error is not None and "Refusing to resume" in outcome.log, outcome.summary()
+        assert CHANGED[name] in outcome.log, outcome.log[-3000:]
+        assert "conformance: training starts" not in outcome.log, "the refusal came after training began"
+        assert "Traceback" not in outcome.log.split("ResumeMismatchError")[-1], "another error followed the refusal"
+        return
     if name in REFUSED:
         assert outcome.error is not None and "none recoverable" in outcome.log, outcome.summary()
         assert REFUSED[name] in outcome.log
@@ -34,3 +50,5 @@ def test_a_killed_run_resumes_bitwise_identically_or_refuses_with_the_reason(nam
     assert outcome.error is None, f"{outcome.error}\n{outcome.log[-3000:]}"
     assert outcome.resumed_from_step, "the rerun started over from step 0"
     assert not outcome.differences, "\n".join(outcome.differences[:10])
+    if outcome.stopped_at_step is not None:
+        assert outcome.resumed_from_step == outcome.stopped_at_step, "the rerun did not resume where the run stopped"

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, cast
 from weakref import proxy
 
@@ -89,6 +90,9 @@ class CommittedCheckpoint(ModelCheckpoint):
         )
         self._last_copy: str | None = None
         self._force_sync = False
+        # save_now's resume points (a stop, the end, a preemption) of this run and the attempts it
+        # resumed: retention retires them once a newer checkpoint commits (kept in this callback's state).
+        self._resume_points: list[str] = []
 
     def _prepare_save(self, trainer: pl.Trainer, final: Location, start: float) -> SaveJob:
         """Everything one save's commit needs, captured on the training thread (the subclass's)."""
@@ -133,6 +137,12 @@ class CommittedCheckpoint(ModelCheckpoint):
     def events(self) -> EventLog | None:
         """The run's event log on global rank 0 while fitting (None elsewhere), for sibling callbacks."""
         return self._events
+
+    @property
+    def last_saved_step(self) -> int:
+        """The global step of this callback's newest save in this process (committed, or in flight under
+        ``async_save``); -1 before the first."""
+        return int(self._last_global_step_saved)
 
     @property
     def every_n_train_steps(self) -> int:
@@ -192,7 +202,13 @@ class CommittedCheckpoint(ModelCheckpoint):
 
     # ------------------------------------------------------------------ saving
     def save_now(
-        self, trainer: pl.Trainer, name: str = "manual-{step}", *, blocking: bool = False, unless_saved: bool = False
+        self,
+        trainer: pl.Trainer,
+        name: str = "manual-{step}",
+        *,
+        blocking: bool = False,
+        unless_saved: bool = False,
+        as_resume_point: bool = False,
     ) -> str | None:
         """Save a checkpoint of this step now, named from ``name`` like ``filename``.
 
@@ -206,6 +222,10 @@ class CommittedCheckpoint(ModelCheckpoint):
             blocking: commit before returning, even under ``async_save`` (an in-flight background
                 save commits first).
             unless_saved: when this step is already saved, name that checkpoint instead of saving again.
+            as_resume_point: the checkpoint only bridges to the next attempt (a stop, a preemption):
+                unless ``save_top_k=-1``, retention retires it once a newer checkpoint commits, in this
+                attempt or a later one; with ``save_top_k=1`` and no monitor it is the one kept, as
+                ModelCheckpoint keeps its newest.
 
         Returns:
             The path of the checkpoint (committed when ``blocking`` or not ``async_save``).
@@ -218,11 +238,19 @@ class CommittedCheckpoint(ModelCheckpoint):
         if unless_saved and self._last_checkpoint_saved and self._last_global_step_saved == trainer.global_step:
             return self._last_checkpoint_saved
         filepath = self.format_checkpoint_name(self._monitor_candidates(trainer), name)
+        replaced = None
+        if as_resume_point and self.monitor is None and self.save_top_k == 1:
+            # As ModelCheckpoint's own newest-only chain: set before the save, whose state holds it.
+            replaced, self.best_model_path = self.best_model_path, filepath
         self._force_sync = blocking
         try:
             self._save_checkpoint(trainer, filepath)
         finally:
             self._force_sync = False
+        if replaced and self._should_remove_checkpoint(trainer, replaced, filepath):
+            self._remove_checkpoint(trainer, replaced)
+        if as_resume_point and self.save_top_k != -1 and filepath not in self._resume_points:
+            self._resume_points.append(filepath)
         return self._last_checkpoint_saved
 
     def wait_for_snapshot_copy(self) -> None:
@@ -255,10 +283,19 @@ class CommittedCheckpoint(ModelCheckpoint):
             self._last_global_step_saved = job.step
             self._last_checkpoint_saved = str(final)
             self._advertise(trainer, job, time.perf_counter() - start)
+            self._retire_resume_points(trainer, str(final))
             return
         self._saves.submit(trainer, job, start)
         self._last_global_step_saved = job.step
         self._last_checkpoint_saved = str(final)
+        self._retire_resume_points(trainer, str(final))
+
+    def _retire_resume_points(self, trainer: pl.Trainer, newest: str) -> None:
+        # Removals wait for the commit of ``newest`` under async_save (``_remove_checkpoint``).
+        for point in [p for p in self._resume_points if p != newest]:
+            self._resume_points.remove(point)
+            if point != self.best_model_path and point not in self.best_k_models and point != self.last_model_path:
+                self._remove_checkpoint(trainer, point)
 
     def _advertise(self, trainer: pl.Trainer, job: SaveJob, blocking: float, commit_s: float | None = None) -> None:
         """Only now, after its commit, does a checkpoint exist for anyone else."""
@@ -299,6 +336,28 @@ class CommittedCheckpoint(ModelCheckpoint):
             and self._should_remove_checkpoint(trainer, previous_copy, self.last_model_path)
         ):
             self._remove_checkpoint(trainer, previous_copy)
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "resume_points": list(self._resume_points)}
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)
+        if state_dict.get("dirpath", self.dirpath) == self.dirpath:
+            self._resume_points = [str(p) for p in state_dict.get("resume_points", [])]
+
+    @override
+    def _should_remove_checkpoint(self, trainer: pl.Trainer, previous: str, current: str) -> bool:
+        # ModelCheckpoint keeps the checkpoint a run resumed from forever, lest a crash before the
+        # next save leave nothing; retention here runs only once ``current`` committed, and never
+        # removes the last recoverable checkpoint (``protection_reason``), so save_top_k counts it.
+        if previous == current:
+            return False
+        if is_url(previous):
+            return True
+        assert self.dirpath is not None
+        return Path(self.dirpath).absolute() in Path(previous).absolute().parents
 
     @override
     def _remove_checkpoint(self, trainer: pl.Trainer, filepath: str) -> None:

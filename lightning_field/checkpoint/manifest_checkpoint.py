@@ -32,10 +32,8 @@ from lightning_field.checkpoint.committed import CommittedCheckpoint
 from lightning_field.checkpoint.io import FIELD_KEY, ManifestCheckpointIO
 from lightning_field.checkpoint.object_store import DEFAULT_CONCURRENCY, DEFAULT_PART_BYTES
 from lightning_field.checkpoint.preemption import DEFAULT_SIGNALS, PreemptionSave, TrainingPreempted
-from lightning_field.checkpoint.resume_policy import (
-    NoRecoverableCheckpointError,
-    ResumeGuard,
-)
+from lightning_field.checkpoint.resume_policy import NoRecoverableCheckpointError, ResumeGuard
+from lightning_field.checkpoint.stop_points import StopPointSave
 from lightning_field.checkpoint.store import CheckpointStore
 from lightning_field.compat import lightning as internals
 from lightning_field.core.distributed import all_gather_objects, elastic_restart_hazard
@@ -47,7 +45,6 @@ from lightning_field.state.rank_tracking import RankStateTracker
 __all__ = ["ManifestCheckpoint", "NoRecoverableCheckpointError"]
 
 log = logging.getLogger(__name__)
-
 
 
 class ManifestCheckpoint(CommittedCheckpoint):
@@ -70,23 +67,22 @@ class ManifestCheckpoint(CommittedCheckpoint):
         code_dir: where the user's code lives, for the git commit; defaults to the git repository of
             the LightningModule's own source folder, then the main script's, then the working
             directory's, so every entry point names the same code for the same model.
-        save_on_train_end: also commit the state training ends with, unless that step is already
-            saved. Step-interval checkpoints otherwise leave the last steps unsaved, and rerunning a
-            finished job (a requeue after the end) would redo them.
+        save_on_train_end: also commit the state training ends with at ``max_steps`` or
+            ``max_epochs``, unless that step is already saved. Step-interval checkpoints otherwise
+            leave the last steps unsaved, and a rerun with larger limits would redo them.
+        save_on_stop: commit a recoverable checkpoint where ``trainer.should_stop`` ends fit
+            before its limits (``max_time``, ``EarlyStopping``, any callback), so a rerun with
+            larger limits continues exactly; see :mod:`lightning_field.checkpoint.stop_points`.
         storage_options: fsspec options for a ``dirpath`` URL such as ``s3://bucket/run/ckpts``
             (e.g. ``{"endpoint_url": ..., "key": ...}``). On object stores the manifest object is the
             commit; see :mod:`lightning_field.checkpoint.object_store`.
         upload_part_bytes, upload_concurrency: multipart part size and parts in flight per file for
             uploads and downloads to an object store.
-        async_save: a background thread runs the commit. The save itself copies only what training
-            may change next into reusable host buffers (pinned where CUDA is present); on CPU the
-            parameters and optimizer state are copied by the writer thread while the next batch's
-            forward and backward run, and training waits for that copy (if at all) just before the
-            optimizer updates them, or at the next hook outside the training batch. A write to them
-            in place before then (a batch hook or forward pass that edits weights) is detected and
-            fails that save, after which saves copy everything first. At most one save is in
-            flight; a checkpoint is advertised, resolvable and counted for retention only once
-            committed.
+        async_save: a background thread runs the commit; the save copies only what training may
+            change next into reusable host buffers (on CPU while the next forward and backward run,
+            waited for before the optimizer step). An in-place write to them before then is detected
+            and fails that save. At most one save is in flight; a checkpoint is advertised,
+            resolvable and counted for retention only once committed (docs/checkpoints.md).
         on_save_error: what a failed background save does, once reported in the log, the
             ``checkpoint/save_failures`` metric and the event log: ``"stop"`` (raise
             :class:`CheckpointSaveError` on every rank) or ``"warn"`` (keep training).
@@ -149,6 +145,7 @@ class ManifestCheckpoint(CommittedCheckpoint):
         preemption_check_every_n_steps: int | None = None,
         code_dir: str | os.PathLike[str] | None = None,
         save_on_train_end: bool = False,
+        save_on_stop: bool = True,
         storage_options: Mapping[str, Any] | None = None,
         upload_part_bytes: int = DEFAULT_PART_BYTES,
         upload_concurrency: int = DEFAULT_CONCURRENCY,
@@ -186,6 +183,8 @@ class ManifestCheckpoint(CommittedCheckpoint):
         self.config = config
         self.code_dir = code_dir
         self.save_on_train_end = save_on_train_end
+        self.save_on_stop = save_on_stop
+        self._stops = StopPointSave(self)
         self.resume_inexact = resume_inexact
         self._trainer: pl.Trainer | None = None
         self._deferred_batch_end: tuple[Any, Any, int] | None = None
@@ -264,6 +263,7 @@ class ManifestCheckpoint(CommittedCheckpoint):
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         super().on_train_start(trainer, pl_module)
         self._preemption.start(trainer)
+        self._stops.reset()
         resumed_from = all_gather_objects(str(trainer.ckpt_path) if trainer.ckpt_path else None)
         if len(set(resumed_from)) > 1:
             raise RuntimeError(f"Ranks resumed from different checkpoints {resumed_from}; pass an explicit ckpt_path.")
@@ -293,6 +293,7 @@ class ManifestCheckpoint(CommittedCheckpoint):
             return
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
         self._preemption.after_step(trainer)
+        self._stops.after_batch(trainer)
 
     @override
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -304,15 +305,13 @@ class ManifestCheckpoint(CommittedCheckpoint):
             self._deferred_validation_end = False
             super().on_validation_end(trainer, pl_module)
         super().on_train_epoch_end(trainer, pl_module)
-        # After this epoch's save (which must hold the schedulers as they were before their step).
+        self._stops.at_epoch_end(trainer)
+        # After this epoch's saves (which must hold the schedulers as they were before their step).
         internals.let_resumed_epoch_step_schedulers(trainer)
 
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        # Every rank gets here at the same step, so the collective save is safe.
-        already_saved = self._last_global_step_saved == trainer.global_step
-        if self.save_on_train_end and not trainer.sanity_checking and not already_saved:
-            self.save_now(trainer, "final-{step}")
+        self._stops.at_train_end(trainer)  # the end's own save was taken where fit ended
         self._saves.settle(trainer)
         super().on_train_end(trainer, pl_module)
 
@@ -326,6 +325,8 @@ class ManifestCheckpoint(CommittedCheckpoint):
             self._deferred_validation_end = True
             return
         super().on_validation_end(trainer, pl_module)
+        if fitting:
+            self._stops.after_validation(trainer)
 
     @override
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
@@ -391,7 +392,7 @@ class ManifestCheckpoint(CommittedCheckpoint):
             return
         rank_state = field.get("rank_state")
         if rank_state is not None:
-            self._ranks.load(rank_state, checkpoint)
+            self._ranks.load(rank_state, checkpoint, str(field["path"]))
         if self._events is not None:
             payload = {"path": field["path"], "seconds": field["load_seconds"]}
             self._events.emit("ckpt_load", step=field["manifest"].step, payload=payload)

@@ -33,7 +33,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-DEFAULT_SIGNALS: tuple[int, ...] = (signal.SIGTERM, signal.SIGUSR1)
+# Plain ints, not signal.Signals members: LightningCLI and OmegaConf must be able to write the default
+# out (jsonargparse dumps the parsed config as YAML, which cannot represent an enum).
+DEFAULT_SIGNALS: tuple[int, ...] = (int(signal.SIGTERM), int(signal.SIGUSR1))
 
 
 #: sysexits.h's EX_TEMPFAIL, "temporary failure; the user is invited to retry": what a preempted
@@ -210,7 +212,9 @@ class PreemptionSave:
             agreed = self._watcher.requested
         if not agreed:
             return
-        self.saved = self._checkpoint.save_now(trainer, "preempted-{step}", blocking=True, unless_saved=True)
+        self.saved = self._checkpoint.save_now(
+            trainer, "preempted-{step}", blocking=True, unless_saved=True, as_resume_point=True
+        )
         trainer.should_stop = True
         sig = self._watcher.received
         name = signal.Signals(sig).name if sig is not None else "a peer rank's signal"

@@ -21,6 +21,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from lightning_field.checkpoint.resolver import committed_checkpoints, latest_recoverable
 from lightning_field.compat import lightning as internals
 from lightning_field.core.distributed import broadcast_object
+from lightning_field.core.errors import ResumeMismatchError
 from lightning_field.core.manifest import Manifest
 from lightning_field.core.storage import Location, as_location, basename, is_url
 from lightning_field.state import provenance, reshard
@@ -31,19 +32,6 @@ CONFIG_KEY_PREFIX = "config.resolved."
 """How the provenance diff names a config key; users write the key without it."""
 
 ARCHITECTURE_KEY = "model.architecture"
-
-
-class ResumeMismatchError(RuntimeError):
-    """The checkpoint was written by a run whose code, data, config, model or world size differ.
-
-    Attributes:
-        differences: dotted name -> (checkpoint's value, this run's), or the list of architecture
-            changes under ``model.architecture``: what a command-line front end reports briefly.
-    """
-
-    def __init__(self, message: str, differences: Mapping[str, Any] | None = None) -> None:
-        super().__init__(message)
-        self.differences = dict(differences or {})
 
 
 def short_key(key: str) -> str:

@@ -27,12 +27,15 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_field.compat.lightning_loops import (
     MARK,
+    accumulating,
+    can_stop_early,
     forget_loader_states,
     install_before_fetch,
     install_fetch_hook,
     is_last_batch_of_epoch,
     iter_loaders,
     let_resumed_epoch_step_schedulers,
+    max_epochs_reached,
     patch_train_loaders,
     rebuild_resumed_iterator,
     resume_as_next_epoch,
@@ -59,7 +62,9 @@ from lightning_field.core.storage import Location, as_location
 
 __all__ = [
     "TESTED_LIGHTNING",
+    "accumulating",
     "callback_metrics",
+    "can_stop_early",
     "checkpoint_dir",
     "convert_params",
     "detached_trainer",
@@ -74,6 +79,7 @@ __all__ = [
     "iter_loaders",
     "let_resumed_epoch_step_schedulers",
     "load_sharded_from",
+    "max_epochs_reached",
     "metric_update_count",
     "patch_train_loaders",
     "rebuild_resumed_iterator",

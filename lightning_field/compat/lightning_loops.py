@@ -33,6 +33,27 @@ def is_last_batch_of_epoch(trainer: pl.Trainer) -> bool:
     return bool(trainer.fit_loop.epoch_loop.batch_progress.is_last_batch)
 
 
+def can_stop_early(trainer: pl.Trainer) -> bool:
+    """Whether a ``trainer.should_stop`` set now ends fit (``min_epochs``/``min_steps`` are met):
+    Lightning's own ``FitLoop._can_stop_early``."""
+    return bool(trainer.fit_loop._can_stop_early)
+
+
+def accumulating(trainer: pl.Trainer) -> bool:
+    """Whether the batch just trained is inside a gradient-accumulation window, its gradients not
+    yet applied by an optimizer step (``_TrainingEpochLoop._should_accumulate``)."""
+    epoch_loop = trainer.fit_loop.epoch_loop
+    return bool(trainer.lightning_module.automatic_optimization and epoch_loop._should_accumulate())
+
+
+def max_epochs_reached(trainer: pl.Trainer) -> bool:
+    """Whether the epoch ending now is the last that ``max_epochs`` allows (``FitLoop.done``'s test,
+    which counts ``processed`` epochs: it is incremented before ``on_train_epoch_end``)."""
+    fit_loop = trainer.fit_loop
+    processed = cast("_ProcessedTracker", fit_loop.epoch_progress.current).processed
+    return fit_loop.max_epochs is not None and fit_loop.max_epochs >= 0 and processed >= fit_loop.max_epochs
+
+
 def install_fetch_hook(trainer: pl.Trainer, when: str, hook: Callable[[], None]) -> bool:
     """Call ``hook`` right before (``when="before"``) or after (``"after"``) every training batch
     fetch; False if this Lightning version offers no such point.

@@ -98,6 +98,10 @@ class FieldWandbLogger(WandbLogger):
                 " the Trainer's default_root_dir). The W&B run id is kept there so a requeued job continues the"
                 " same W&B run; Lightning creates the run before any callback sees default_root_dir."
             )
+        # LightningCLI follows **kwargs into WandbLogger's signature and writes every one of its
+        # arguments out, so a config file hands the owned ones back as None: only a value set clashes.
+        for name in [k for k in _OWNED_INIT_ARGS if k in kwargs and kwargs[k] is None]:
+            del kwargs[name]
         owned = sorted(set(kwargs) & set(_OWNED_INIT_ARGS))
         if owned:
             raise ValueError(

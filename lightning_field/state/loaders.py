@@ -18,8 +18,9 @@ reason, so the checkpoint stays honestly not recoverable and the user is told wh
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, SequentialSampler
@@ -40,14 +41,60 @@ class Adoption:
     original: str  # the type the user built, by name
     adopted: bool
     reason: str | None = None  # why it was left alone (None when it is resumable)
+    settings: Mapping[str, Any] = field(default_factory=dict)  # loader_settings() of the user's loader
 
     @property
     def resumable(self) -> bool:
         return self.reason is None
 
 
+def loader_settings(loader: Any) -> dict[str, Any]:
+    """The settings of a train loader that its saved position depends on, as the user built it.
+
+    A position saved with one worker count, batch size, ``drop_last`` or sampler means something
+    else under another (torchdata's state even changes shape with the worker count), so a resume
+    compares them before the position is applied (:func:`changed_loader_settings`).
+    """
+    batch_sampler = getattr(loader, "batch_sampler", None)
+    sampler = getattr(batch_sampler, "sampler", None) or getattr(loader, "sampler", None)
+    settings: dict[str, Any] = {
+        "loader": type(loader).__name__,
+        "dataset": type(getattr(loader, "dataset", None)).__name__,
+        "num_workers": getattr(loader, "num_workers", None),
+        "batch_size": getattr(loader, "batch_size", None),
+        "drop_last": getattr(loader, "drop_last", None),
+        "sampler": type(sampler).__name__ if sampler is not None else None,
+    }
+    if batch_sampler is not None and type(batch_sampler) is not BatchSampler:
+        settings["batch_sampler"] = type(batch_sampler).__name__
+    return settings
+
+
+# What a change refuses; the loader and dataset classes only name the loader in the message.
+_COMPARED = ("num_workers", "batch_size", "drop_last", "sampler", "batch_sampler")
+
+
+def changed_loader_settings(saved: list[Mapping[str, Any]], now: list[Mapping[str, Any]]) -> list[str]:
+    """Each setting that differs between a checkpoint's train loaders and this run's, in words:
+    ``train loader 0 (DataLoader over TensorDataset) num_workers: 2 (checkpoint) -> 0 (now)``."""
+    if len(saved) != len(now):
+        return [f"number of train loaders: {len(saved)} (checkpoint) -> {len(now)} (now)"]
+    changes = []
+    for index, (before, after) in enumerate(zip(saved, now, strict=True)):
+        where = f"train loader {index} ({after.get('loader')} over {after.get('dataset')})"
+        for key in _COMPARED:
+            if before.get(key) != after.get(key):
+                changes.append(f"{where} {key}: {before.get(key)!r} (checkpoint) -> {after.get(key)!r} (now)")
+    return changes
+
+
 def adopt_loader(loader: Any) -> Adoption:
     """Return ``loader`` as a resumable StatefulDataLoader where that is exact, else why not."""
+    adoption = _adopt(loader)
+    return dataclasses.replace(adoption, settings=loader_settings(loader))
+
+
+def _adopt(loader: Any) -> Adoption:
     name = type(loader).__name__
     if callable(getattr(loader, "state_dict", None)):
         return Adoption(loader, name, adopted=False)

@@ -78,6 +78,8 @@ def capture_rank_state(
             "tokens_seen": tokens_seen,
             "sampler_state": capture_sampler_state(loaders),
             "restore": [describe_restore(dl) for dl in loaders],
+            # As the user built them (before adoption and DDP's sampler), compared on resume.
+            "loader_settings": [dict(a.settings) for a in adoptions] if adoptions else None,
         },
         "epoch_metrics": capture_epoch_metrics(trainer, trainer.lightning_module),
     }

@@ -32,9 +32,10 @@ from lightning.pytorch.utilities.data import extract_batch_size
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
 from lightning_field.compat import lightning as internals
+from lightning_field.core.errors import ResumeMismatchError
 from lightning_field.state.data_position import restore_sampler_generators
 from lightning_field.state.epoch_metrics import LoggedValueMerge, restore_torchmetrics
-from lightning_field.state.loaders import Adoption
+from lightning_field.state.loaders import Adoption, changed_loader_settings
 from lightning_field.state.rank_state import capture_rank_state
 from lightning_field.state.rng import capture_rng_state, restore_rng_state
 
@@ -70,6 +71,8 @@ class RankStateTracker:
         self._undo_loader_patch: Callable[[], None] | None = None
         self._told_adopted = False
         self._told_unresumable = False
+        self._saved_loader_settings: list[Any] | None = None
+        self._resuming_from: str | None = None
 
     # ------------------------------------------------------------------ set-up and tear-down
     def install(self, trainer: pl.Trainer) -> None:
@@ -85,6 +88,7 @@ class RankStateTracker:
     def _note_adoptions(self, adoptions: list[Adoption]) -> None:
         """What the train loaders became when Lightning asked for them (every time it asks)."""
         self.adoptions = adoptions
+        self._refuse_changed_loaders()
         adopted = [a for a in adoptions if a.adopted]
         if adopted and not self._told_adopted:
             self._told_adopted = True
@@ -95,10 +99,18 @@ class RankStateTracker:
             )
 
     # ------------------------------------------------------------------ resume
-    def load(self, rank_state: Mapping[str, Any], checkpoint: dict[str, Any]) -> None:
-        """Keep this rank's saved state until the train loop can use it (``on_train_start``)."""
+    def load(self, rank_state: Mapping[str, Any], checkpoint: dict[str, Any], source: str | None = None) -> None:
+        """Keep this rank's saved state until the train loop can use it (``on_train_start``).
+
+        Raises:
+            ResumeMismatchError: the train loaders are known already and their settings changed.
+        """
         self._pending_rng = rank_state["rng"]
         position = rank_state.get("data_position", {})
+        self._saved_loader_settings = position.get("loader_settings")
+        self._resuming_from = source
+        if self.adoptions:
+            self._refuse_changed_loaders()
         self._loaded_loader_states = position.get("loader_states") or None
         self._loaded_sampler_state = position.get("sampler_state") or []
         self.samples_seen = int(position.get("samples_seen") or 0)
@@ -107,6 +119,28 @@ class RankStateTracker:
         self._resumed_epoch_closed = bool(position.get("epoch_closed"))
         if self._resumed_epoch_closed:
             internals.resume_as_next_epoch(checkpoint)
+
+    def _refuse_changed_loaders(self) -> None:
+        """Refuse a resume whose train loaders were built with other settings than the saved ones,
+        before the saved position is applied to them (where torchdata would fail on its own terms).
+
+        Called once both sides are known: the loaders are handed out after the restore, or before it
+        (``estimated_stepping_batches``, loaders given to ``fit``); every rank refuses alike.
+        """
+        saved, self._saved_loader_settings = self._saved_loader_settings, None
+        if saved is None:
+            return
+        changes = changed_loader_settings(saved, [a.settings for a in self.adoptions])
+        if not changes:
+            return
+        raise ResumeMismatchError(
+            f"Refusing to resume from {self._resuming_from or 'the checkpoint'}: the train loader changed since it"
+            " was saved.\n" + "\n".join(f"  {change}" for change in changes) + "\nIts saved data position holds"
+            " only for the settings it was saved with. Ways out: set them back to the checkpoint's values to resume"
+            " exactly; or start a new run on purpose (ckpt_path=None), from its weights with"
+            " lightning_field.load_weights() if you want them.",
+            differences={"data.train_loader": changes},
+        )
 
     def restore_on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Put the data position, sampler generators and epoch metrics back before the first fetch."""

@@ -17,9 +17,11 @@ file as a script, launched by Lightning's own DDP launcher.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import signal
 import sys
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -109,20 +111,28 @@ class SizedStreamDataset(StreamDataset):
         return len(self.base)
 
 
-def make_loader(dataset: Dataset, kind: str, workers: int, shuffle: bool = True) -> DataLoader:
+def make_loader(
+    dataset: Dataset, kind: str, workers: int, shuffle: bool = True, batch_size: int = BATCH, drop_last: bool = False
+) -> DataLoader:
     cls = StatefulDataLoader if kind == "stateful" else DataLoader
     shuffle = shuffle and not isinstance(dataset, IterableDataset)
-    return cls(dataset, batch_size=BATCH, shuffle=shuffle, num_workers=workers, persistent_workers=workers > 0)
+    return cls(dataset, batch_size=batch_size, shuffle=shuffle, num_workers=workers, persistent_workers=workers > 0,
+               drop_last=drop_last)  # fmt: skip
 
 
 class UserData(pl.LightningDataModule):
     """A DataModule whose loaders are built in ``setup`` (not in the hooks) when ``build_in_setup``."""
 
     def __init__(self, loader: str = "plain", workers: int = 0, dataset: str = "tensor", build_in_setup: bool = False,
-                 combined: bool = False) -> None:
+                 combined: bool = False, batch_size: int = BATCH, drop_last: bool = False,
+                 shuffle: bool = True) -> None:  # fmt: skip
         super().__init__()
         self.loader, self.workers, self.dataset_kind = loader, workers, dataset
         self.build_in_setup, self.combined = build_in_setup, combined
+        self.batch_size, self.drop_last, self.shuffle = batch_size, drop_last, shuffle
+
+    def _loader(self, dataset: Dataset) -> DataLoader:
+        return make_loader(dataset, self.loader, self.workers, self.shuffle, self.batch_size, self.drop_last)
 
     def _train_set(self) -> Dataset:
         base = classification_tensors()
@@ -133,7 +143,7 @@ class UserData(pl.LightningDataModule):
     def setup(self, stage: str) -> None:
         self.val_set = classification_tensors(32, seed=1)
         if self.build_in_setup:
-            self._train = make_loader(self._train_set(), self.loader, self.workers)
+            self._train = self._loader(self._train_set())
 
     def train_dataloader(self) -> Any:
         if self.build_in_setup:
@@ -141,10 +151,9 @@ class UserData(pl.LightningDataModule):
         if self.combined:
             second = classification_tensors(40, seed=2)
             return CombinedLoader(
-                {"a": make_loader(self._train_set(), self.loader, self.workers),
-                 "b": make_loader(second, self.loader, self.workers)}, mode="max_size_cycle",
+                {"a": self._loader(self._train_set()), "b": self._loader(second)}, mode="max_size_cycle",
             )
-        return make_loader(self._train_set(), self.loader, self.workers)
+        return self._loader(self._train_set())
 
     def val_dataloader(self) -> DataLoader:
         return DataLoader(self.val_set, batch_size=16)
@@ -280,6 +289,15 @@ class Config:
     build_in_setup: bool = False
     combined: bool = False
     validate: bool = False
+    # How the first attempt ends instead of a kill: "should_stop" (a callback sets trainer.should_stop
+    # at the end of step kill_at's batch) or "max_time" (Trainer(max_time=...) over slowed steps); it
+    # exits 0 and the rerun, without the stop, must continue exactly.
+    stop: str | None = None
+    batch_size: int = BATCH
+    drop_last: bool = False
+    shuffle: bool = True
+    resumed_with: dict[str, Any] = field(default_factory=dict)  # Config fields the rerun changes
+    cli: bool = False  # a user's LightningCLI script (jobs/cli_job.py), killed and rerun with --ckpt_path last
     what: str = ""
 
 
@@ -355,6 +373,30 @@ CONFIGS: dict[str, Config] = {
     # --- the launchers users have (item 8): torchrun restarts the group, the script resumes itself
     "torchrun-elastic-2-nodes": Config(kill_at=3, max_steps=10, nodes=2, every_n_train_steps=2,
                                        what="torchrun --max-restarts=1, 2 nodes (c10d), rank 1 SIGKILLed"),
+    # --- runs that stop before their limits (issue 24): the stop is the resume point
+    "max-time": Config(kill_at=0, max_steps=20, stop="max_time",
+                       what="stopped by Trainer(max_time=...), rerun without the limit"),
+    "should-stop-max-epochs": Config(kill_at=_EPOCH + 3, max_epochs=3, stop="should_stop",
+                                     what="a callback sets trainer.should_stop mid-epoch, max_epochs"),
+    "should-stop-max-steps": Config(kill_at=_EPOCH + 3, max_steps=3 * _EPOCH, stop="should_stop",
+                                    what="a callback sets trainer.should_stop mid-epoch, max_steps"),
+    "should-stop-mid-accumulation": Config(kill_at=3, kill_after_micro_batches=1, max_steps=8, stop="should_stop",
+                                           every_n_train_steps=2, trainer={"accumulate_grad_batches": 3},
+                                           what="trainer.should_stop inside a gradient-accumulation window"),
+    # --- a loader setting changed between the runs: refused before training, the setting named
+    "changed-num-workers-2-to-0": Config(kill_at=6, max_steps=20, workers=2, resumed_with={"workers": 0},
+                                         what="rerun with num_workers=0 after num_workers=2"),
+    "changed-num-workers-0-to-2": Config(kill_at=6, max_steps=20, resumed_with={"workers": 2},
+                                         what="rerun with num_workers=2 after num_workers=0"),
+    "changed-batch-size": Config(kill_at=6, max_steps=20, resumed_with={"batch_size": 4},
+                                 what="rerun with batch_size=4 after 8"),
+    "changed-drop-last": Config(kill_at=6, max_steps=20, resumed_with={"drop_last": True},
+                                what="rerun with drop_last=True"),
+    "changed-sampler": Config(kill_at=6, max_steps=20, resumed_with={"shuffle": False},
+                              what="rerun with shuffle=False (SequentialSampler for RandomSampler)"),
+    # --- the user's own entry point
+    "lightning-cli": Config(kill_at=6, max_steps=20, cli=True,
+                            what="a user's LightningCLI script, killed, rerun with --ckpt_path last"),
     "torchrun-elastic-sigterm": Config(kill_at=2, max_steps=10, nodes=2, every_n_train_steps=4, interrupt="SIGTERM",
                                        what="torchrun, rank 1 SIGTERMed: preemption save, exit 75, restart"),
 }
@@ -367,7 +409,7 @@ class KillAtStep(Callback):
     run that never died."""
 
     def __init__(
-        self, step: int, mark: Path | None = None, signum: int = signal.SIGKILL, after_micro_batches: int = 0
+        self, step: int, mark: Path | None = None, signum: int = int(signal.SIGKILL), after_micro_batches: int = 0
     ) -> None:
         self.step = step
         self.mark = mark
@@ -385,6 +427,32 @@ class KillAtStep(Callback):
             os.kill(os.getpid(), self.signum)
 
 
+class StopAtStep(Callback):
+    """Set ``trainer.should_stop`` at the end of a batch of ``step``, as Lightning's ``Timer`` does:
+    after ``after_micro_batches`` earlier batch ends of that step (a point inside an accumulation window)."""
+
+    def __init__(self, step: int, after_micro_batches: int = 0) -> None:
+        self.step = step
+        self.after_micro_batches = after_micro_batches
+        self._ended = 0
+
+    def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
+        if trainer.global_step == self.step:
+            self._ended += 1
+            if self._ended > self.after_micro_batches:
+                trainer.should_stop = True
+
+
+class SlowSteps(Callback):
+    """Each step takes at least ``seconds``: a ``max_time`` limit then ends the run part-way."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def on_train_batch_end(self, *args: Any) -> None:
+        time.sleep(self.seconds)
+
+
 def under_torchrun() -> bool:
     return "TORCHELASTIC_RESTART_COUNT" in os.environ
 
@@ -398,6 +466,7 @@ class RecordRun(Callback):
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.start_step = trainer.global_step
+        print(f"conformance: training starts at step {trainer.global_step}", flush=True)
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if not k.endswith("_step")}
@@ -425,6 +494,8 @@ def _model(config: Config) -> pl.LightningModule:
 def run(name: str, root: str, out: str, checkpoint: str, kill: bool, resume: bool) -> None:
     """Train configuration ``name`` under ``root`` and write its final state to ``out``."""
     config = CONFIGS[name]
+    if resume and config.resumed_with:
+        config = dataclasses.replace(config, **config.resumed_with)
     pl.seed_everything(1234)
     if checkpoint == "field":
         from lightning_field import ManifestCheckpoint
@@ -451,8 +522,13 @@ def run(name: str, root: str, out: str, checkpoint: str, kill: bool, resume: boo
         Path(root, f"started-{os.getpid()}").touch()
         if kill and os.environ["RANK"] == "1" and not Path(root, "killed").exists():
             callbacks.append(KillAtStep(config.kill_at, Path(root, "killed"), signal.Signals[config.interrupt]))
+    elif kill and config.stop == "should_stop":
+        callbacks.append(StopAtStep(config.kill_at, after_micro_batches=config.kill_after_micro_batches))
+    elif kill and config.stop == "max_time":
+        callbacks.append(SlowSteps(0.15))
     elif kill:
         callbacks.append(KillAtStep(config.kill_at, after_micro_batches=config.kill_after_micro_batches))
+    limits = {"max_time": {"seconds": 1}} if kill and config.stop == "max_time" else {}
     needs_logger = "lr_monitor" in config.callbacks
     trainer = pl.Trainer(
         default_root_dir=root,
@@ -468,13 +544,22 @@ def run(name: str, root: str, out: str, checkpoint: str, kill: bool, resume: boo
         enable_model_summary=False,
         num_sanity_val_steps=0,
         limit_val_batches=2 if config.validate else 0,
+        **limits,
         **config.trainer,
     )
     model = _model(config)
     data = None
     if config.model != "boring":
-        data = UserData(config.loader, config.workers, config.dataset, config.build_in_setup, config.combined)
+        data = UserData(config.loader, config.workers, config.dataset, config.build_in_setup, config.combined,
+                        config.batch_size, config.drop_last, config.shuffle)  # fmt: skip
     trainer.fit(model, datamodule=data, ckpt_path="last" if resume else None)
+    write_result(trainer, model, record, callbacks[2:], root, out)
+
+
+def write_result(
+    trainer: pl.Trainer, model: pl.LightningModule, record: RecordRun, others: list[Callback], root: str, out: str
+) -> None:
+    """What the comparison reads (global rank 0): weights, optimizers, schedulers, callback states, metrics."""
     if not trainer.is_global_zero:
         return
     result = {
@@ -485,7 +570,7 @@ def run(name: str, root: str, out: str, checkpoint: str, kill: bool, resume: boo
         "optimizers": [opt.state_dict() for opt in trainer.optimizers],
         "schedulers": [cfg.scheduler.state_dict() for cfg in trainer.lr_scheduler_configs],
         "epoch_metrics": record.epoch_metrics,
-        "callbacks": {type(cb).__name__: _comparable(cb.state_dict()) for cb in callbacks[2:]},
+        "callbacks": {type(cb).__name__: _comparable(cb.state_dict()) for cb in others},
         "saved": sorted(p.name for p in Path(root, "checkpoints").iterdir() if not p.name.startswith(".")),
     }
     torch.save(result, out)

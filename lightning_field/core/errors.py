@@ -1,0 +1,26 @@
+"""The refusal every capability raises when a checkpoint may not resume into this run.
+
+It lives in ``core`` because both sides meet it: the resume policy (``checkpoint``) refuses a
+different code, config, data, model or world size, and the rank-state tracker (``state``) a train
+loader whose settings changed since the save.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["ResumeMismatchError"]
+
+
+class ResumeMismatchError(RuntimeError):
+    """The checkpoint was written by a run whose code, data, config, model or world size differ.
+
+    Attributes:
+        differences: dotted name -> (checkpoint's value, this run's), or the list of architecture
+            changes under ``model.architecture``: what a command-line front end reports briefly.
+    """
+
+    def __init__(self, message: str, differences: Mapping[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.differences = dict(differences or {})
