@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from conftest import child_env, make_trainer
 
-from lightning_field import CheckpointSaveError, latest_recoverable, verify_checkpoint
+from lightning_field import CheckpointSaveError, NoRecoverableCheckpointError, latest_recoverable, verify_checkpoint
 from lightning_field.checkpoint import committed_checkpoints
 from lightning_field.checkpoint.verify import CheckpointCorruptError
 from lightning_field.cli.main import main as field_main
@@ -113,6 +113,24 @@ def test_damaged_file_is_named_by_verify_and_skipped_by_the_resolver(
     assert "CORRUPT" in out and str(victim) in out
     assert latest_recoverable(two_checkpoints) == two_checkpoints / "epoch=0-step=2"
     assert any("failed verification" in r.message and str(victim) in r.message for r in caplog.records)
+    assert any("trying the older epoch=0-step=2" in r.message for r in caplog.records)
+
+
+def test_with_save_top_k_1_a_damaged_checkpoint_is_refused_by_name_with_ways_out_that_fit_a_damaged_file(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    make_trainer(tmp_path, 4, save_top_k=1).fit(DemoRegressor(), datamodule=DemoDataModule(size=64))
+    victim = _newest(tmp_path / "ckpts") / "rank-00000.pt"
+    os.truncate(victim, 5)
+    rerun = make_trainer(tmp_path, 6, save_top_k=1)
+    with pytest.raises(NoRecoverableCheckpointError) as refused:
+        rerun.fit(DemoRegressor(), datamodule=DemoDataModule(size=64), ckpt_path="last")
+    message = str(refused.value)
+    assert str(victim) in message and "save_top_k=2" in message
+    # resume_inexact cannot load bytes that are not what was saved: it is no way out here.
+    assert "resume_inexact" not in message
+    skips = [r.message for r in caplog.records if "Skipping checkpoint" in r.message]
+    assert skips and all("no older recoverable checkpoint is left" in m and "trying" not in m for m in skips)
 
 
 def test_resuming_explicitly_from_a_corrupt_checkpoint_fails_before_unpickling_and_names_the_file(

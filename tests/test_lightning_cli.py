@@ -18,11 +18,11 @@ pytest.importorskip("jsonargparse", reason="LightningCLI needs the jsonargparse[
 
 sys.path.insert(0, str(Path(__file__).parent / "jobs"))
 
-from conformance_job import UserClassifier, UserData  # noqa: E402  (tests/jobs is not a package)
-from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
-from lightning.pytorch.cli import LightningCLI  # noqa: E402
+from conformance_job import UserClassifier, UserData
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.cli import LightningCLI
 
-import lightning_field  # noqa: E402
+import lightning_field
 
 # Each callback with arguments that differ from their defaults, and the attributes that show the
 # parse reached them (ModelCheckpoint keeps its interval private).

@@ -20,7 +20,7 @@ from lightning_field import ManifestCheckpoint
 from lightning_field.checkpoint.resolver import committed_checkpoints
 
 sys.path.insert(0, str(Path(__file__).parent / "jobs"))
-from conformance_job import StopAtStep  # noqa: E402  (tests/jobs is not a package)
+from conformance_job import StopAtStep
 
 
 def _fit(root: Path, callback: ModelCheckpoint, max_steps: int, *extra: Callback, resume: bool = False) -> pl.Trainer:
@@ -85,3 +85,33 @@ def test_a_stop_no_callback_could_see_in_time_is_named_and_not_saved_as_a_resume
     assert trainer.global_step == 6
     # The epoch's end has run by then: a save there would resume one epoch ahead (the bug this prevents).
     assert _saved(dirpath) == ["epoch=0-step=4"]
+
+
+class LogsItsLoss(BoringModel):
+    def training_step(self, batch: Any, batch_idx: int) -> Any:
+        out = super().training_step(batch, batch_idx)
+        self.log("logged_loss", out["loss"])
+        return out
+
+
+def test_a_monitored_top_k_retires_the_earlier_attempts_stop_point_once_the_rerun_commits_a_newer_checkpoint(
+    tmp_path: Path,
+) -> None:
+    dirpath = tmp_path / "ckpts"
+
+    def callback() -> ManifestCheckpoint:
+        return ManifestCheckpoint(dirpath=dirpath, every_n_train_steps=4, save_top_k=2, monitor="logged_loss")
+
+    for attempt, (max_steps, extra) in enumerate([(20, [StopAtStep(6)]), (12, [])]):
+        trainer = pl.Trainer(
+            default_root_dir=tmp_path, max_steps=max_steps, accelerator="cpu", logger=False,
+            enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
+            callbacks=[callback(), *extra],
+        )  # fmt: skip
+        pl.seed_everything(7)
+        trainer.fit(LogsItsLoss(), ckpt_path="last" if attempt else None)
+        if attempt == 0:
+            assert "stopped-step=6" in _saved(dirpath)
+    saved = _saved(dirpath)
+    assert not any(name.startswith("stopped") for name in saved), saved
+    assert len(saved) == 2, f"save_top_k=2 kept {saved}"

@@ -242,15 +242,21 @@ class CommittedCheckpoint(ModelCheckpoint):
         if as_resume_point and self.monitor is None and self.save_top_k == 1:
             # As ModelCheckpoint's own newest-only chain: set before the save, whose state holds it.
             replaced, self.best_model_path = self.best_model_path, filepath
+        # Listed before the save, so the checkpoint's own state names it and the next attempt retires it.
+        listed = as_resume_point and self.save_top_k != -1 and filepath not in self._resume_points
+        if listed:
+            self._resume_points.append(filepath)
         self._force_sync = blocking
         try:
             self._save_checkpoint(trainer, filepath)
+        except BaseException:
+            if listed:
+                self._resume_points.remove(filepath)
+            raise
         finally:
             self._force_sync = False
         if replaced and self._should_remove_checkpoint(trainer, replaced, filepath):
             self._remove_checkpoint(trainer, replaced)
-        if as_resume_point and self.save_top_k != -1 and filepath not in self._resume_points:
-            self._resume_points.append(filepath)
         return self._last_checkpoint_saved
 
     def wait_for_snapshot_copy(self) -> None:

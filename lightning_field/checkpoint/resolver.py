@@ -79,6 +79,8 @@ def latest_recoverable(
     dirpath: str | os.PathLike[str],
     storage_options: StorageOptions | None = None,
     reports: Mapping[Location, VerifyReport] | None = None,
+    skipped: dict[Location, str] | None = None,
+    log_skips: bool = True,
 ) -> Location | None:
     """The newest checkpoint under ``dirpath`` that is recoverable and passes full verification.
 
@@ -88,33 +90,41 @@ def latest_recoverable(
 
     ``reports``: verifications already made, by checkpoint path (``field ckpt list --verify`` has
     hashed every file once; the pick must not hash them again, nor differ from what it showed).
+    ``skipped``, when given, is filled with each recoverable-marked checkpoint passed over and why;
+    ``log_skips=False`` keeps the warnings out of the log (every rank resolves ``ckpt_path="last"``,
+    and only one should say it).
     """
-    for entry in committed_checkpoints(dirpath, storage_options):
+    warn = log.warning if log_skips else _silent
+    entries = committed_checkpoints(dirpath, storage_options)
+    for index, entry in enumerate(entries):
         if entry.manifest is None:
-            log.warning("Skipping %s: %s", entry.path, entry.error)
+            warn("Skipping %s: %s", entry.path, entry.error)
             continue
         if not entry.manifest.recoverable:
             continue
+        why = None
         if (entry.manifest.restore_drill or {}).get("outcome") == "mismatch":
             # A drill replayed the next step from it and got a different result: it is not a faithful
             # recovery point, like a corrupt one. An explicit ckpt_path can still load it.
-            log.warning(
-                "Skipping checkpoint %s: its restore drill failed (%s); falling back to an older one",
-                entry.path,
-                (entry.manifest.restore_drill or {}).get("log"),
-            )
-            continue
-        report = (reports or {}).get(entry.path) or verify_checkpoint(entry.path, storage_options=storage_options)
-        if report.recoverable:
-            tested = "restore-tested by a drill" if entry.manifest.restore_tested else "not restore-tested"
-            log.info("Latest recoverable checkpoint: %s (step %d, %s)", entry.path, entry.manifest.step, tested)
-            return entry.path
-        log.warning(
-            "Skipping checkpoint %s, it failed verification (falling back to an older one):\n  %s",
-            entry.path,
-            "\n  ".join(report.problems),
-        )
+            why = f"its restore drill failed ({(entry.manifest.restore_drill or {}).get('log')})"
+        else:
+            report = (reports or {}).get(entry.path) or verify_checkpoint(entry.path, storage_options=storage_options)
+            if report.recoverable:
+                tested = "restore-tested by a drill" if entry.manifest.restore_tested else "not restore-tested"
+                log.info("Latest recoverable checkpoint: %s (step %d, %s)", entry.path, entry.manifest.step, tested)
+                return entry.path
+            why = "it failed verification:\n  " + "\n  ".join(report.problems)
+        if skipped is not None:
+            skipped[entry.path] = why
+        # "Falling back" only where there is something to fall back to.
+        older = next((e for e in entries[index + 1 :] if e.manifest is not None and e.manifest.recoverable), None)
+        then = f"trying the older {basename(older.path)}" if older else "no older recoverable checkpoint is left"
+        warn("Skipping checkpoint %s, %s\n(%s)", entry.path, why, then)
     return None
+
+
+def _silent(message: str, *args: object) -> None:
+    del message, args
 
 
 def read_last_pointer(dirpath: str | os.PathLike[str]) -> Path | None:

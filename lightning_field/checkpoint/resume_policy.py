@@ -20,7 +20,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
 from lightning_field.checkpoint.resolver import committed_checkpoints, latest_recoverable
 from lightning_field.compat import lightning as internals
-from lightning_field.core.distributed import broadcast_object
+from lightning_field.core.distributed import broadcast_object, env_global_rank
 from lightning_field.core.errors import ResumeMismatchError
 from lightning_field.core.manifest import Manifest
 from lightning_field.core.storage import Location, as_location, basename, is_url
@@ -157,12 +157,18 @@ class NoRecoverableCheckpointError(RuntimeError):
     """
 
 
-def no_recoverable_message(where: Location, entries: Sequence[Any]) -> str:
-    """Why ``ckpt_path="last"`` refuses: each checkpoint (up to 10) with what it lacks, and the ways out."""
+def no_recoverable_message(
+    where: Location, entries: Sequence[Any], skipped: Mapping[Location, str] | None = None
+) -> str:
+    """Why ``ckpt_path="last"`` refuses: each checkpoint (up to 10) with what it lacks or why it was
+    passed over (``skipped``: a damaged file, a failed drill), and the ways out that fit."""
+    skipped = skipped or {}
     lines = []
     for entry in entries[:10]:
         manifest = entry.manifest
-        if manifest is None:
+        if entry.path in skipped:
+            why = skipped[entry.path]
+        elif manifest is None:
             why = f"unreadable manifest ({entry.error})"
         elif manifest.kind != "recovery":
             why = "a weights-only export"
@@ -170,12 +176,23 @@ def no_recoverable_message(where: Location, entries: Sequence[Any]) -> str:
             why = "; ".join(manifest.missing) or "failed verification"
         lines.append(f"  {basename(entry.path)}: {why}")
     more = f"\n  ... and {len(entries) - 10} more" if len(entries) > 10 else ""
+    ways = []
+    if any(path in skipped for path in (e.path for e in entries)):
+        ways.append(
+            "a damaged checkpoint cannot be resumed, exactly or not: put the named file back from a copy if you"
+            " have one; a fallback needs an older recoverable checkpoint, so keep two or more"
+            " (ManifestCheckpoint(save_top_k=2) or -1, as docs/checkpoints.md says)"
+        )
+    if any(e.manifest is not None and e.manifest.kind == "recovery" and e.path not in skipped for e in entries):
+        ways.append(
+            "fix what they lack and start a new run (these checkpoints stay as they are); or resume their weights"
+            " and optimizer anyway, knowing the continuation is not exact, with ManifestCheckpoint(resume_inexact=True)"
+        )
+    ways.append("pass ckpt_path=None to start over on purpose")
     return (
         f'ckpt_path="last": {len(entries)} checkpoint(s) under {where}, none recoverable, so this run would'
         " silently start over from step 0. Refusing.\n" + "\n".join(lines) + more + "\n"
-        "Ways out: fix what they lack and start a new run (these checkpoints stay as they are); or resume"
-        " their weights and optimizer anyway, knowing the continuation is not exact, with"
-        " ManifestCheckpoint(resume_inexact=True); or pass ckpt_path=None to start over on purpose."
+        "Ways out: " + "; or ".join(ways) + "."
     )
 
 
@@ -299,14 +316,18 @@ def resolve_last(where: Location, inexact_guard: ResumeGuard | None = None) -> s
             f'ckpt_path="last" cannot be resolved by Lightning for the object-store dirpath {where}. Pass'
             f" ckpt_path=lightning_field.latest_recoverable({str(where)!r}, storage_options) instead."
         )
-    found = latest_recoverable(where)
+    skipped: dict[Location, str] = {}
+    found = latest_recoverable(where, skipped=skipped, log_skips=env_global_rank() == 0)
     if found is not None:
         return str(found)
     entries = committed_checkpoints(where)
     if not entries:
         rank_zero_info(f"lightning_field: no committed checkpoint under {where} yet: training starts at step 0.")
         return None
-    resumable = [e for e in entries if e.manifest is not None and e.manifest.kind == "recovery"]
+    # A damaged checkpoint cannot be resumed inexactly either: its bytes are not what was saved.
+    resumable = [
+        e for e in entries if e.manifest is not None and e.manifest.kind == "recovery" and e.path not in skipped
+    ]
     if inexact_guard is not None and resumable:
         chosen = resumable[0]
         assert chosen.manifest is not None
@@ -317,4 +338,4 @@ def resolve_last(where: Location, inexact_guard: ResumeGuard | None = None) -> s
             " this continuation is not exact. Every later manifest records provenance.inexact_resume."
         )
         return str(chosen.path)
-    raise NoRecoverableCheckpointError(no_recoverable_message(where, entries))
+    raise NoRecoverableCheckpointError(no_recoverable_message(where, entries, skipped))

@@ -77,10 +77,8 @@ class StopPointSave:
                 return
             self._save(trainer, STOPPED_NAME, "trainer.should_stop was set")
             return
-        max_steps = trainer.max_steps
-        at_max_steps = max_steps is not None and max_steps >= 0 and trainer.global_step >= max_steps
-        if self._checkpoint.save_on_train_end and at_max_steps:
-            self._save(trainer, FINAL_NAME, f"max_steps={max_steps} reached")
+        if self._checkpoint.save_on_train_end and _at_max_steps(trainer):
+            self._save(trainer, FINAL_NAME, f"max_steps={trainer.max_steps} reached")
 
     def after_validation(self, trainer: pl.Trainer) -> None:
         """At a validation's end inside the epoch (``EarlyStopping`` decides there)."""
@@ -93,7 +91,7 @@ class StopPointSave:
             self._held_stop = False
             trainer.should_stop = True
         stopped = self._stop_requested(trainer)
-        if not stopped and not internals.max_epochs_reached(trainer):
+        if not stopped and not internals.max_epochs_reached(trainer) and not _at_max_steps(trainer):
             return
         if not (self._checkpoint.save_on_stop if stopped else self._checkpoint.save_on_train_end):
             return
@@ -109,7 +107,7 @@ class StopPointSave:
                     " Set trainer.should_stop in training_step or in a callback instead."
                 )
             return
-        reason = "trainer.should_stop was set" if stopped else "max_epochs reached"
+        reason = "trainer.should_stop was set" if stopped else "its max_steps or max_epochs reached"
         self._save(trainer, STOPPED_NAME if stopped else FINAL_NAME, reason)
 
     def at_train_end(self, trainer: pl.Trainer) -> None:
@@ -130,3 +128,8 @@ class StopPointSave:
                 f"lightning_field: fit ends at step {trainer.global_step} ({reason}): saved the resume point"
                 f" {self.saved}; rerun with ckpt_path='last' (and larger limits) to continue exactly."
             )
+
+
+def _at_max_steps(trainer: pl.Trainer) -> bool:
+    max_steps = trainer.max_steps
+    return max_steps is not None and max_steps >= 0 and trainer.global_step >= max_steps

@@ -26,6 +26,16 @@ def epoch_closed(trainer: pl.Trainer) -> bool:
     return bool(done == progress.completed + 1)
 
 
+def _paired(adoptions: list[Adoption], loaders: list[Any]) -> list[Adoption | None]:
+    return list(adoptions) if len(adoptions) == len(loaders) else [None] * len(loaders)
+
+
+def _as_written(loader: Any, adoption: Adoption | None) -> str:
+    """``DataLoader over StreamDataset``: the loader class the user built and its dataset's."""
+    name = adoption.original if adoption is not None else type(loader).__name__
+    return f"{name} over {type(getattr(loader, 'dataset', None)).__name__}"
+
+
 def capture_rank_state(
     trainer: pl.Trainer,
     checkpoint: dict[str, Any],
@@ -44,7 +54,9 @@ def capture_rank_state(
     stateful = bool(loaders) and all(callable(getattr(dl, "state_dict", None)) for dl in loaders)
     fit_loop_state = checkpoint.get("loops", {}).get("fit_loop", {}).get("state_dict", {})
     missing = []
-    unsized = [type(dl).__name__ for dl in loaders if sized_len(dl) is None]
+    # Named as the user wrote them (a plain DataLoader is adopted as a StatefulDataLoader).
+    described = [_as_written(dl, adoption) for dl, adoption in zip(loaders, _paired(adoptions, loaders), strict=True)]
+    unsized = [name for dl, name in zip(loaders, described, strict=True) if sized_len(dl) is None]
     if weights_only:
         missing.append("rng and data position (save_weights_only=True makes an export, not a recovery point)")
     elif unsized:
@@ -59,7 +71,7 @@ def capture_rank_state(
     elif not stateful:
         reasons = [f"{a.original}: {a.reason}" for a in adoptions if a.reason]
         if not reasons:
-            kinds = sorted({type(dl).__name__ for dl in loaders}) or ["no train dataloader"]
+            kinds = sorted(set(described)) or ["no train dataloader"]
             reasons = [f"{', '.join(kinds)} has no state_dict; use torchdata's StatefulDataLoader"]
         missing.append(f"data_position (rank {trainer.global_rank}: train loader {'; '.join(reasons)})")
     epoch_loop = trainer.fit_loop.epoch_loop

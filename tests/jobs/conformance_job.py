@@ -290,8 +290,9 @@ class Config:
     combined: bool = False
     validate: bool = False
     # How the first attempt ends instead of a kill: "should_stop" (a callback sets trainer.should_stop
-    # at the end of step kill_at's batch) or "max_time" (Trainer(max_time=...) over slowed steps); it
-    # exits 0 and the rerun, without the stop, must continue exactly.
+    # at the end of step kill_at's batch), "max_time" (Trainer(max_time=...) over slowed steps) or
+    # "callbacks" (the configuration's own, e.g. EarlyStopping); it exits 0 and the rerun, without
+    # the stop, must continue exactly.
     stop: str | None = None
     batch_size: int = BATCH
     drop_last: bool = False
@@ -384,6 +385,10 @@ CONFIGS: dict[str, Config] = {
                                            every_n_train_steps=2, trainer={"accumulate_grad_batches": 3},
                                            what="trainer.should_stop inside a gradient-accumulation window"),
     # --- a loader setting changed between the runs: refused before training, the setting named
+    "early-stopping-mid-epoch": Config(kill_at=0, max_epochs=3, stop="callbacks", validate=True,
+                                       every_n_train_steps=3, trainer={"val_check_interval": 0.5},
+                                       callbacks=("early_stopping_threshold",), resumed_with={"callbacks": ()},
+                                       what="EarlyStopping stops at a mid-epoch validation; rerun without it"),
     "changed-num-workers-2-to-0": Config(kill_at=6, max_steps=20, workers=2, resumed_with={"workers": 0},
                                          what="rerun with num_workers=0 after num_workers=2"),
     "changed-num-workers-0-to-2": Config(kill_at=6, max_steps=20, resumed_with={"workers": 2},
@@ -476,6 +481,7 @@ class RecordRun(Callback):
 def _callbacks(names: tuple[str, ...]) -> list[Callback]:
     made: dict[str, Callable[[], Callback]] = {
         "early_stopping": lambda: EarlyStopping(monitor="val_loss", patience=1, min_delta=10.0),
+        "early_stopping_threshold": lambda: EarlyStopping(monitor="val_loss", stopping_threshold=100.0),
         "lr_monitor": lambda: LearningRateMonitor(logging_interval="step"),
         "swa": lambda: StochasticWeightAveraging(swa_lrs=0.01, swa_epoch_start=2, annealing_epochs=1),
         "ema": lambda: UserEma(),
@@ -494,7 +500,8 @@ def _model(config: Config) -> pl.LightningModule:
 def run(name: str, root: str, out: str, checkpoint: str, kill: bool, resume: bool) -> None:
     """Train configuration ``name`` under ``root`` and write its final state to ``out``."""
     config = CONFIGS[name]
-    if resume and config.resumed_with:
+    # The rerun's changes; for a run that stops, the reference is the run with the rerun's (larger) limits.
+    if config.resumed_with and (resume or (config.stop is not None and not kill)):
         config = dataclasses.replace(config, **config.resumed_with)
     pl.seed_everything(1234)
     if checkpoint == "field":
