@@ -52,6 +52,7 @@ from lightning_field.compat.lightning_metrics import (
     result_reduction,
     set_metric_update_count,
     training_results,
+    validation_results,
 )
 from lightning_field.compat.lightning_samplers import (
     set_wrapped_sampler_order,
@@ -97,6 +98,7 @@ __all__ = [
     "unapplied_loader_states",
     "undo_epoch_end_double_count",
     "unsupported_lightning",
+    "validation_results",
     "wrap_strategy_load",
     "wrapped_sampler_datasets",
     "wrapped_sampler_order",

@@ -22,6 +22,11 @@ def training_results(trainer: pl.Trainer) -> dict[str, Any]:
     return trainer.fit_loop.epoch_loop._results
 
 
+def validation_results(trainer: pl.Trainer) -> dict[str, Any]:
+    """The fit loop's validation ``_ResultCollection``: what ``self.log`` recorded in validation."""
+    return trainer.fit_loop.epoch_loop.val_loop._results
+
+
 def result_reduction(accumulated: Any) -> str | None:
     """How a logged value accumulates over the epoch (``"mean"``, ``"sum"``, ``"max"``, ``"min"``),
     or None for a logged torchmetrics object (its states live in the object) and custom reductions."""

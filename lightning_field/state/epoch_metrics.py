@@ -45,12 +45,20 @@ def capture_epoch_metrics(trainer: Any, pl_module: torch.nn.Module) -> dict[str,
         if reduction == "mean":
             entry["cumulated_batch_size"] = accumulated.cumulated_batch_size.detach().clone()
         logged[key] = entry
+    # A torchmetrics object logged in validation belongs to that validation run, which is over at
+    # any save Lightning makes while fitting (a save at its end included, before Lightning resets it).
+    validated = [
+        names[id(accumulated.value)]
+        for accumulated in internals.validation_results(trainer).values()
+        if not accumulated.is_tensor and id(accumulated.value) in names
+    ]
     # A torchmetrics object given to self.log is reset by Lightning once the epoch is logged: after
     # a save at an epoch's end, its saved states belong to the epoch that is over.
     return {
         "torchmetrics": metrics,
         "logged": logged,
         "reset_at_epoch_end": sorted(set(reset_by_lightning)),
+        "reset_after_validation": sorted(set(validated)),
         "callback_metrics": internals.callback_metrics(trainer),
     }
 

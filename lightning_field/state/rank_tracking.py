@@ -180,7 +180,8 @@ class RankStateTracker:
         saved, self._loaded_epoch_metrics = self._loaded_epoch_metrics, None
         if not saved:
             return
-        skip = saved.get("reset_at_epoch_end", []) if resumed_at_epoch_end else []
+        skip = [*(saved.get("reset_at_epoch_end", []) if resumed_at_epoch_end else []),
+                *saved.get("reset_after_validation", [])]  # fmt: skip
         gone = restore_torchmetrics(pl_module, saved.get("torchmetrics", {}), skip)
         if gone:
             rank_zero_warn(f"Saved torchmetrics state for {gone} has no metric to go to in this module")

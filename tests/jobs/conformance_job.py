@@ -533,7 +533,7 @@ def run(name: str, root: str, out: str, checkpoint: str, kill: bool, resume: boo
         callbacks.append(StopAtStep(config.kill_at, after_micro_batches=config.kill_after_micro_batches))
     elif kill and config.stop == "max_time":
         callbacks.append(SlowSteps(0.15))
-    elif kill:
+    elif kill and config.stop is None:
         callbacks.append(KillAtStep(config.kill_at, after_micro_batches=config.kill_after_micro_batches))
     limits = {"max_time": {"seconds": 1}} if kill and config.stop == "max_time" else {}
     needs_logger = "lr_monitor" in config.callbacks
