@@ -115,3 +115,19 @@ def test_a_monitored_top_k_retires_the_earlier_attempts_stop_point_once_the_reru
     saved = _saved(dirpath)
     assert not any(name.startswith("stopped") for name in saved), saved
     assert len(saved) == 2, f"save_top_k=2 kept {saved}"
+
+
+def test_resume_points_read_back_from_a_checkpoint_never_name_anything_outside_its_dirpath_for_removal(
+    tmp_path: Path,
+) -> None:
+    dirpath = tmp_path / "ckpts"
+    dirpath.mkdir()
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    callback = ManifestCheckpoint(dirpath=dirpath)
+    hostile = [str(victim), str(dirpath / ".." / "victim"), "/etc", 7, str(dirpath / "stopped-step=6")]
+    callback.load_state_dict({**callback.state_dict(), "resume_points": hostile})
+    assert callback.state_dict()["resume_points"] == [str(dirpath / "stopped-step=6")]
+    trainer = pl.Trainer(default_root_dir=tmp_path, logger=False)
+    assert not callback._should_remove_checkpoint(trainer, str(dirpath / ".." / "victim"), str(dirpath / "x"))
+    assert callback._should_remove_checkpoint(trainer, str(dirpath / "epoch=0-step=4"), str(dirpath / "x"))

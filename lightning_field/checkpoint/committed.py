@@ -300,7 +300,8 @@ class CommittedCheckpoint(ModelCheckpoint):
         # Removals wait for the commit of ``newest`` under async_save (``_remove_checkpoint``).
         for point in [p for p in self._resume_points if p != newest]:
             self._resume_points.remove(point)
-            if point != self.best_model_path and point not in self.best_k_models and point != self.last_model_path:
+            kept = point == self.best_model_path or point in self.best_k_models or point == self.last_model_path
+            if not kept and self._should_remove_checkpoint(trainer, point, newest):
                 self._remove_checkpoint(trainer, point)
 
     def _advertise(self, trainer: pl.Trainer, job: SaveJob, blocking: float, commit_s: float | None = None) -> None:
@@ -350,20 +351,28 @@ class CommittedCheckpoint(ModelCheckpoint):
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         super().load_state_dict(state_dict)
-        if state_dict.get("dirpath", self.dirpath) == self.dirpath:
-            self._resume_points = [str(p) for p in state_dict.get("resume_points", [])]
+        points = state_dict.get("resume_points", [])
+        if state_dict.get("dirpath", self.dirpath) == self.dirpath and isinstance(points, list):
+            # Read back from storage others can write: only names of checkpoints in this dirpath are
+            # ever removed, whatever the saved list says.
+            self._resume_points = [p for p in points if isinstance(p, str) and self._is_own_checkpoint(p)]
 
     @override
     def _should_remove_checkpoint(self, trainer: pl.Trainer, previous: str, current: str) -> bool:
         # ModelCheckpoint keeps the checkpoint a run resumed from forever, lest a crash before the
         # next save leave nothing; retention here runs only once ``current`` committed, and never
         # removes the last recoverable checkpoint (``protection_reason``), so save_top_k counts it.
-        if previous == current:
+        return previous != current and self._is_own_checkpoint(previous)
+
+    def _is_own_checkpoint(self, path: str) -> bool:
+        """Whether ``path`` names a checkpoint directly in this callback's ``dirpath`` (``..`` resolved),
+        the only places retention may remove."""
+        if self.dirpath is None:
             return False
-        if is_url(previous):
-            return True
-        assert self.dirpath is not None
-        return Path(self.dirpath).absolute() in Path(previous).absolute().parents
+        if is_url(path) or is_url(self.dirpath):
+            head, _, name = path.rstrip("/").rpartition("/")
+            return head == str(self.dirpath).rstrip("/") and name not in ("", ".", "..")
+        return Path(path).resolve().parent == Path(self.dirpath).resolve()
 
     @override
     def _remove_checkpoint(self, trainer: pl.Trainer, filepath: str) -> None:

@@ -311,7 +311,7 @@ class ManifestCheckpoint(CommittedCheckpoint):
 
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._stops.at_train_end(trainer)  # the end's own save was taken where fit ended
+        # No save here: the end's own save was taken where fit ended (stop_points.py).
         self._saves.settle(trainer)
         super().on_train_end(trainer, pl_module)
 

@@ -94,7 +94,7 @@ def latest_recoverable(
     ``log_skips=False`` keeps the warnings out of the log (every rank resolves ``ckpt_path="last"``,
     and only one should say it).
     """
-    warn = log.warning if log_skips else _silent
+    warn = log.warning if log_skips else log.debug
     entries = committed_checkpoints(dirpath, storage_options)
     for index, entry in enumerate(entries):
         if entry.manifest is None:
@@ -121,10 +121,6 @@ def latest_recoverable(
         then = f"trying the older {basename(older.path)}" if older else "no older recoverable checkpoint is left"
         warn("Skipping checkpoint %s, %s\n(%s)", entry.path, why, then)
     return None
-
-
-def _silent(message: str, *args: object) -> None:
-    del message, args
 
 
 def read_last_pointer(dirpath: str | os.PathLike[str]) -> Path | None:

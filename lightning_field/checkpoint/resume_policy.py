@@ -177,7 +177,7 @@ def no_recoverable_message(
         lines.append(f"  {basename(entry.path)}: {why}")
     more = f"\n  ... and {len(entries) - 10} more" if len(entries) > 10 else ""
     ways = []
-    if any(path in skipped for path in (e.path for e in entries)):
+    if any(e.path in skipped for e in entries):
         ways.append(
             "a damaged checkpoint cannot be resumed, exactly or not: put the named file back from a copy if you"
             " have one; a fallback needs an older recoverable checkpoint, so keep two or more"

@@ -46,20 +46,16 @@ class StopPointSave:
 
     The checkpoint calls :meth:`after_batch` from ``on_train_batch_end`` (after its scheduled save,
     except on an epoch's last batch), :meth:`after_validation` from a mid-epoch ``on_validation_end``,
-    :meth:`at_epoch_end` from ``on_train_epoch_end`` and :meth:`at_train_end` from ``on_train_end``.
+    and :meth:`at_epoch_end` from ``on_train_epoch_end``.
     """
 
     def __init__(self, checkpoint: ManifestCheckpoint) -> None:
-        self.saved: str | None = None
         self._checkpoint = checkpoint
         self._held_stop = False
-        self._missed: str | None = None
 
     def reset(self) -> None:
-        """A new ``fit``: nothing held, nothing saved yet."""
-        self.saved = None
+        """A new ``fit``: no stop held."""
         self._held_stop = False
-        self._missed = None
 
     def _stop_requested(self, trainer: pl.Trainer) -> bool:
         return bool(trainer.should_stop) and internals.can_stop_early(trainer)
@@ -100,20 +96,15 @@ class StopPointSave:
             # on_train_batch_end, with no validation after it): the state now already holds part of
             # the epoch's end, and the epoch's position is no longer what a resume needs.
             if not self._already_saved(trainer):
-                self._missed = (
-                    f"the Trainer stopped mid-epoch at step {trainer.global_step} from a hook that runs after"
-                    " ManifestCheckpoint's on_train_batch_end (e.g. LightningModule.on_train_batch_end): no resume"
-                    " point could be saved at that step, and a rerun resumes from the newest earlier checkpoint."
-                    " Set trainer.should_stop in training_step or in a callback instead."
+                rank_zero_warn(
+                    f"lightning_field: the Trainer stopped mid-epoch at step {trainer.global_step} from a hook that"
+                    " runs after ManifestCheckpoint's on_train_batch_end (e.g. LightningModule.on_train_batch_end):"
+                    " no resume point could be saved at that step, and a rerun resumes from the newest earlier"
+                    " checkpoint. Set trainer.should_stop in training_step or in a callback instead."
                 )
             return
         reason = "trainer.should_stop was set" if stopped else "its max_steps or max_epochs reached"
         self._save(trainer, STOPPED_NAME if stopped else FINAL_NAME, reason)
-
-    def at_train_end(self, trainer: pl.Trainer) -> None:
-        if self._missed is not None:
-            rank_zero_warn(f"lightning_field: {self._missed}")
-            self._missed = None
 
     def _already_saved(self, trainer: pl.Trainer) -> bool:
         return self._checkpoint.last_saved_step == trainer.global_step
@@ -122,11 +113,11 @@ class StopPointSave:
         if trainer.sanity_checking:
             return
         fresh = not self._already_saved(trainer)
-        self.saved = self._checkpoint.save_now(trainer, name, unless_saved=True, as_resume_point=True)
+        saved = self._checkpoint.save_now(trainer, name, unless_saved=True, as_resume_point=True)
         if fresh:
             rank_zero_info(
                 f"lightning_field: fit ends at step {trainer.global_step} ({reason}): saved the resume point"
-                f" {self.saved}; rerun with ckpt_path='last' (and larger limits) to continue exactly."
+                f" {saved}; rerun with ckpt_path='last' (and larger limits) to continue exactly."
             )
 
 

@@ -18,9 +18,8 @@ reason, so the checkpoint stays honestly not recoverable and the user is told wh
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, SequentialSampler
@@ -91,7 +90,7 @@ def changed_loader_settings(saved: list[Mapping[str, Any]], now: list[Mapping[st
 def adopt_loader(loader: Any) -> Adoption:
     """Return ``loader`` as a resumable StatefulDataLoader where that is exact, else why not."""
     adoption = _adopt(loader)
-    return dataclasses.replace(adoption, settings=loader_settings(loader))
+    return replace(adoption, settings=loader_settings(loader))
 
 
 def _adopt(loader: Any) -> Adoption:

@@ -130,6 +130,11 @@ class RankStateTracker:
         saved, self._saved_loader_settings = self._saved_loader_settings, None
         if saved is None:
             return
+        if not isinstance(saved, list) or not all(isinstance(entry, Mapping) for entry in saved):
+            raise ResumeMismatchError(
+                f"Refusing to resume from {self._resuming_from or 'the checkpoint'}: its train loader settings are"
+                f" malformed ({type(saved).__name__}, not a list of mappings): not a file this library wrote."
+            )
         changes = changed_loader_settings(saved, [a.settings for a in self.adoptions])
         if not changes:
             return
