@@ -17,8 +17,7 @@ from conformance import CONFIGS, interrupted_exit_status, run_protocol
 
 # Configurations whose checkpoints are (correctly) not recoverable: the reason they must carry.
 REFUSED = {
-    "iterable-dataset": "has no length, so Lightning fetches a batch ahead",
-    "iterable-dataset-with-state": "has no length, so Lightning fetches a batch ahead",
+    "iterable-dataset": "DataLoader over StreamDataset streams an IterableDataset without a state_dict/load_state_dict",
 }
 
 # Configurations rerun with a train-loader setting changed: refused before training, the setting named.

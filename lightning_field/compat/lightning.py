@@ -5,7 +5,8 @@ too), the train loaders before their first iteration, and corrections for Lightn
 quirks. Keeping all of them under ``compat/`` makes the dependency on private names visible and
 reviewable. This module holds the checkpoint, strategy and module accessors and re-exports the rest,
 one module per concern: ``lightning_range`` (the tested releases, refused otherwise at import),
-``lightning_loops`` (fit-loop, loader and restore-quirk internals), ``lightning_metrics`` (logging
+``lightning_loops`` (fit-loop, loader and restore-quirk internals), ``lightning_fetcher`` (the batch
+fetched ahead of the one trained), ``lightning_metrics`` (logging
 state) and ``lightning_samplers`` (the sampler wrapper's epoch order). Import every accessor from here.
 """
 
@@ -25,6 +26,14 @@ from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.fabric.strategies.model_parallel import _load_checkpoint
 from lightning.pytorch.callbacks import ModelCheckpoint
 
+from lightning_field.compat.lightning_fetcher import (
+    batches_fetched_ahead,
+    fetches_ahead,
+    loaders_in_use,
+    reopen_finished_epoch,
+    set_saved_loader_states,
+    successful_fetches,
+)
 from lightning_field.compat.lightning_loops import (
     MARK,
     accumulating,
@@ -64,12 +73,14 @@ from lightning_field.core.storage import Location, as_location
 __all__ = [
     "TESTED_LIGHTNING",
     "accumulating",
+    "batches_fetched_ahead",
     "callback_metrics",
     "can_stop_early",
     "checkpoint_dir",
     "convert_params",
     "detached_trainer",
     "dump_checkpoint",
+    "fetches_ahead",
     "forget_computed",
     "forget_loader_states",
     "has_ddp_comm_hook",
@@ -79,19 +90,23 @@ __all__ = [
     "is_last_batch_of_epoch",
     "iter_loaders",
     "let_resumed_epoch_step_schedulers",
+    "loaders_in_use",
     "load_sharded_from",
     "max_epochs_reached",
     "metric_update_count",
     "patch_train_loaders",
     "rebuild_resumed_iterator",
+    "reopen_finished_epoch",
     "result_reduction",
     "resume_as_next_epoch",
     "set_metric_update_count",
+    "set_saved_loader_states",
     "set_trainer_callbacks",
     "set_wrapped_sampler_order",
     "slurm_requeue_signal",
     "start_next_epoch_iterator",
     "step_plateau_schedulers_missed_at_epoch_end",
+    "successful_fetches",
     "trainer_callbacks",
     "trainer_datamodule",
     "training_results",

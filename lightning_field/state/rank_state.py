@@ -12,6 +12,8 @@ from typing import Any
 
 import lightning.pytorch as pl
 from lightning.fabric.utilities.data import sized_len
+from torch.utils.data import DataLoader, IterableDataset
+from torchdata.stateful_dataloader import StatefulDataLoader
 
 from lightning_field.compat import lightning as internals
 from lightning_field.state.data_position import capture_sampler_state, describe_restore
@@ -36,6 +38,17 @@ def _as_written(loader: Any, adoption: Adoption | None) -> str:
     return f"{name} over {type(getattr(loader, 'dataset', None)).__name__}"
 
 
+def _stream_has_state(loader: Any) -> bool:
+    """A loader without a length that can resume a stream: its dataset saves its own position, or
+    the loader itself is not torch's (LitData's and MosaicML's loaders save it themselves)."""
+    dataset = getattr(loader, "dataset", None)
+    if not isinstance(dataset, IterableDataset):
+        return True
+    if not isinstance(loader, DataLoader) or type(loader) not in (DataLoader, StatefulDataLoader):
+        return True
+    return callable(getattr(dataset, "state_dict", None)) and callable(getattr(dataset, "load_state_dict", None))
+
+
 def capture_rank_state(
     trainer: pl.Trainer,
     checkpoint: dict[str, Any],
@@ -45,10 +58,14 @@ def capture_rank_state(
     samples_seen: int,
     tokens_seen: int | None,
     adoptions: list[Adoption],
+    sees_fetches: bool = True,
 ) -> tuple[dict[str, Any], list[str]]:
     """This rank's file of a checkpoint: its RNG streams, data position and epoch-metric state,
     and what it lacks for an exact resume (each entry also a reason this checkpoint is not
     recoverable). Every rank calls it at the same save; nothing here is collective.
+
+    ``sees_fetches``: the tracker copies the loaders' state before each fetch, so a loader without a
+    length (fetched a batch ahead) still saves the trained batch's position.
     """
     loaders = list(internals.iter_loaders(trainer.train_dataloader))
     stateful = bool(loaders) and all(callable(getattr(dl, "state_dict", None)) for dl in loaders)
@@ -56,17 +73,25 @@ def capture_rank_state(
     missing = []
     # Named as the user wrote them (a plain DataLoader is adopted as a StatefulDataLoader).
     described = [_as_written(dl, adoption) for dl, adoption in zip(loaders, _paired(adoptions, loaders), strict=True)]
-    unsized = [name for dl, name in zip(loaders, described, strict=True) if sized_len(dl) is None]
+    unsized = [(dl, name) for dl, name in zip(loaders, described, strict=True) if sized_len(dl) is None]
+    stateless_streams = [name for dl, name in unsized if not _stream_has_state(dl)]
     if weights_only:
         missing.append("rng and data position (save_weights_only=True makes an export, not a recovery point)")
-    elif unsized:
+    elif unsized and not sees_fetches:
         # Lightning fetches one batch ahead from a loader without a length (to know which batch
-        # is the last): the saved loader position counts that batch as consumed, and a resume
-        # would skip it. Measured in tests/test_conformance.py, where the same stream with a length is exact.
+        # is the last): without the fetch hook, the position from before that fetch is not known.
         missing.append(
-            f"data_position (rank {trainer.global_rank}: the train loader {', '.join(unsized)} has no length, so"
-            " Lightning fetches a batch ahead that its saved position counts as trained; an iterable dataset"
-            " with __len__ resumes exactly)"
+            f"data_position (rank {trainer.global_rank}: the train loader {', '.join(n for _, n in unsized)} has no"
+            " length, and this Lightning offers no hook before a fetch, so the batch it fetches ahead would count"
+            " as trained)"
+        )
+    elif stateless_streams:
+        missing.append(
+            f"data_position (rank {trainer.global_rank}: the train loader {', '.join(stateless_streams)} streams an"
+            " IterableDataset without a state_dict/load_state_dict pair, so a resume could only re-read the stream"
+            " from its start and drop what was trained, which is exact only if it yields the same samples again;"
+            " give the dataset a state_dict() returning its position and a load_state_dict(state) that seeks to"
+            " it: docs/streamed-data.md)"
         )
     elif not stateful:
         reasons = [f"{a.original}: {a.reason}" for a in adoptions if a.reason]

@@ -10,6 +10,9 @@ to be an exact continuation point, and what it must put back on resume:
 * **RNG before the first fetch.** A resume restores each rank's streams just before every fetch
   attempt of the train loader, until a batch arrives: the loader's own draws (shuffling, worker
   seeds) must see the saved state, not the state ``fit``'s set-up left behind.
+* **The batch fetched ahead.** From a train loader without a length Lightning fetches one batch
+  ahead; a save while it waits records the loaders' states and RNG streams from before its fetch
+  (``PrefetchedPosition``), and the resume fetches it again from them.
 * **Data position.** Plain train loaders are re-created as torchdata ``StatefulDataLoader`` (same
   dataset, sampler, collate_fn, workers, generator); their saved states, the sampler's drawn epoch
   order and the samples and tokens seen are restored, and the resumed iterator is rebuilt where
@@ -36,6 +39,7 @@ from lightning_field.core.errors import ResumeMismatchError
 from lightning_field.state.data_position import restore_sampler_generators
 from lightning_field.state.epoch_metrics import LoggedValueMerge, restore_torchmetrics
 from lightning_field.state.loaders import Adoption, changed_loader_settings
+from lightning_field.state.prefetch import PrefetchedPosition
 from lightning_field.state.rank_state import capture_rank_state
 from lightning_field.state.rng import capture_rng_state, restore_rng_state
 
@@ -57,10 +61,13 @@ class RankStateTracker:
 
     def __init__(self, generators: Mapping[str, torch.Generator] | None = None) -> None:
         self.generators = dict(generators or {})
+        self.prefetched = PrefetchedPosition(self.generators)
         self.samples_seen = 0
         self.tokens_seen: int | None = None
         self.adoptions: list[Adoption] = []
         self._pending_rng: dict[str, Any] | None = None
+        self._pending_prefetch_rng: dict[str, Any] | None = None
+        self._fetching_for: pl.Trainer | None = None
         self._rng_before_validation: dict[str, Any] | None = None
         self._loaded_loader_states: list[Any] | None = None
         self._loaded_sampler_state: list[dict[str, Any]] = []
@@ -77,10 +84,17 @@ class RankStateTracker:
     # ------------------------------------------------------------------ set-up and tear-down
     def install(self, trainer: pl.Trainer) -> None:
         """Hook the train loop's fetch (RNG restore) and the train loaders (stateful adoption)."""
-        self._prefetch_hook_installed = internals.install_before_fetch(trainer, self.before_fetch)
+        self._fetching_for = trainer
+        self._prefetch_hook_installed = internals.install_before_fetch(trainer, self._before_train_fetch)
         self._undo_loader_patch = internals.patch_train_loaders(trainer, self._note_adoptions)
 
+    def _before_train_fetch(self) -> None:
+        self.before_fetch()
+        if self._fetching_for is not None:
+            self.prefetched.before_fetch(self._fetching_for)
+
     def uninstall(self) -> None:
+        self._fetching_for = None
         if self._undo_loader_patch is not None:
             self._undo_loader_patch()
             self._undo_loader_patch = None
@@ -106,6 +120,7 @@ class RankStateTracker:
             ResumeMismatchError: the train loaders are known already and their settings changed.
         """
         self._pending_rng = rank_state["rng"]
+        self._pending_prefetch_rng = (rank_state.get("fetched_ahead") or {}).get("rng")
         position = rank_state.get("data_position", {})
         self._saved_loader_settings = position.get("loader_settings")
         self._resuming_from = source
@@ -164,13 +179,24 @@ class RankStateTracker:
         samplers, self._loaded_sampler_state = self._loaded_sampler_state, []
         # A loader built before the restore (estimated_stepping_batches) never got Lightning's.
         unapplied = internals.unapplied_loader_states(trainer)
-        internals.rebuild_resumed_iterator(trainer, states or [], samplers, force=unapplied)
+        prefetch_rng, self._pending_prefetch_rng = self._pending_prefetch_rng, None
+        refetch = prefetch_rng is not None and bool(states) and internals.fetches_ahead(trainer)
+        if refetch:
+            # Saved while a batch fetched ahead waited: Lightning fetched it again while setting the
+            # loop up, before any RNG was restored. It is fetched once more from the streams as they
+            # were before the uninterrupted run fetched it; the saved ones follow (before_fetch).
+            restore_rng_state(prefetch_rng, self.generators)
+        internals.rebuild_resumed_iterator(trainer, states or [], samplers, force=unapplied or refetch)
         if unapplied:
             internals.forget_loader_states(trainer)
         if samplers:
             restore_sampler_generators(loaders, samplers)
         saved_metrics = (self._loaded_epoch_metrics or {}).get("callback_metrics")
         self._restore_epoch_metrics(trainer, pl_module, restarted_at_epoch_end or resumed_after_epoch_end)
+        if resumed_after_epoch_end and states and internals.fetches_ahead(trainer):
+            # Lightning's set-up fetched a batch ahead from the restored (finished) position; the
+            # loaders go back to it before the streams are restored for the next epoch's start.
+            internals.reopen_finished_epoch(trainer, states)
         if restarted_at_epoch_end or resumed_after_epoch_end or not self._prefetch_hook_installed:
             self.before_fetch()
             self._pending_rng = None
@@ -243,10 +269,18 @@ class RankStateTracker:
         The first save without a data position says so, once per run and loudly: a resume from it
         (and from every later one) could not continue exactly.
         """
+        fetched_ahead, unseen = self.prefetched.at_save(trainer)
+        if fetched_ahead is not None:
+            internals.set_saved_loader_states(checkpoint, fetched_ahead.loader_states)
         state, missing = capture_rank_state(
             trainer, checkpoint, capture_rng_state(self.generators), weights_only=weights_only,
             samples_seen=self.samples_seen, tokens_seen=self.tokens_seen, adoptions=self.adoptions,
+            sees_fetches=self._prefetch_hook_installed,
         )  # fmt: skip
+        if fetched_ahead is not None:
+            state["fetched_ahead"] = {"rng": fetched_ahead.rng}
+        if unseen is not None:
+            missing.append(f"data_position (rank {trainer.global_rank}: {unseen})")
         unresumable = next((reason for reason in missing if reason.startswith("data_position")), None)
         if unresumable is not None and not self._told_unresumable:
             self._told_unresumable = True

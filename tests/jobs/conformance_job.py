@@ -104,6 +104,39 @@ class ResumableStreamDataset(StreamDataset):
         self.position = int(state["position"])
 
 
+class ShardedStream(IterableDataset):
+    """A user's stream as large runs write one: reshuffled every epoch (seed + epoch), split between
+    the DDP ranks and each rank's loader workers, its epoch and position in its own state_dict."""
+
+    def __init__(self, base: TensorDataset, seed: int = 7) -> None:
+        self.base, self.seed = base, seed
+        self.epoch = 0
+        self.position = 0
+
+    def _mine(self) -> list[int]:
+        info = torch.utils.data.get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+        rank, world = (torch.distributed.get_rank(), torch.distributed.get_world_size()) if distributed else (0, 1)
+        order = torch.randperm(len(self.base), generator=torch.Generator().manual_seed(self.seed + self.epoch))
+        return order[rank * workers + worker :: world * workers].tolist()
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        mine = self._mine()
+        while self.position < len(mine):
+            index = mine[self.position]
+            self.position += 1
+            yield self.base[index]
+        self.position = 0
+        self.epoch += 1
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "position": self.position}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.epoch, self.position = int(state["epoch"]), int(state["position"])
+
+
 class SizedStreamDataset(StreamDataset):
     """A stream that says how long it is (Lightning then knows each epoch's last batch)."""
 
@@ -137,7 +170,8 @@ class UserData(pl.LightningDataModule):
     def _train_set(self) -> Dataset:
         base = classification_tensors()
         kinds = {"tensor": base, "jitter": JitteredDataset(base), "stream": StreamDataset(base),
-                 "resumable_stream": ResumableStreamDataset(base), "sized_stream": SizedStreamDataset(base)}
+                 "resumable_stream": ResumableStreamDataset(base), "sized_stream": SizedStreamDataset(base),
+                 "sharded_stream": ShardedStream(base)}
         return kinds[self.dataset_kind]
 
     def setup(self, stage: str) -> None:
@@ -363,6 +397,26 @@ CONFIGS: dict[str, Config] = {
                                           what="IterableDataset with its own state_dict"),
     "iterable-dataset-with-len": Config(kill_at=6, max_steps=20, dataset="sized_stream", loader="stateful",
                                         what="IterableDataset with __len__ (replayed)"),
+    # --- streamed data (issue 25): a stream with its own state, fetched a batch ahead by Lightning
+    "stream-stateful-loader": Config(kill_at=_EPOCH + 3, max_steps=3 * _EPOCH, dataset="sharded_stream",
+                                     loader="stateful", what="sharded stream, StatefulDataLoader, mid-epoch kill"),
+    "stream-plain-loader": Config(kill_at=_EPOCH + 3, max_steps=3 * _EPOCH, dataset="sharded_stream",
+                                  what="sharded stream, plain DataLoader"),
+    "stream-2-workers": Config(kill_at=_EPOCH + 3, max_steps=3 * _EPOCH, dataset="sharded_stream", workers=2,
+                               what="sharded stream, plain DataLoader, 2 workers"),
+    "stream-stateful-2-workers": Config(kill_at=_EPOCH + 3, max_epochs=3, dataset="sharded_stream", loader="stateful",
+                                        workers=2, what="sharded stream, StatefulDataLoader, 2 workers, max_epochs"),
+    "stream-max-epochs": Config(kill_at=_EPOCH + 5, max_epochs=3, dataset="sharded_stream",
+                                what="sharded stream, max_epochs with no length"),
+    "stream-kill-at-last-batch": Config(kill_at=2 * _EPOCH - 1, max_epochs=3, every_n_train_steps=2,
+                                        dataset="sharded_stream", what="sharded stream, killed as its last batch starts"),
+    "stream-save-on-last-batch": Config(kill_at=_EPOCH + 1, max_steps=3 * _EPOCH, every_n_train_steps=_EPOCH,
+                                        dataset="sharded_stream", what="sharded stream, step save on its last batch"),
+    "stream-every-n-epochs": Config(kill_at=2 * _EPOCH + 3, max_epochs=4, every_n_train_steps=None, every_n_epochs=1,
+                                    dataset="sharded_stream", what="sharded stream, every_n_epochs=1"),
+    "stream-val-check-interval": Config(kill_at=_EPOCH + 4, max_epochs=3, every_n_train_steps=None, validate=True,
+                                        dataset="sharded_stream", trainer={"val_check_interval": 3},
+                                        what="sharded stream, val_check_interval=3, saved at each validation"),
     # --- two ranks (gloo, Lightning's DDP launcher)
     "ddp-plain-loader": Config(kill_at=3, max_steps=10, devices=2, every_n_train_steps=2,
                                what="2-rank DDP, plain DataLoader"),
@@ -371,6 +425,11 @@ CONFIGS: dict[str, Config] = {
                                             dataset="jitter", what="2-rank DDP, StatefulDataLoader, 2 workers"),
     "ddp-every-n-epochs": Config(kill_at=_EPOCH // 2 + 1, max_epochs=3, devices=2, every_n_train_steps=None,
                                  every_n_epochs=1, what="2-rank DDP, every_n_epochs=1"),
+    "ddp-stream": Config(kill_at=_EPOCH // 2 + 2, max_steps=10, devices=2, every_n_train_steps=2,
+                         dataset="sharded_stream", what="2-rank DDP, sharded stream, each rank its own part"),
+    "ddp-stream-2-workers": Config(kill_at=_EPOCH // 2 + 2, max_epochs=3, devices=2, every_n_train_steps=2,
+                                   dataset="sharded_stream", workers=2, loader="stateful",
+                                   what="2-rank DDP, sharded stream, StatefulDataLoader, 2 workers"),
     # --- the launchers users have (item 8): torchrun restarts the group, the script resumes itself
     "torchrun-elastic-2-nodes": Config(kill_at=3, max_steps=10, nodes=2, every_n_train_steps=2,
                                        what="torchrun --max-restarts=1, 2 nodes (c10d), rank 1 SIGKILLed"),
