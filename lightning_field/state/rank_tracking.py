@@ -180,8 +180,9 @@ class RankStateTracker:
         # A loader built before the restore (estimated_stepping_batches) never got Lightning's.
         unapplied = internals.unapplied_loader_states(trainer)
         prefetch_rng, self._pending_prefetch_rng = self._pending_prefetch_rng, None
-        refetch = prefetch_rng is not None and bool(states) and internals.fetches_ahead(trainer)
-        if refetch:
+        refetch = False
+        if prefetch_rng is not None and states and internals.fetches_ahead(trainer):
+            refetch = True
             # Saved while a batch fetched ahead waited: Lightning fetched it again while setting the
             # loop up, before any RNG was restored. It is fetched once more from the streams as they
             # were before the uninterrupted run fetched it; the saved ones follow (before_fetch).
