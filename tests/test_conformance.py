@@ -17,7 +17,9 @@ from conformance import CONFIGS, interrupted_exit_status, run_protocol
 
 # Configurations whose checkpoints are (correctly) not recoverable: the reason they must carry.
 REFUSED = {
-    "iterable-dataset": "DataLoader over StreamDataset streams an IterableDataset without a state_dict/load_state_dict",
+    "iterable-dataset": "StatefulDataLoader over StreamDataset streams an IterableDataset without a state_dict",
+    "hf-buffer-shuffle": "IterableDataset.shuffle(buffer_size=16) keeps a shuffle buffer that its state_dict does not",
+    "webdataset": "DataLoader over WebDataset streams an IterableDataset without a state_dict",
 }
 
 # Configurations rerun with a train-loader setting changed: refused before training, the setting named.

@@ -135,11 +135,12 @@ def test_resume_through_lightning_continues_the_jump_sampler_order_and_the_manif
     assert latest is not None
     assert read_manifest(latest).data_restore["0"][0].startswith("iterable, replay:")
 
-    # Without a length, Lightning fetches a batch ahead that the saved position counts as trained
-    # (tests/test_conformance.py measures the lost batch): such a stream is described, and refused.
+    # A stream without a length and without its own state could only be replayed from its start: it
+    # is described, and refused with its class and the fix (tests/test_conformance.py, iterable-dataset).
     unsized = make_trainer(tmp_path / "d", 2, dirpath=tmp_path / "unsized")
     unsized.fit(DemoRegressor(), train_dataloaders=StatefulDataLoader(CountingStream(), batch_size=BATCH))
     assert latest_recoverable(tmp_path / "unsized") is None
     manifest = read_manifest(tmp_path / "unsized" / "epoch=0-step=2")
     assert manifest.data_restore["0"][0].startswith("iterable, replay:")
-    assert any("has no length" in m and "__len__" in m for m in manifest.missing)
+    assert any("CountingStream streams an IterableDataset without a state_dict" in m and "docs/streamed-data.md" in m
+               for m in manifest.missing)  # fmt: skip

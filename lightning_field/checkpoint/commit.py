@@ -75,6 +75,7 @@ class SaveJob:
     files: dict[str, tuple[Any, list[str]]]
     rank_missing: list[str]
     data_restore: list[str]
+    stream_positions: list[dict[str, Any]]
     shared_components: list[str]
     shared_missing: list[str]
     start: float
@@ -130,6 +131,7 @@ class SaveJob:
             files=files,
             rank_missing=rank_missing,
             data_restore=list(rank_state["data_position"]["restore"]),
+            stream_positions=list(rank_state["data_position"].get("stream_positions", [])),
             shared_components=shared_components,
             shared_missing=shared_missing,
             start=start,
@@ -167,12 +169,13 @@ def commit_save(job: SaveJob, group: Any = None) -> str | None:
         outcome, referenced = _write_sharded(job, token, group)
     else:
         outcome = store.write(final, token, job.rank, job.files)
-    gathered: list[tuple[RankOutcome, list[str], list[str]]] = all_gather_objects(
-        (outcome, job.rank_missing, job.data_restore), group=group
+    gathered: list[tuple[RankOutcome, list[str], list[str], list[dict[str, Any]]]] = all_gather_objects(
+        (outcome, job.rank_missing, job.data_restore, job.stream_positions), group=group
     )
-    outcomes = [o for o, _, _ in gathered]
-    missing_all = [m for _, m, _ in gathered]
-    restore_all = {str(o.rank): r for o, _, r in gathered}
+    outcomes = [o for o, _, _, _ in gathered]
+    missing_all = [m for _, m, _, _ in gathered]
+    restore_all = {str(o.rank): r for o, _, r, _ in gathered}
+    positions_all = {str(o.rank): p for o, _, _, p in gathered if p}
     error = None
     failed = [o for o in outcomes if o.error]
     if failed:
@@ -183,6 +186,7 @@ def commit_save(job: SaveJob, group: Any = None) -> str | None:
         try:
             manifest = build_manifest(job, outcomes, missing_all)
             manifest.data_restore = restore_all
+            manifest.stream_positions = positions_all
             manifest.save_seconds = time.perf_counter() - job.start
             store.publish(final, token, manifest)
         except Exception as err:

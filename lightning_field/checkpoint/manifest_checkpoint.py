@@ -273,9 +273,11 @@ class ManifestCheckpoint(CommittedCheckpoint):
             self._events.emit("fit_start", step=trainer.global_step)
 
     @override
-    def on_train_batch_start(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
-    ) -> None:
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._ranks.epoch_started(trainer)
+
+    @override
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int) -> None:
         self._ranks.batch_started()
 
     @override

@@ -69,6 +69,8 @@ class Manifest:
     restore_drill: dict[str, Any] | None = None
     # Per rank, per train loader: how a resume restores the data position and what that costs.
     data_restore: dict[str, list[str]] = field(default_factory=dict)
+    # Per rank, per stream loader: each worker's dataset position (lightning_field.state.streams).
+    stream_positions: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     format: str = FORMAT
     hash_algorithm: str = HASH_ALGORITHM
 

@@ -26,6 +26,7 @@ from lightning_field._version import __version__
 from lightning_field.core.hashing import IDENTITY_ALGORITHM, hash_bytes, new_hasher
 from lightning_field.state.rng import capture_rng_state, restore_rng_state
 from lightning_field.state.secrets import is_redacted, scrub_secrets
+from lightning_field.state.streams import stream_manifest
 from lightning_field.workloads import current_target
 
 # Checkpoints written before the secret digests recorded every secret as this one constant: they
@@ -154,7 +155,8 @@ def _sample_bytes(sample: Any) -> bytes:
 
 
 def data_provenance(datamodule: Any, train_loader: Any) -> dict[str, Any]:
-    """The datamodule's own ``fingerprint()`` if it has one, else the dataset's type, length and a few samples.
+    """The datamodule's own ``fingerprint()`` if it has one, else the dataset's type, length and a few
+    samples; for a stream also what it reads (``streams.stream_manifest``: shards, library, workers).
 
     Sampling three fixed indices keeps this cheap for large datasets while still catching a swapped
     or regenerated dataset. Random transforms would make sample bytes unstable, so those are hashed
@@ -188,6 +190,11 @@ def data_provenance(datamodule: Any, train_loader: Any) -> dict[str, Any]:
         finally:
             restore_rng_state(saved)
     info["fingerprint"] = stable_hash({k: v for k, v in info.items() if k != "source"})
+    stream = stream_manifest(train_loader)
+    if stream is not None:
+        # Compared shard by shard on resume; outside the fingerprint, so that an allowed shard
+        # change (allow_resume_mismatch=["data.stream..."]) is not refused again through it.
+        info["stream"] = stream
     return info
 
 

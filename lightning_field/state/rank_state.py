@@ -19,6 +19,7 @@ from lightning_field.compat import lightning as internals
 from lightning_field.state.data_position import capture_sampler_state, describe_restore
 from lightning_field.state.epoch_metrics import capture_epoch_metrics
 from lightning_field.state.loaders import Adoption
+from lightning_field.state.streams import stream_positions, unrestorable_stream
 
 
 def epoch_closed(trainer: pl.Trainer) -> bool:
@@ -93,6 +94,9 @@ def capture_rank_state(
             " give the dataset a state_dict() returning its position and a load_state_dict(state) that seeks to"
             " it: docs/streamed-data.md)"
         )
+    elif unrestorable := [f"{name}: {why}" for dl, name in zip(loaders, described, strict=True)
+                          if (why := unrestorable_stream(dl))]:  # fmt: skip
+        missing.append(f"data_position (rank {trainer.global_rank}: the train loader {'; '.join(unrestorable)})")
     elif not stateful:
         reasons = [f"{a.original}: {a.reason}" for a in adoptions if a.reason]
         if not reasons:
@@ -100,11 +104,12 @@ def capture_rank_state(
             reasons = [f"{', '.join(kinds)} has no state_dict; use torchdata's StatefulDataLoader"]
         missing.append(f"data_position (rank {trainer.global_rank}: train loader {'; '.join(reasons)})")
     epoch_loop = trainer.fit_loop.epoch_loop
+    loader_states = fit_loop_state.get("combined_loader", [])
     state = {
         "rank": trainer.global_rank,
         "rng": rng,
         "data_position": {
-            "loader_states": fit_loop_state.get("combined_loader", []),
+            "loader_states": loader_states,
             "stateful": stateful,
             "epoch": trainer.current_epoch,
             "batch_idx": epoch_loop.batch_progress.current.completed,
@@ -115,6 +120,12 @@ def capture_rank_state(
             "tokens_seen": tokens_seen,
             "sampler_state": capture_sampler_state(loaders),
             "restore": [describe_restore(dl) for dl in loaders],
+            # Per stream loader and worker, its dataset's own position (JSON, for the manifest).
+            "stream_positions": [
+                stream_positions(state)
+                for dl, state in zip(loaders, loader_states, strict=False)
+                if isinstance(getattr(dl, "dataset", None), IterableDataset)
+            ],
             # As the user built them (before adoption and DDP's sampler), compared on resume.
             "loader_settings": [dict(a.settings) for a in adoptions] if adoptions else None,
         },

@@ -42,6 +42,7 @@ from lightning_field.state.loaders import Adoption, changed_loader_settings
 from lightning_field.state.prefetch import PrefetchedPosition
 from lightning_field.state.rank_state import capture_rank_state
 from lightning_field.state.rng import capture_rng_state, restore_rng_state
+from lightning_field.state.streams import set_stream_epochs
 
 __all__ = ["RankStateTracker"]
 
@@ -77,6 +78,7 @@ class RankStateTracker:
         self._prefetch_hook_installed = False
         self._undo_loader_patch: Callable[[], None] | None = None
         self._told_adopted = False
+        self._told_epochs = False
         self._told_unresumable = False
         self._saved_loader_settings: list[Any] | None = None
         self._resuming_from: str | None = None
@@ -103,6 +105,10 @@ class RankStateTracker:
         """What the train loaders became when Lightning asked for them (every time it asks)."""
         self.adoptions = adoptions
         self._refuse_changed_loaders()
+        if self._fetching_for is not None:
+            # Before the loop's first iterator over them: a resumed stream applies its saved
+            # position only within the epoch it was saved in.
+            self.epoch_started(self._fetching_for, [a.loader for a in adoptions])
         adopted = [a for a in adoptions if a.adopted]
         if adopted and not self._told_adopted:
             self._told_adopted = True
@@ -234,6 +240,18 @@ class RankStateTracker:
                 rank_zero_warn(f"Could not restore RNG state for {unrestored}: the continuation may differ")
 
     # ------------------------------------------------------------------ training
+    def epoch_started(self, trainer: pl.Trainer, loaders: list[Any] | None = None) -> None:
+        """Tell each train stream with ``set_epoch`` the epoch, before its iterator is built
+        (``streams.set_stream_epochs``), as Lightning tells samplers."""
+        told = set_stream_epochs(loaders if loaders is not None else internals.loaders_in_use(trainer),
+                                 trainer.current_epoch)  # fmt: skip
+        if told and not self._told_epochs:
+            self._told_epochs = True
+            rank_zero_info(
+                f"lightning_field: calling set_epoch(epoch) on the train stream {', '.join(sorted(set(told)))} each"
+                " epoch, as Lightning does on samplers, so a resumed position applies only to its own epoch."
+            )
+
     def batch_started(self) -> None:
         self._pending_rng = None
 

@@ -114,6 +114,13 @@ _USER_STATE = "user_state"
 _WORKER_RNG = "lightning_field_worker_rng"
 
 
+def dataset_own_state(state: Any) -> Any:
+    """A worker's dataset state as the dataset itself saved it, without the worker RNG added here."""
+    if isinstance(state, Mapping) and _WORKER_RNG in state:
+        return state.get(_USER_STATE)
+    return state
+
+
 def _attach_worker_rng_state(dataset: Any) -> None:
     own_state_dict: Any = getattr(dataset, "state_dict", None)
     own_load: Any = getattr(dataset, "load_state_dict", None)

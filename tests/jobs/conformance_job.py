@@ -153,13 +153,17 @@ def make_loader(
                drop_last=drop_last)  # fmt: skip
 
 
+LIBRARY_STREAMS = ("hf", "hf_buffer_shuffle", "litdata", "webdataset")  # tests/jobs/stream_data.py
+
+
 class UserData(pl.LightningDataModule):
     """A DataModule whose loaders are built in ``setup`` (not in the hooks) when ``build_in_setup``."""
 
     def __init__(self, loader: str = "plain", workers: int = 0, dataset: str = "tensor", build_in_setup: bool = False,
                  combined: bool = False, batch_size: int = BATCH, drop_last: bool = False,
-                 shuffle: bool = True) -> None:  # fmt: skip
+                 shuffle: bool = True, shards: str | None = None) -> None:  # fmt: skip
         super().__init__()
+        self.shards = Path(shards) if shards else None
         self.loader, self.workers, self.dataset_kind = loader, workers, dataset
         self.build_in_setup, self.combined = build_in_setup, combined
         self.batch_size, self.drop_last, self.shuffle = batch_size, drop_last, shuffle
@@ -182,6 +186,15 @@ class UserData(pl.LightningDataModule):
     def train_dataloader(self) -> Any:
         if self.build_in_setup:
             return self._train
+        if self.dataset_kind in LIBRARY_STREAMS:
+            import stream_data
+
+            base, shards = classification_tensors(), self.shards or Path.cwd() / "shards"
+            if self.dataset_kind.startswith("hf"):
+                buffered = self.dataset_kind == "hf_buffer_shuffle"
+                return stream_data.hf_stream(base, self.batch_size, self.workers, buffered)
+            build = stream_data.litdata_stream if self.dataset_kind == "litdata" else stream_data.webdataset_stream
+            return build(base, shards, self.batch_size, self.workers)
         if self.combined:
             second = classification_tensors(40, seed=2)
             return CombinedLoader(
@@ -418,6 +431,19 @@ CONFIGS: dict[str, Config] = {
     "stream-val-check-interval": Config(kill_at=_EPOCH + 4, max_epochs=3, every_n_train_steps=None, validate=True,
                                         dataset="sharded_stream", trainer={"val_check_interval": 3},
                                         what="sharded stream, val_check_interval=3, saved at each validation"),
+    # --- the streaming libraries, local shards (tests/jobs/stream_data.py)
+    "hf-iterable-dataset": Config(kill_at=_EPOCH + 3, max_epochs=3, dataset="hf",
+                                  what="Hugging Face datasets: to_iterable_dataset(num_shards=4), plain DataLoader"),
+    "hf-iterable-2-workers": Config(kill_at=_EPOCH + 3, max_steps=3 * _EPOCH, dataset="hf", workers=2,
+                                    what="Hugging Face datasets: to_iterable_dataset, 2 workers"),
+    "hf-buffer-shuffle": Config(kill_at=_EPOCH + 3, max_epochs=3, dataset="hf_buffer_shuffle",
+                                what="Hugging Face datasets: shuffle(seed=7, buffer_size=16)"),
+    "litdata-streaming": Config(kill_at=_EPOCH + 3, max_epochs=3, dataset="litdata",
+                                what="LitData: optimize(), StreamingDataset(shuffle=True), StreamingDataLoader"),
+    "litdata-streaming-2-workers": Config(kill_at=_EPOCH + 3, max_epochs=3, dataset="litdata", workers=2,
+                                          what="LitData: StreamingDataLoader, 2 workers"),
+    "webdataset": Config(kill_at=_EPOCH + 3, max_epochs=3, dataset="webdataset",
+                         what="WebDataset: wds.WebDataset over 4 tar shards, plain DataLoader"),
     # --- two ranks (gloo, Lightning's DDP launcher)
     "ddp-plain-loader": Config(kill_at=3, max_steps=10, devices=2, every_n_train_steps=2,
                                what="2-rank DDP, plain DataLoader"),
@@ -431,6 +457,10 @@ CONFIGS: dict[str, Config] = {
     "ddp-stream-2-workers": Config(kill_at=_EPOCH // 2 + 2, max_epochs=3, devices=2, every_n_train_steps=2,
                                    dataset="sharded_stream", workers=2, loader="stateful",
                                    what="2-rank DDP, sharded stream, StatefulDataLoader, 2 workers"),
+    "ddp-hf-iterable-dataset": Config(kill_at=_EPOCH // 2 + 2, max_epochs=3, devices=2, every_n_train_steps=2,
+                                      dataset="hf", what="2-rank DDP, Hugging Face split_dataset_by_node"),
+    "ddp-litdata-streaming": Config(kill_at=_EPOCH // 2 + 2, max_epochs=3, devices=2, every_n_train_steps=2,
+                                    dataset="litdata", what="2-rank DDP, LitData StreamingDataset"),
     # --- the launchers users have (item 8): torchrun restarts the group, the script resumes itself
     "torchrun-elastic-2-nodes": Config(kill_at=3, max_steps=10, nodes=2, every_n_train_steps=2,
                                        what="torchrun --max-restarts=1, 2 nodes (c10d), rank 1 SIGKILLed"),
@@ -563,6 +593,10 @@ def run(name: str, root: str, out: str, checkpoint: str, kill: bool, resume: boo
     # The rerun's changes; for a run that stops, the reference is the run with the rerun's (larger) limits.
     if config.resumed_with and (resume or (config.stop is not None and not kill)):
         config = dataclasses.replace(config, **config.resumed_with)
+    if config.dataset in LIBRARY_STREAMS:
+        import stream_data
+
+        stream_data.prepare_shards(config.dataset, classification_tensors(), Path(root).parent / "shards")
     pl.seed_everything(1234)
     if checkpoint == "field":
         from lightning_field import ManifestCheckpoint
@@ -618,7 +652,8 @@ def run(name: str, root: str, out: str, checkpoint: str, kill: bool, resume: boo
     data = None
     if config.model != "boring":
         data = UserData(config.loader, config.workers, config.dataset, config.build_in_setup, config.combined,
-                        config.batch_size, config.drop_last, config.shuffle)  # fmt: skip
+                        config.batch_size, config.drop_last, config.shuffle,
+                        shards=str(Path(root).parent / "shards"))  # fmt: skip
     trainer.fit(model, datamodule=data, ckpt_path="last" if resume else None)
     write_result(trainer, model, record, callbacks[2:], root, out)
 

@@ -1,0 +1,226 @@
+"""Streamed train datasets (``IterableDataset``) as the streaming libraries build them: their epoch,
+and what keeps one from resuming exactly.
+
+* **Epochs.** A stream that has ``set_epoch`` (Hugging Face ``datasets``) expects the training loop
+  to call it each epoch, as Lightning calls it on samplers: ``datasets`` applies a loaded position
+  only within the epoch it was saved in, so without it a resumed run re-applies the saved position
+  to every later epoch (each then starts where the resumed one stopped). Loaders that keep the
+  epoch themselves (LitData's and MosaicML's ``StreamingDataLoader``) are left to do so.
+* **Positions a library cannot restore.** ``datasets`` documents that a shuffle buffer's examples
+  are not in its ``state_dict``: a resume loses them and refills the buffer.
+* **What the stream reads.** :func:`stream_manifest` lists the shards (path or URL, size, content
+  identity: a BLAKE3 of a local file, an object store's ETag or version, a Hugging Face shard's
+  fingerprint), the library and its version, and the loader's workers and ``prefetch_factor``. It
+  is part of the data provenance, so a resume over rewritten, added or removed shards is refused
+  with the difference, shard by shard. :func:`stream_positions` says where each worker stands.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from torch.utils.data import DataLoader, IterableDataset
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+from lightning_field.core.hashing import file_digest
+from lightning_field.core.storage import is_url
+from lightning_field.state.rng import dataset_own_state
+
+__all__ = ["set_stream_epochs", "stream_manifest", "stream_positions", "unrestorable_stream"]
+
+_MAX_DEPTH = 32
+
+
+def _epoch_follower(loader: Any) -> Any | None:
+    """The loader's dataset if it is a stream that wants ``set_epoch`` from the training loop."""
+    dataset = getattr(loader, "dataset", None)
+    if type(loader) not in (DataLoader, StatefulDataLoader) or not isinstance(dataset, IterableDataset):
+        return None
+    return dataset if callable(getattr(dataset, "set_epoch", None)) else None
+
+
+def set_stream_epochs(loaders: Iterable[Any], epoch: int) -> list[str]:
+    """Call ``set_epoch(epoch)`` on each train stream that has one and whose loader does not call it
+    itself; the names of the datasets told."""
+    told = []
+    for loader in loaders:
+        dataset = _epoch_follower(loader)
+        if dataset is not None and getattr(dataset, "epoch", None) != epoch:
+            dataset.set_epoch(epoch)
+            told.append(type(dataset).__name__)
+    return told
+
+
+def _hf_iterables(dataset: Any) -> Iterable[Any]:
+    """The chain of ``datasets``' examples iterables under a Hugging Face ``IterableDataset``."""
+    node = getattr(dataset, "_ex_iterable", None)
+    for _ in range(_MAX_DEPTH):
+        if node is None:
+            return
+        yield node
+        node = getattr(node, "ex_iterable", None)
+
+
+def unrestorable_stream(loader: Any) -> str | None:
+    """Why the loader's stream cannot resume exactly from its own ``state_dict``, or None."""
+    dataset = getattr(loader, "dataset", None)
+    if not type(dataset).__module__.startswith("datasets."):
+        return None
+    for node in _hf_iterables(dataset):
+        if type(node).__name__ == "BufferShuffledExamplesIterable":
+            size = getattr(node, "buffer_size", "?")
+            return (
+                f"datasets' {type(dataset).__name__}.shuffle(buffer_size={size}) keeps a shuffle buffer that its"
+                " state_dict does not hold, so a resume loses the buffered examples (as the datasets documentation"
+                " says); shuffle a map-style Dataset before to_iterable_dataset() instead"
+                " (Dataset.shuffle(seed=...)), or resume inexactly on purpose with resume_inexact=True"
+            )
+    return None
+
+
+# ---------------------------------------------------------------------------------------- manifest
+# The most shards listed one by one; beyond it (rare) only their count and total size are kept.
+MAX_LISTED_SHARDS = 10_000
+# A worker's position is recorded up to this many characters of JSON (its full state is in rank-N.pt).
+MAX_POSITION_CHARS = 2_000
+
+
+def _version(distribution: str) -> str | None:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _file_identity(location: str) -> dict[str, Any]:
+    """Size and content identity of one shard: BLAKE3 of a local file, ETag or version of an object."""
+    if not is_url(location):
+        path = Path(location)
+        if not path.is_file():
+            return {"missing": True}
+        return {"bytes": path.stat().st_size, "blake3": file_digest(path)}
+    import fsspec
+
+    try:
+        filesystem, key = fsspec.core.url_to_fs(location)
+        info = filesystem.info(key)
+    except Exception as err:  # unreachable now: recorded as such, compared like any other value
+        return {"unreadable": type(err).__name__}
+    identity = {"bytes": info.get("size")}
+    for name in ("VersionId", "version_id", "ETag", "etag", "generation", "md5Hash"):
+        if info.get(name):
+            identity[name.lower()] = str(info[name]).strip('"')
+    return identity
+
+
+def _common_root(locations: Sequence[str]) -> str | None:
+    """The folder that holds every local shard (None for URLs): shards are listed relative to it."""
+    if not locations or any(is_url(location) for location in locations):
+        return None
+    root = os.path.commonpath(locations)
+    return os.path.dirname(root) if root in locations else root
+
+
+def _listed(root: str | None, locations: Sequence[str]) -> dict[str, Any]:
+    names = sorted(locations)
+    if len(names) > MAX_LISTED_SHARDS:
+        return {"count": len(names), "listed": False}
+
+    def key(location: str) -> str:
+        return os.path.relpath(location, root) if root and not is_url(location) else location
+
+    return {key(location): _file_identity(location) for location in names}
+
+
+def _hf_shards(dataset: Any) -> tuple[str | None, dict[str, Any]]:
+    for node in _hf_iterables(dataset):
+        kwargs = getattr(node, "kwargs", None) or {}
+        tables = kwargs.get("shards")
+        if isinstance(tables, list) and all(hasattr(t, "_fingerprint") for t in tables):
+            listed = {f"shard-{i:05d}": {"fingerprint": t._fingerprint, "rows": len(t)} for i, t in enumerate(tables)}
+            return None, listed
+        files = kwargs.get("files") or kwargs.get("filepaths")
+        if isinstance(files, list) and files and all(isinstance(f, str) for f in files):
+            return None, _listed(None, files)
+    return None, {}
+
+
+def _litdata_shards(dataset: Any) -> tuple[str | None, dict[str, Any]]:
+    input_dir = getattr(dataset, "input_dir", None)
+    root = getattr(input_dir, "path", None) or getattr(input_dir, "url", None)
+    if not root:
+        return None, {}
+    index = os.path.join(root, "index.json")
+    try:
+        with open(index, encoding="utf-8") as f:
+            chunks = [str(chunk["filename"]) for chunk in json.load(f)["chunks"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return root, _listed(root, [index])
+    return root, _listed(root, [index, *(os.path.join(root, name) for name in chunks)])
+
+
+def _webdataset_shards(dataset: Any) -> tuple[str | None, dict[str, Any]]:
+    for stage in getattr(dataset, "pipeline", None) or []:
+        urls = getattr(stage, "urls", None)
+        if isinstance(urls, list) and all(isinstance(u, str) for u in urls):
+            root = _common_root(urls)
+            return root, _listed(root, urls)
+    return None, {}
+
+
+_LIBRARIES = {"datasets": _hf_shards, "litdata": _litdata_shards, "webdataset": _webdataset_shards}
+
+
+def stream_manifest(loader: Any) -> dict[str, Any] | None:
+    """What a train loader's stream reads, for the data manifest; None for a map-style dataset.
+
+    A dataset of no known library may list its own files as a ``shards`` attribute (paths or URLs).
+    """
+    dataset = getattr(loader, "dataset", None)
+    if not isinstance(dataset, IterableDataset):
+        return None
+    library = type(dataset).__module__.split(".")[0]
+    root, shards = _LIBRARIES.get(library, lambda _: (None, {}))(dataset)
+    own = getattr(dataset, "shards", None)
+    if not shards and isinstance(own, Sequence) and own and all(isinstance(s, (str, os.PathLike)) for s in own):
+        locations = [os.fspath(s) for s in own]
+        root = _common_root(locations)
+        shards = _listed(root, locations)
+    workers = getattr(loader, "num_workers", 0) or 0
+    return {
+        "library": library if library in _LIBRARIES else "own",
+        "version": _version(library) if library in _LIBRARIES else None,
+        "dataset": f"{type(dataset).__module__}.{type(dataset).__qualname__}",
+        "root": root,
+        "shards": shards,
+        "num_workers": workers,
+        "prefetch_factor": getattr(loader, "prefetch_factor", None) if workers else None,
+    }
+
+
+def _json_safe(value: Any) -> Any:
+    text = json.dumps(value, sort_keys=True, default=repr)
+    if len(text) <= MAX_POSITION_CHARS:
+        return json.loads(text)
+    return f"{text[:MAX_POSITION_CHARS]}... ({len(text)} chars)"
+
+
+def stream_positions(loader_state: Any) -> dict[str, Any]:
+    """Where each worker of a saved loader state stands: its dataset's own state, per worker
+    (``{"main": ...}`` without workers), as JSON for the manifest."""
+    if not isinstance(loader_state, Mapping):
+        return {}
+    snapshot = loader_state.get("_snapshot")
+    if isinstance(snapshot, Mapping):
+        workers = snapshot.get("_worker_snapshots") or {}
+        return {str(worker): _json_safe(dataset_own_state(state.get("dataset_state")))
+                for worker, state in workers.items()
+                if isinstance(state, Mapping)}  # fmt: skip
+    if "dataset_state" in loader_state:
+        return {"main": _json_safe(loader_state.get("dataset_state"))}
+    return {"loader": _json_safe(dict(loader_state))}  # a library's own loader (LitData, MosaicML)
