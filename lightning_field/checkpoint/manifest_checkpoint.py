@@ -277,7 +277,7 @@ class ManifestCheckpoint(CommittedCheckpoint):
         self._ranks.epoch_started(trainer)
 
     @override
-    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *_: Any) -> None:
         self._ranks.batch_started()
 
     @override
