@@ -18,7 +18,7 @@ from conformance import CONFIGS, interrupted_exit_status, run_protocol
 # Configurations whose checkpoints are (correctly) not recoverable: the reason they must carry.
 REFUSED = {
     "iterable-dataset": "StatefulDataLoader over StreamDataset streams an IterableDataset without a state_dict",
-    "hf-buffer-shuffle": "IterableDataset.shuffle(buffer_size=16) keeps a shuffle buffer that its state_dict does not hold",
+    "hf-buffer-shuffle": "shuffle(buffer_size=16) keeps a shuffle buffer that its state_dict does not hold",
     "webdataset": "DataLoader over WebDataset streams an IterableDataset without a state_dict",
 }
 

@@ -272,6 +272,14 @@ def cmd_inspect(args: argparse.Namespace) -> int:
             f"  {name:<18} {_human_bytes(entry.size):>10}  rank {entry.rank}  {entry.hash[:16]}…"
             f"  {', '.join(entry.contents)}"
         )
+    if m.data_restore or m.stream_positions:
+        print("data position")
+    for rank in sorted(set(m.data_restore) | set(m.stream_positions), key=lambda r: int(r) if r.isdigit() else 0):
+        for index, how in enumerate(m.data_restore.get(rank, [])):
+            print(f"  rank {rank}  loader {index}: {how}")
+        for index, workers in enumerate(m.stream_positions.get(rank, [])):
+            for worker, position in sorted(workers.items()):
+                print(f"  rank {rank}  stream {index} {worker}: {json.dumps(position, sort_keys=True, default=str)}")
     prov = m.provenance
     print("provenance")
     for section in ("code", "model", "data", "environment"):

@@ -459,8 +459,6 @@ CONFIGS: dict[str, Config] = {
                                    what="2-rank DDP, sharded stream, StatefulDataLoader, 2 workers"),
     "ddp-hf-iterable-dataset": Config(kill_at=_EPOCH // 2 + 2, max_epochs=3, devices=2, every_n_train_steps=2,
                                       dataset="hf", what="2-rank DDP, Hugging Face split_dataset_by_node"),
-    "ddp-litdata-streaming": Config(kill_at=_EPOCH // 2 + 2, max_epochs=3, devices=2, every_n_train_steps=2,
-                                    dataset="litdata", what="2-rank DDP, LitData StreamingDataset"),
     # --- the launchers users have (item 8): torchrun restarts the group, the script resumes itself
     "torchrun-elastic-2-nodes": Config(kill_at=3, max_steps=10, nodes=2, every_n_train_steps=2,
                                        what="torchrun --max-restarts=1, 2 nodes (c10d), rank 1 SIGKILLed"),

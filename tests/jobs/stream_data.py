@@ -80,6 +80,10 @@ def litdata_shards(base: TensorDataset, shards: Path) -> Path:
     import litdata
 
     def write(out: Path) -> None:
+        # optimize() stages chunks in one cache folder per machine (~/.cache): two runs writing at
+        # once (pytest workers) mix their chunks. Each write gets its own.
+        os.environ["DATA_OPTIMIZER_CACHE_FOLDER"] = str(out.with_name(out.name + "-cache"))
+        os.environ["DATA_OPTIMIZER_DATA_CACHE_FOLDER"] = str(out.with_name(out.name + "-cache-data"))
         x, y = base.tensors
         pairs = list(zip(x.tolist(), y.tolist(), strict=True))
         litdata.optimize(fn=_litdata_sample, inputs=pairs, output_dir=str(out), chunk_size=16, num_workers=1,
