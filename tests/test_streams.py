@@ -155,17 +155,21 @@ def test_the_stream_manifest_names_each_librarys_shards_and_version(tmp_path: Pa
 def test_the_input_pipeline_share_of_a_slow_stream_is_reported_and_warned_beside_a_fast_one(tmp_path: Path) -> None:
     shares: dict[str, float] = {}
     warnings: dict[str, list[str]] = {}
-    for label, seconds in (("fast", 0.0), ("slow", 0.01)):
+    for label, seconds in (("fast", 0.0), ("slow", 0.02)):
         monitor = StragglerMonitor(warmup_steps=1, report_interval_s=0.01)
         shards = write_shards(tmp_path / label, 2)
-        run = pl.Trainer(default_root_dir=tmp_path / label, max_steps=12, callbacks=[monitor], logger=False,
+        run = pl.Trainer(default_root_dir=tmp_path / label, max_steps=16, callbacks=[monitor], logger=False,
                          enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
                          limit_val_batches=0)  # fmt: skip
         run.fit(BoringModel(), DataLoader(ShardFiles(shards, seconds), batch_size=4))
-        assert monitor.report is not None
-        rank = monitor.report.ranks[0]
-        shares[label] = rank["data_s"] / rank["step_s"]
-        warnings[label] = monitor.report.input_pipeline
-    # 4 rows x 10 ms per batch, fetched one batch ahead, against a BoringModel step well under 1 ms.
-    assert shares["slow"] > 0.8 and shares["fast"] < shares["slow"] / 2, shares
+        assert monitor.reports
+        # Over every report: on a stream, the batch fetched ahead is waited for in the step before
+        # its own, so a one-step report at an epoch's end (its fetch only finds the end) shows none.
+        shares[label] = sum(r.ranks[0]["data_s"] for r in monitor.reports) / sum(
+            r.ranks[0]["step_s"] for r in monitor.reports
+        )
+        warnings[label] = [w for r in monitor.reports for w in r.input_pipeline]
+    # 4 rows x 20 ms per batch, fetched one batch ahead, against a BoringModel step of a few ms: a
+    # ratio within the run, since the fast stream's own share depends on the machine's load.
+    assert shares["slow"] > 0.5 and shares["slow"] > 2 * shares["fast"], shares
     assert any("waits on data" in w and "num_workers=0" in w for w in warnings["slow"]), warnings

@@ -24,17 +24,16 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import fsspec
 from torch.utils.data import DataLoader, IterableDataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
+from lightning_field.compat import hf_datasets
 from lightning_field.core.hashing import file_digest
 from lightning_field.core.storage import is_url
 from lightning_field.state.rng import dataset_own_state
 
 __all__ = ["set_stream_epochs", "stream_manifest", "stream_positions", "unrestorable_stream"]
-
-_MAX_DEPTH = 32
-
 
 def _epoch_follower(loader: Any) -> Any | None:
     """The loader's dataset if it is a stream that wants ``set_epoch`` from the training loop."""
@@ -56,22 +55,12 @@ def set_stream_epochs(loaders: Iterable[Any], epoch: int) -> list[str]:
     return told
 
 
-def _hf_iterables(dataset: Any) -> Iterable[Any]:
-    """The chain of ``datasets``' examples iterables under a Hugging Face ``IterableDataset``."""
-    node = getattr(dataset, "_ex_iterable", None)
-    for _ in range(_MAX_DEPTH):
-        if node is None:
-            return
-        yield node
-        node = getattr(node, "ex_iterable", None)
-
-
 def unrestorable_stream(loader: Any) -> str | None:
     """Why the loader's stream cannot resume exactly from its own ``state_dict``, or None."""
     dataset = getattr(loader, "dataset", None)
     if not type(dataset).__module__.startswith("datasets."):
         return None
-    for node in _hf_iterables(dataset):
+    for node in hf_datasets.examples_iterables(dataset):
         if type(node).__name__ == "BufferShuffledExamplesIterable":
             size = getattr(node, "buffer_size", "?")
             return (
@@ -104,8 +93,6 @@ def _file_identity(location: str) -> dict[str, Any]:
         if not path.is_file():
             return {"missing": True}
         return {"bytes": path.stat().st_size, "blake3": file_digest(path)}
-    import fsspec
-
     try:
         filesystem, key = fsspec.core.url_to_fs(location)
         info = filesystem.info(key)
@@ -138,16 +125,10 @@ def _listed(root: str | None, locations: Sequence[str]) -> dict[str, Any]:
 
 
 def _hf_shards(dataset: Any) -> tuple[str | None, dict[str, Any]]:
-    for node in _hf_iterables(dataset):
-        kwargs = getattr(node, "kwargs", None) or {}
-        tables = kwargs.get("shards")
-        if isinstance(tables, list) and all(hasattr(t, "_fingerprint") for t in tables):
-            listed = {f"shard-{i:05d}": {"fingerprint": t._fingerprint, "rows": len(t)} for i, t in enumerate(tables)}
-            return None, listed
-        files = kwargs.get("files") or kwargs.get("filepaths")
-        if isinstance(files, list) and files and all(isinstance(f, str) for f in files):
-            return None, _listed(None, files)
-    return None, {}
+    tables, files = hf_datasets.shard_sources(dataset)
+    if tables:
+        return None, {f"shard-{i:05d}": {"fingerprint": fp, "rows": rows} for i, (fp, rows) in enumerate(tables)}
+    return None, _listed(None, files) if files else {}
 
 
 def _litdata_shards(dataset: Any) -> tuple[str | None, dict[str, Any]]:
