@@ -73,7 +73,8 @@ def unrestorable_stream(loader: Any) -> str | None:
 
 
 # ---------------------------------------------------------------------------------------- manifest
-# The most shards listed one by one; beyond it (rare) only their count and total size are kept.
+# The most shards listed one by one; beyond it (rare) only their count is kept (hashing them all at every
+# start would cost more than the check is worth).
 MAX_LISTED_SHARDS = 10_000
 # A worker's position is recorded up to this many characters of JSON (its full state is in rank-N.pt).
 MAX_POSITION_CHARS = 2_000
