@@ -173,3 +173,34 @@ def test_the_input_pipeline_share_of_a_slow_stream_is_reported_and_warned_beside
     # ratio within the run, since the fast stream's own share depends on the machine's load.
     assert shares["slow"] > 0.5 and shares["slow"] > 2 * shares["fast"], shares
     assert any("waits on data" in w and "num_workers=0" in w for w in warnings["slow"]), warnings
+
+
+def test_a_rank_files_malformed_fetched_ahead_entry_is_refused_by_name_not_crashed_on(tmp_path: Path) -> None:
+    from lightning_field.state.rank_tracking import RankStateTracker
+    from lightning_field.state.rng import capture_rng_state
+
+    for hostile in ("not a mapping", {"rng": None}, {"rng": {"torch": "bytes, not a tensor"}}):
+        with pytest.raises(ResumeMismatchError, match="ck/epoch=0-step=4: its rank file's fetched_ahead entry"):
+            RankStateTracker().load({"rng": capture_rng_state(), "fetched_ahead": hostile}, {}, "ck/epoch=0-step=4")
+
+
+def test_field_ckpt_inspect_prints_a_manifests_malformed_data_positions_instead_of_crashing(tmp_path: Path) -> None:
+    import json
+    import subprocess
+
+    dirpath = tmp_path / "ckpt"
+    loader = StatefulDataLoader(ShardFiles(write_shards(tmp_path / "data", 1)), batch_size=4)
+    callback = ManifestCheckpoint(dirpath=dirpath, every_n_train_steps=2)
+    trainer(tmp_path, callback, max_steps=2).fit(BoringModel(), loader)
+    checkpoint = latest_recoverable(dirpath)
+    assert checkpoint is not None
+    manifest_file = Path(checkpoint) / "manifest.json"
+    document = json.loads(manifest_file.read_text())
+    document["stream_positions"] = ["not", "a", "mapping"]
+    document["data_restore"] = {"0": "a string, not a list"}
+    manifest_file.write_text(json.dumps(document))
+    shown = subprocess.run([sys.executable, "-m", "lightning_field.cli.main", "ckpt", "inspect", str(checkpoint)],
+                           capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert shown.returncode == 0, shown.stderr
+    assert "rank 0  loader 0: a string, not a list" in shown.stdout
+    assert "rank ?  stream 0" in shown.stdout and "Traceback" not in shown.stderr

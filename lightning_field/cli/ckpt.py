@@ -272,13 +272,16 @@ def cmd_inspect(args: argparse.Namespace) -> int:
             f"  {name:<18} {_human_bytes(entry.size):>10}  rank {entry.rank}  {entry.hash[:16]}…"
             f"  {', '.join(entry.contents)}"
         )
-    if m.data_restore or m.stream_positions:
+    # Shown as read back: a manifest is untrusted, so anything but the written shape is printed, not walked.
+    restore = m.data_restore if isinstance(m.data_restore, dict) else {"?": [m.data_restore]}
+    positions = m.stream_positions if isinstance(m.stream_positions, dict) else {"?": [m.stream_positions]}
+    if restore or positions:
         print("data position")
-    for rank in sorted(set(m.data_restore) | set(m.stream_positions), key=lambda r: int(r) if r.isdigit() else 0):
-        for index, how in enumerate(m.data_restore.get(rank, [])):
+    for rank in sorted(set(restore) | set(positions), key=lambda r: (not str(r).isdigit(), str(r).zfill(8))):
+        for index, how in enumerate(_as_list(restore.get(rank))):
             print(f"  rank {rank}  loader {index}: {how}")
-        for index, workers in enumerate(m.stream_positions.get(rank, [])):
-            for worker, position in sorted(workers.items()):
+        for index, workers in enumerate(_as_list(positions.get(rank))):
+            for worker, position in sorted(workers.items()) if isinstance(workers, dict) else [("?", workers)]:
                 print(f"  rank {rank}  stream {index} {worker}: {json.dumps(position, sort_keys=True, default=str)}")
     prov = m.provenance
     print("provenance")
@@ -290,6 +293,10 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     if config:
         print(f"  {'config':<12} hash {config.get('hash', '?')[:16]}… (full resolved config: --json)")
     return 0
+
+
+def _as_list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else [] if value is None else [value]
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:

@@ -31,6 +31,7 @@ from lightning_field.compat.lightning_fetcher import (
     fetches_ahead,
     loaders_in_use,
     reopen_finished_epoch,
+    saved_loaders,
     set_saved_loader_states,
     successful_fetches,
 )
@@ -99,6 +100,7 @@ __all__ = [
     "reopen_finished_epoch",
     "result_reduction",
     "resume_as_next_epoch",
+    "saved_loaders",
     "set_metric_update_count",
     "set_saved_loader_states",
     "set_trainer_callbacks",

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import lightning.pytorch as pl
+from lightning.fabric.utilities.types import _Stateful
 
 
 def _fetcher(trainer: pl.Trainer) -> Any:
@@ -41,6 +42,12 @@ def loaders_in_use(trainer: pl.Trainer) -> list[Any]:
     return list(combined.flattened) if combined is not None else []
 
 
+def saved_loaders(trainer: pl.Trainer) -> list[Any]:
+    """The train loaders whose states a checkpoint holds, in its order: ``CombinedLoader._state_dicts``'
+    own rule (Lightning's ``_Stateful`` protocol), so a copied state lines up with the one it replaces."""
+    return [loader for loader in loaders_in_use(trainer) if isinstance(loader, _Stateful)]
+
+
 def set_saved_loader_states(checkpoint: dict[str, Any], loader_states: list[Any]) -> None:
     """Replace the train loader states in a checkpoint dict, where ``FitLoop.on_save_checkpoint``
     put them (``loops.fit_loop.state_dict.combined_loader``) and Lightning's restore reads them."""
@@ -64,6 +71,5 @@ def reopen_finished_epoch(trainer: pl.Trainer, loader_states: list[Any]) -> None
     if combined is None:
         return
     combined._load_state_dicts(loader_states)
-    for loader in combined.flattened:
-        if callable(getattr(loader, "state_dict", None)) and callable(getattr(loader, "load_state_dict", None)):
-            loader.state_dict()
+    for loader in saved_loaders(trainer):
+        loader.state_dict()

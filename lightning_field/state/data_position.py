@@ -23,6 +23,7 @@ from lightning_field.compat.lightning_samplers import (
     wrapped_sampler_order,
 )
 from lightning_field.state.samplers import JumpRandomSampler, JumpSequentialSampler
+from lightning_field.state.streams import has_own_position
 
 _MAX_DEPTH = 5
 
@@ -132,7 +133,7 @@ def describe_restore(loader: Any) -> str:
         return "not restored: the loader has no state_dict"
     dataset = getattr(loader, "dataset", None)
     if isinstance(dataset, IterableDataset):
-        if callable(getattr(dataset, "state_dict", None)) and callable(getattr(dataset, "load_state_dict", None)):
+        if has_own_position(dataset):
             return "iterable, dataset state: the dataset's own load_state_dict restores its position (in each worker)"
         return "iterable, replay: the loader re-reads every sample before the position (cost grows with it)"
     batch_sampler = getattr(loader, "batch_sampler", None)

@@ -24,12 +24,7 @@ import torch
 from lightning_field.compat import lightning as internals
 from lightning_field.state.rng import capture_rng_state
 
-__all__ = ["PositionBeforeFetch", "PrefetchedPosition", "is_stateful"]
-
-
-def is_stateful(loader: Any) -> bool:
-    """What Lightning's ``CombinedLoader`` saves a state for: a ``state_dict``/``load_state_dict`` pair."""
-    return callable(getattr(loader, "state_dict", None)) and callable(getattr(loader, "load_state_dict", None))
+__all__ = ["PositionBeforeFetch", "PrefetchedPosition"]
 
 
 @dataclass(frozen=True)
@@ -58,7 +53,7 @@ class PrefetchedPosition:
         if not internals.fetches_ahead(trainer):
             self._last = None
             return
-        loaders = [loader for loader in internals.loaders_in_use(trainer) if is_stateful(loader)]
+        loaders = internals.saved_loaders(trainer)
         # Deep: an in-process dataset's state_dict may hand out its live counters.
         self._last = PositionBeforeFetch(
             [copy.deepcopy(loader.state_dict()) for loader in loaders],

@@ -12,14 +12,13 @@ from typing import Any
 
 import lightning.pytorch as pl
 from lightning.fabric.utilities.data import sized_len
-from torch.utils.data import DataLoader, IterableDataset
-from torchdata.stateful_dataloader import StatefulDataLoader
+from torch.utils.data import IterableDataset
 
 from lightning_field.compat import lightning as internals
 from lightning_field.state.data_position import capture_sampler_state, describe_restore
 from lightning_field.state.epoch_metrics import capture_epoch_metrics
 from lightning_field.state.loaders import Adoption
-from lightning_field.state.streams import stream_positions, unrestorable_stream
+from lightning_field.state.streams import has_own_position, stream_positions, torch_stream, unrestorable_stream
 
 
 def epoch_closed(trainer: pl.Trainer) -> bool:
@@ -37,17 +36,6 @@ def _as_written(loader: Any, adoption: Adoption | None) -> str:
     """``DataLoader over StreamDataset``: the loader class the user built and its dataset's."""
     name = adoption.original if adoption is not None else type(loader).__name__
     return f"{name} over {type(getattr(loader, 'dataset', None)).__name__}"
-
-
-def _stream_has_state(loader: Any) -> bool:
-    """A loader without a length that can resume a stream: its dataset saves its own position, or
-    the loader itself is not torch's (LitData's and MosaicML's loaders save it themselves)."""
-    dataset = getattr(loader, "dataset", None)
-    if not isinstance(dataset, IterableDataset):
-        return True
-    if not isinstance(loader, DataLoader) or type(loader) not in (DataLoader, StatefulDataLoader):
-        return True
-    return callable(getattr(dataset, "state_dict", None)) and callable(getattr(dataset, "load_state_dict", None))
 
 
 def capture_rank_state(
@@ -75,7 +63,9 @@ def capture_rank_state(
     # Named as the user wrote them (a plain DataLoader is adopted as a StatefulDataLoader).
     described = [_as_written(dl, adoption) for dl, adoption in zip(loaders, _paired(adoptions, loaders), strict=True)]
     unsized = [(dl, name) for dl, name in zip(loaders, described, strict=True) if sized_len(dl) is None]
-    stateless_streams = [name for dl, name in unsized if not _stream_has_state(dl)]
+    stateless_streams = [
+        name for dl, name in unsized if (stream := torch_stream(dl)) is not None and not has_own_position(stream)
+    ]
     if weights_only:
         missing.append("rng and data position (save_weights_only=True makes an export, not a recovery point)")
     elif unsized and not sees_fetches:

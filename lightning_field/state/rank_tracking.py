@@ -126,7 +126,7 @@ class RankStateTracker:
             ResumeMismatchError: the train loaders are known already and their settings changed.
         """
         self._pending_rng = rank_state["rng"]
-        self._pending_prefetch_rng = (rank_state.get("fetched_ahead") or {}).get("rng")
+        self._pending_prefetch_rng = self._fetched_ahead_rng(rank_state.get("fetched_ahead"), source)
         position = rank_state.get("data_position", {})
         self._saved_loader_settings = position.get("loader_settings")
         self._resuming_from = source
@@ -140,6 +140,23 @@ class RankStateTracker:
         self._resumed_epoch_closed = bool(position.get("epoch_closed"))
         if self._resumed_epoch_closed:
             internals.resume_as_next_epoch(checkpoint)
+
+    @staticmethod
+    def _fetched_ahead_rng(saved: Any, source: str | None) -> dict[str, Any] | None:
+        """The RNG streams from before the batch fetched ahead, or None where the save had none.
+
+        Raises:
+            ResumeMismatchError: the entry is there but not the mapping this library writes.
+        """
+        if saved is None:
+            return None
+        rng = saved.get("rng") if isinstance(saved, Mapping) else None
+        if not isinstance(rng, Mapping) or not isinstance(rng.get("torch"), torch.Tensor):
+            raise ResumeMismatchError(
+                f"Refusing to resume from {source or 'the checkpoint'}: its rank file's fetched_ahead entry is"
+                f" malformed ({type(saved).__name__} without RNG streams): not a file this library wrote."
+            )
+        return dict(rng)
 
     def _refuse_changed_loaders(self) -> None:
         """Refuse a resume whose train loaders were built with other settings than the saved ones,

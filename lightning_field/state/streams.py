@@ -33,13 +33,31 @@ from lightning_field.core.hashing import file_digest
 from lightning_field.core.storage import is_url
 from lightning_field.state.rng import dataset_own_state
 
-__all__ = ["set_stream_epochs", "stream_manifest", "stream_positions", "unrestorable_stream"]
+__all__ = [
+    "has_own_position",
+    "set_stream_epochs",
+    "stream_manifest",
+    "stream_positions",
+    "torch_stream",
+    "unrestorable_stream",
+]
 
-def _epoch_follower(loader: Any) -> Any | None:
-    """The loader's dataset if it is a stream that wants ``set_epoch`` from the training loop."""
+def torch_stream(loader: Any) -> Any | None:
+    """The loader's dataset if it is an ``IterableDataset`` read by torch's or torchdata's own loader
+    (not a library's loader, such as LitData's, that keeps its position and epoch itself)."""
     dataset = getattr(loader, "dataset", None)
     if type(loader) not in (DataLoader, StatefulDataLoader) or not isinstance(dataset, IterableDataset):
         return None
+    return dataset
+
+
+def has_own_position(dataset: Any) -> bool:
+    return callable(getattr(dataset, "state_dict", None)) and callable(getattr(dataset, "load_state_dict", None))
+
+
+def _epoch_follower(loader: Any) -> Any | None:
+    """The loader's dataset if it is a stream that wants ``set_epoch`` from the training loop."""
+    dataset = torch_stream(loader)
     return dataset if callable(getattr(dataset, "set_epoch", None)) else None
 
 
