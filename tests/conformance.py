@@ -71,6 +71,10 @@ def _child(name: str, root: Path, out: Path, checkpoint: str, kill: bool, resume
     # Under pytest, sys.stdout/err are its capture objects, not fds 1 and 2: the child's own
     # output (tracebacks, warnings) must reach the log file the outcome is read from.
     sys.stdout = sys.stderr = os.fdopen(fd, "w", buffering=1)
+    # A forkserver child inherits "forkserver" as its start method. Its DataLoader workers would then
+    # start a fork server of their own per run (a fresh interpreter importing Lightning, ~4 s, left
+    # running after the run ends); a user's script starts them with the platform default.
+    multiprocessing.set_start_method(None, force=True)
     try:
         conformance_job.run(name, str(root), str(out), checkpoint, kill, resume)
     except BaseException:

@@ -16,6 +16,8 @@ import torch
 
 from lightning_field import ManifestCheckpoint
 
+pytest_plugins = ["suite_budget"]  # the slow marker and the per-test limits
+
 TESTS_DIR = Path(__file__).parent
 TRAIN_JOB = TESTS_DIR / "jobs" / "train_job.py"
 

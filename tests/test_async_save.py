@@ -75,6 +75,7 @@ def _async_trainer(root: Path, max_steps: int, store: LocalStore, **options: Any
     return make_trainer(root, max_steps, async_save=True, store=store, **options)
 
 
+@pytest.mark.slow
 def test_an_async_save_is_not_resolvable_advertised_or_pruning_before_its_commit(
     tmp_path: Path, quiet_lightning: None
 ) -> None:
@@ -98,6 +99,7 @@ def test_an_async_save_is_not_resolvable_advertised_or_pruning_before_its_commit
     assert all(e["payload"]["async"] and e["payload"]["blocking_s"] >= 0 for e in committed)
 
 
+@pytest.mark.slow
 def test_a_failed_async_save_is_reported_at_once_and_warn_keeps_training_and_the_older_checkpoints(
     tmp_path: Path, quiet_lightning: None
 ) -> None:
@@ -238,6 +240,7 @@ def test_async_checkpoints_hold_exactly_what_plain_lightning_saves_at_the_same_s
     _assert_same_as_plain(tmp_path, [2, 4, 6, 8])
 
 
+@pytest.mark.slow
 def test_an_async_copy_overlaps_the_next_forward_and_backward_and_the_update_waits_for_it(
     tmp_path: Path, quiet_lightning: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -44,6 +44,7 @@ def cadence_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.getMessage().startswith("CheckpointCadence:")]
 
 
+@pytest.mark.slow
 def test_with_may_lengthen_a_2s_save_and_a_5min_mtbf_grow_the_users_interval_to_dalys_and_say_so(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -81,6 +82,7 @@ def tour_run(tmp_path: Path, cadence: CheckpointCadence) -> tuple[ManifestCheckp
     return checkpoint, [e["step"] for e in read_events(tmp_path) if e["event"] == "ckpt_committed"]
 
 
+@pytest.mark.slow
 def test_a_users_every_10_steps_is_never_lengthened_by_default_and_the_hold_is_printed_once(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -101,6 +103,7 @@ def test_a_users_every_10_steps_is_never_lengthened_by_default_and_the_hold_is_p
     assert events[0]["reason"] == line
 
 
+@pytest.mark.slow
 def test_the_same_run_with_may_lengthen_grows_past_10_steps_and_says_so(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -115,6 +118,7 @@ def test_the_same_run_with_may_lengthen_grows_past_10_steps_and_says_so(
     assert f"lengthened from 10 to {decision.steps} steps" in line and "because may_lengthen=True" in line
 
 
+@pytest.mark.slow
 def test_a_users_interval_is_shortened_when_saves_are_cheap_against_failures_and_the_change_is_printed(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -131,6 +135,7 @@ def test_a_users_interval_is_shortened_when_saves_are_cheap_against_failures_and
     assert "Daly's formula gives" in lines[0] and "measured save cost of" in lines[0]
 
 
+@pytest.mark.slow
 def test_without_a_users_step_interval_the_cadence_sets_one_freely(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -176,6 +181,7 @@ def test_bad_cadence_settings_are_refused(kwargs: dict, message: str) -> None:
         CheckpointCadence(**kwargs)
 
 
+@pytest.mark.slow
 def test_every_ddp_rank_applies_the_same_interval_at_the_same_step(tmp_path: Path) -> None:
     from conftest import TESTS_DIR, run_child
 

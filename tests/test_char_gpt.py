@@ -112,6 +112,7 @@ def test_too_little_text_is_a_clear_error_naming_the_remedy(tmp_path: Path) -> N
         StdlibTextDataModule(val_every_kth_file=1)
 
 
+@pytest.mark.slow
 def test_tiny_model_loss_falls_within_a_few_dozen_steps(tmp_path: Path) -> None:
     pl.seed_everything(0, verbose=False)
     trace = _LossTrace()
@@ -147,6 +148,7 @@ def test_flops_per_batch_is_the_documented_formula_and_matches_counted_matmuls()
     [(12, 20), (52, 60)],  # 50 batches per epoch: mid-epoch, and resumed from the end of epoch 0
     ids=["mid_epoch", "epoch_end"],
 )
+@pytest.mark.slow
 def test_interrupted_tiny_run_resumes_bit_exactly_from_a_recoverable_manifest_checkpoint(
     tmp_path: Path, crash_after: int, total: int
 ) -> None:
@@ -176,6 +178,7 @@ def test_interrupted_tiny_run_resumes_bit_exactly_from_a_recoverable_manifest_ch
     )
 
 
+@pytest.mark.slow
 def test_example_script_tiny_run_leaves_a_recoverable_checkpoint_that_the_same_command_resumes(
     tmp_path: Path,
 ) -> None:

@@ -119,6 +119,7 @@ def test_inspect_prints_components_files_and_provenance(ckpts: Path, capsys: pyt
         assert expected in out
 
 
+@pytest.mark.slow
 def test_the_installed_field_command_runs(ckpts: Path) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "lightning_field.cli.main", "ckpt", "verify", "-q", str(ckpts / "epoch=0-step=2")],
@@ -147,6 +148,7 @@ def test_every_field_subcommand_answers_help(command: tuple[str, ...], capsys: p
     assert capsys.readouterr().out.startswith(f"usage: field {' '.join(command)}")
 
 
+@pytest.mark.slow
 def test_field_preflight_hands_help_and_leading_options_to_hydra(tmp_path: Path) -> None:
     assert {c[0] for c in _commands(build_parser())} >= {"preflight", "scale"}  # every command is covered
     shown = run_child(["-m", "lightning_field.cli.main", "preflight", "--help"], cwd=tmp_path)

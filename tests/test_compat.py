@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import lightning
+import pytest
 
 from lightning_field.compat.lightning import TESTED_LIGHTNING, unsupported_lightning
 
@@ -23,9 +24,10 @@ def test_pyproject_pins_the_tested_lightning_range_and_the_installed_release_is_
     assert unsupported_lightning(lightning.__version__) is None, unsupported_lightning(lightning.__version__)
 
 
-def test_an_untested_lightning_is_refused_at_import_with_the_fix() -> None:
+@pytest.mark.slow
+def test_an_untested_lightning_is_refused_when_the_callback_is_imported_with_the_fix() -> None:
     assert unsupported_lightning("2.5.6") is not None and unsupported_lightning("2.7.0rc1") is not None
-    code = "import lightning.pytorch as pl; pl.__version__ = '2.7.0'; import lightning_field.checkpoint"
+    code = "import lightning.pytorch as pl; pl.__version__ = '2.7.0'; from lightning_field import ManifestCheckpoint"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 1
     assert f"ImportError: lightning_field is tested with Lightning {TESTED_LIGHTNING}" in result.stderr

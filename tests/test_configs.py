@@ -145,6 +145,7 @@ def test_a_wrong_type_or_a_misspelled_key_fails_at_composition(override: str, me
                                                       "every_n_train_steps"]),  # the keys that exist are listed
     ],
 )
+@pytest.mark.slow
 def test_field_train_refuses_a_bad_override_before_any_training(override: str, expected: list[str], tmp_path: Path):
     proc = subprocess.run(
         [sys.executable, "-m", "lightning_field.cli.train_app", override, f"paths.root_dir={tmp_path}"],

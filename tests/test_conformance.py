@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 from conformance import CONFIGS, interrupted_exit_status, run_protocol
 
+pytestmark = pytest.mark.slow  # every test here starts processes (tests/suite_budget.py)
+
 # Configurations whose checkpoints are (correctly) not recoverable: the reason they must carry.
 REFUSED = {
     "iterable-dataset": "StatefulDataLoader over StreamDataset streams an IterableDataset without a state_dict",

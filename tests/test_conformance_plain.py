@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 from conformance import CONFIGS, run_protocol
 
+pytestmark = pytest.mark.slow  # every test here starts processes (tests/suite_budget.py)
+
 # Plain Lightning exits 0 on SIGTERM, so torchrun would not restart it: that configuration has no
 # plain control.
 _PLAIN = sorted(n for n, c in CONFIGS.items() if c.interrupt == "SIGKILL")

@@ -106,6 +106,7 @@ def test_the_docs_have_runnable_blocks() -> None:
     assert len(PAGES_WITH_BLOCKS) >= 5, [_page_id(p) for p in PAGES_WITH_BLOCKS]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("page", PAGES_WITH_BLOCKS, ids=_page_id)
 def test_runnable_blocks_run_as_written(page: Path, tmp_path: Path) -> None:
     for number, block in enumerate(runnable_blocks(page), start=1):

@@ -18,6 +18,8 @@ from conftest import TESTS_DIR, child_env, make_trainer
 from lightning_field.cli.main import main as field_main
 from lightning_field.workloads.demo import DemoDataModule, DemoRegressor
 
+pytestmark = pytest.mark.slow  # every test here starts processes (tests/suite_budget.py)
+
 STEPS = "evidence.steps=20"
 
 

@@ -15,6 +15,8 @@ from conftest import assert_bitwise_equal, max_weight_difference, run_train_job
 
 from lightning_field import latest_recoverable, verify_checkpoint
 
+pytestmark = pytest.mark.slow  # every test here starts processes (tests/suite_budget.py)
+
 
 def _interrupt_and_resume(tmp_path: Path, *args: str, kill_after: int) -> tuple[dict, dict, str]:
     run_train_job(tmp_path / "uninterrupted", tmp_path / "uninterrupted.pt", *args)

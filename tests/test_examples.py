@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from conftest import run_child
 
 from lightning_field import read_manifest
 from lightning_field.checkpoint.resolver import latest_recoverable
+
+pytestmark = pytest.mark.slow  # every test here starts processes (tests/suite_budget.py)
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 

@@ -63,6 +63,7 @@ def _kill_during_saves(root: Path, rng: random.Random, async_save: bool) -> bool
 
 # With async saves the writer thread is almost always mid-commit (each save starts as the previous
 # one ends), so every kill lands while it runs; half the trials suffice.
+@pytest.mark.slow
 @pytest.mark.parametrize("async_save", [False, True], ids=["sync", "async"])
 def test_sigkill_at_random_moments_during_saving_never_leaves_an_advertised_bad_checkpoint(
     tmp_path: Path, async_save: bool

@@ -7,10 +7,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from conftest import run_child
 
 from lightning_field import read_events, read_manifest
 from lightning_field.checkpoint.resolver import latest_recoverable
+
+pytestmark = pytest.mark.slow  # every test here starts processes (tests/suite_budget.py)
 
 APP = ["-m", "lightning_field.cli.train_app"]
 QUIET = ["experiment=demo", "progress_bar=none", "trainer.enable_model_summary=false"]

@@ -21,6 +21,8 @@ import lightning_field
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
+pytestmark = pytest.mark.slow  # every test here starts processes (tests/suite_budget.py)
+
 
 @hydra.main(config_path="conf", config_name="train", version_base="1.3")
 def main(cfg: DictConfig) -> None:
@@ -72,6 +74,7 @@ def _source_copy(tmp_path: Path) -> Path:
     return source
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("editable", [False, True], ids=["installed", "editable"])
 def test_a_user_hydra_app_composes_the_shipped_configs(editable: bool, tmp_path: Path) -> None:
     python, source = _venv(tmp_path), _source_copy(tmp_path)

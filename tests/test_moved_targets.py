@@ -57,6 +57,7 @@ def test_every_moved_target_names_an_importable_class_and_no_module_is_left_at_a
         assert not (package / f"{old_module}.py").exists(), f"{old_module}.py is back: one name per class"
 
 
+@pytest.mark.slow
 def test_a_checkpoint_written_under_the_old_targets_resumes_and_a_real_difference_is_still_refused(
     tmp_path: Path,
 ) -> None:

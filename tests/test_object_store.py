@@ -22,6 +22,7 @@ from lightning_field.core.manifest import SHARED_STATE_FILE, read_manifest
 from lightning_field.workloads.demo import DemoDataModule, DemoRegressor
 
 
+@pytest.mark.slow
 def test_run_killed_before_its_s3_manifest_resumes_bitwise_exact_from_the_previous_commit(
     tmp_path: Path, s3_bucket: tuple[str, dict[str, str]]
 ) -> None:
@@ -55,6 +56,7 @@ def _train_to_s3(root: Path, url: str, options: dict[str, str], max_steps: int) 
     trainer.fit(DemoRegressor(), datamodule=DemoDataModule(size=48))
 
 
+@pytest.mark.slow
 def test_corrupted_s3_object_is_named_by_verify_skipped_by_the_resolver_and_refused_on_load(
     tmp_path: Path, s3_bucket: tuple[str, dict[str, str]], quiet_lightning: None, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -87,6 +89,7 @@ def test_corrupted_s3_object_is_named_by_verify_skipped_by_the_resolver_and_refu
         trainer.fit(DemoRegressor(), datamodule=DemoDataModule(size=48), ckpt_path=newest)
 
 
+@pytest.mark.slow
 def test_large_files_go_up_as_parallel_multipart_uploads_and_verify(s3_bucket: tuple[str, dict[str, str]]) -> None:
     bucket, options = s3_bucket
     part = 5 << 20

@@ -58,6 +58,7 @@ def console(project: Path, script: str, *args: str, timeout: float = 240) -> sub
         ("field", ["scale", "--ranks", "1,2", "experiment=nope"], "Could not find 'experiment/nope'"),
     ],
 )
+@pytest.mark.slow
 def test_an_unusable_command_line_exits_2_with_the_cause_in_one_line_before_anything_starts(
     project: Path, script: str, args: list[str], named: str
 ) -> None:
@@ -110,6 +111,7 @@ def test_a_class_whose_own_constructor_takes_kwargs_accepts_keys_outside_its_sig
     assert dict(model) == {"_target_": "broken.OpenModule", "width": 4, "momentum": 0.5}
 
 
+@pytest.mark.slow
 def test_a_failing_user_module_puts_its_error_on_the_console_and_stops_after_the_first_control(
     project: Path,
 ) -> None:
@@ -131,6 +133,7 @@ def test_a_failing_user_module_puts_its_error_on_the_console_and_stops_after_the
     assert not scale.stderr.startswith("Traceback")
 
 
+@pytest.mark.slow
 def test_field_preflight_and_field_scale_run_the_users_module(project: Path) -> None:
     preflight = console(project, "field", "preflight", *OWN)
     assert preflight.returncode == 0 and "PREFLIGHT PASSED" in preflight.stdout, preflight.stdout[-3000:]
@@ -145,6 +148,7 @@ def _git(project: Path, *args: str) -> None:
                    check=True, capture_output=True)  # fmt: skip
 
 
+@pytest.mark.slow
 def test_the_documented_flow_from_the_console_scripts_in_a_git_repository_ends_at_go_and_catches_a_change(
     project: Path,
 ) -> None:

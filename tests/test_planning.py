@@ -56,6 +56,7 @@ def test_the_layout_is_the_simplest_one_whose_state_fits(capsys: pytest.CaptureF
     assert huge["layout"]["recommendation"] == "does_not_fit" and "at least" in huge["layout"]["reason"]
 
 
+@pytest.mark.slow
 def test_from_run_takes_the_save_cost_mtbf_and_measured_flops_from_a_run_log(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

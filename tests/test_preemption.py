@@ -13,6 +13,8 @@ from conftest import TRAIN_JOB, assert_bitwise_equal, run_child, run_train_job
 
 from lightning_field import PREEMPTED_EXIT_CODE, latest_recoverable, read_events, verify_checkpoint
 
+pytestmark = pytest.mark.slow  # every test here starts processes (tests/suite_budget.py)
+
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> dict:

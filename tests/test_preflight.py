@@ -201,6 +201,7 @@ def test_demo_regressor_overfits_two_fixed_batches_without_touching_the_module()
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
 
 
+@pytest.mark.slow
 def test_tiny_char_gpt_overfits_one_batch() -> None:
     torch.manual_seed(0)
     text = torch.frombuffer(bytearray(b"def add(a, b):\n    return a + b\n" * 12), dtype=torch.uint8).long()

@@ -28,6 +28,7 @@ def preflight(tmp_path: Path, *overrides: str) -> int:
     return run(cfg)
 
 
+@pytest.mark.slow
 def test_a_clean_run_passes_every_check_and_writes_its_record(tmp_path: Path) -> None:
     result = run_child(["-m", "lightning_field.cli.main", "preflight", "experiment=demo", f"paths.root_dir={tmp_path}",
                         *FAST], timeout=180, cwd=tmp_path)  # fmt: skip
@@ -57,6 +58,7 @@ def test_a_clean_run_passes_every_check_and_writes_its_record(tmp_path: Path) ->
         ("duplicates", "leakage", "3"),
     ],
 )
+@pytest.mark.slow
 def test_each_seeded_data_fault_fails_naming_it(
     fault: str, failed: str, message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -68,6 +70,7 @@ def test_each_seeded_data_fault_fails_naming_it(
     assert f"PREFLIGHT FAILED: {failed}" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_the_classifier_passes_clean_and_fails_the_overfit_when_its_loss_is_detached(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -126,6 +126,7 @@ def _status(record: dict) -> dict[str, str]:
 
 
 # ---------------------------------------------------------------------------------------------- end to end
+@pytest.mark.slow
 def test_a_record_from_a_run_with_passing_evidence_checks_out_and_every_figure_cites_its_source(
     made: dict[str, Path],
 ) -> None:
@@ -157,6 +158,7 @@ def test_a_record_from_a_run_with_passing_evidence_checks_out_and_every_figure_c
     assert {p["file"] for p in record["plots"]} >= {"quality.png", "goodput.png", "throughput.png"}
 
 
+@pytest.mark.slow
 def test_a_failing_resume_bundle_holds_the_release_even_when_every_advisory_figure_is_favourable(
     made: dict[str, Path],
 ) -> None:
@@ -188,6 +190,7 @@ def test_a_failing_resume_bundle_holds_the_release_even_when_every_advisory_figu
     assert record["exposure"]["supported"] is None
 
 
+@pytest.mark.slow
 def test_after_the_learning_rate_changes_the_evidence_is_stale_and_the_decision_held(made: dict[str, Path]) -> None:
     """The released run is the same run relaunched with lr 0.02: its manifests say so; the evidence is for 0.01."""
     run = made["root"] / "run_lr_changed"
@@ -208,6 +211,7 @@ def test_after_the_learning_rate_changes_the_evidence_is_stale_and_the_decision_
     assert rc == 1 and "resume_evidence is stale" in out, out
 
 
+@pytest.mark.slow
 def test_signing_then_editing_one_figure_invalidates_the_signature_and_check_says_so(made: dict[str, Path]) -> None:
     record_dir = made["root"] / "rec_signed"
     shutil.copytree(made["good"], record_dir)
@@ -226,6 +230,7 @@ def test_signing_then_editing_one_figure_invalidates_the_signature_and_check_say
     assert "edited after it was built" in out
 
 
+@pytest.mark.slow
 def test_enforced_sign_off_holds_until_model_data_owners_and_the_operator_have_signed(made: dict[str, Path]) -> None:
     record_dir = made["root"] / "rec_enforced"
     rc, out = field("record", "build", made["run"], made["preflight"], "--out", record_dir, "--no-wandb",
@@ -239,6 +244,7 @@ def test_enforced_sign_off_holds_until_model_data_owners_and_the_operator_have_s
     assert field("record", "check", record_dir)[0] == 0
 
 
+@pytest.mark.slow
 def test_the_html_page_is_self_contained_and_renders_with_its_plots_in_headless_chromium(
     made: dict[str, Path], tmp_path: Path
 ) -> None:
@@ -268,6 +274,7 @@ def test_the_html_page_is_self_contained_and_renders_with_its_plots_in_headless_
     assert sum(1 for r, g, b in pixels if b > 150 and r < 60 and 90 < g < 150) > 50, "no plotted line"
 
 
+@pytest.mark.slow
 def test_a_name_or_path_holding_markup_is_text_on_the_page_never_markup(made: dict[str, Path]) -> None:
     record = _load(made["good"])
     hostile = "<script>alert('x')</script> & co"
@@ -285,6 +292,7 @@ def test_a_name_or_path_holding_markup_is_text_on_the_page_never_markup(made: di
     assert '"note": "&lt;script&gt;' in page.replace("&#34;", '"')  # the configuration, as JSON text
 
 
+@pytest.mark.slow
 def test_the_exposure_ladder_names_the_supported_level_and_what_the_next_one_lacks(made: dict[str, Path]) -> None:
     ladder = _load(made["good"])["exposure"]
     assert ladder["supported"] == "one-device" and "preflight" in ladder["why"]
@@ -295,6 +303,7 @@ def test_the_exposure_ladder_names_the_supported_level_and_what_the_next_one_lac
     assert "supported level one-device" in out and "next level one-node lacks: scaling (missing)" in out
 
 
+@pytest.mark.slow
 def test_wandb_offline_logs_the_record_artifact_and_the_verdict_into_the_run_summary(
     made: dict[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -320,6 +329,7 @@ def test_wandb_offline_logs_the_record_artifact_and_the_verdict_into_the_run_sum
     assert artifact["metadata"]["verdict"] == "go" and artifact["metadata"]["conditions"]["resume_evidence"] == "pass"
 
 
+@pytest.mark.slow
 def test_copy_keeps_the_sources_in_the_record_and_a_changed_linked_source_holds_the_check(
     made: dict[str, Path],
 ) -> None:
@@ -376,6 +386,7 @@ def _as_format_1_record(record_dir: Path) -> None:
     (record_dir / "record.json").write_text(json.dumps(record, indent=2))
 
 
+@pytest.mark.slow
 def test_evidence_and_records_written_with_sha256_still_check_and_still_catch_a_changed_file(
     made: dict[str, Path],
 ) -> None:
@@ -404,6 +415,7 @@ def test_evidence_and_records_written_with_sha256_still_check_and_still_catch_a_
     assert rc == 1 and "changed since the build" in out, out
 
 
+@pytest.mark.slow
 def test_evidence_that_ages_past_its_maximum_holds_a_later_check(made: dict[str, Path]) -> None:
     later = time.time() + 721 * 3600  # resume_evidence allows 720 h
     result = check_record(made["good"], now=later)
@@ -411,6 +423,7 @@ def test_evidence_that_ages_past_its_maximum_holds_a_later_check(made: dict[str,
     assert "h old, the condition allows 720 h" in result.decision["held_by"][0]["detail"]
 
 
+@pytest.mark.slow
 def test_the_plan_stands_beside_what_was_measured_and_a_scaling_record_moves_the_ladder(
     made: dict[str, Path], tmp_path: Path
 ) -> None:
@@ -442,6 +455,7 @@ def test_the_plan_stands_beside_what_was_measured_and_a_scaling_record_moves_the
 
 
 # ---------------------------------------------------------------------------------------------- bad input
+@pytest.mark.slow
 def test_bad_input_is_named_and_exits_2(made: dict[str, Path], tmp_path: Path) -> None:
     rc, out = field("record", "build", tmp_path / "nowhere")
     assert rc == 2 and "not a directory" in out

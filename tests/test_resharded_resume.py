@@ -8,6 +8,7 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
 import torch
 from conftest import assert_bitwise_equal, run_train_job
 from torch.utils.data import DataLoader, DistributedSampler
@@ -27,6 +28,7 @@ def _samples(trace: Path, first: int, last: int) -> list[float]:
     return [v for row in rows if first <= row["step"] <= last for v in row["order"]]
 
 
+@pytest.mark.slow
 def test_resume_from_two_ranks_on_one_is_refused_by_default_and_when_allowed_reshards_exactly(
     tmp_path: Path,
 ) -> None:
@@ -65,6 +67,7 @@ def test_resume_from_two_ranks_on_one_is_refused_by_default_and_when_allowed_res
     }
 
 
+@pytest.mark.slow
 def test_resume_from_one_rank_on_two_reshards_exactly_and_the_new_rank_starts_fresh_rng_with_a_warning(
     tmp_path: Path,
 ) -> None:
@@ -91,6 +94,7 @@ def test_resume_from_one_rank_on_two_reshards_exactly_and_the_new_rank_starts_fr
     assert manifest.world_size == 2 and manifest.provenance["resharded_from"]["world_size"] == 1
 
 
+@pytest.mark.slow
 def test_an_unsharded_ddp_checkpoint_resumes_on_one_rank_with_the_saved_state_and_the_rest_of_its_epoch(
     tmp_path: Path,
 ) -> None:

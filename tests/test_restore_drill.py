@@ -54,6 +54,7 @@ class OptimizerSaboteur(Callback):
         manifest.write(directory)
 
 
+@pytest.mark.slow
 def test_drills_mark_good_checkpoints_and_loudly_flag_one_whose_optimizer_state_was_edited(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -140,6 +141,7 @@ def test_a_drill_that_cannot_run_fails_before_training_with_what_to_pass(
         trainer.fit(model(), datamodule=DemoDataModule())
 
 
+@pytest.mark.slow
 def test_a_drill_of_a_checkpoint_whose_name_was_reused_never_marks_its_successor(tmp_path: Path) -> None:
     pl.seed_everything(0)
     checkpoint = ManifestCheckpoint(
@@ -173,6 +175,7 @@ def keep_one_run(tmp_path: Path) -> RestoreDrill:
     return drill
 
 
+@pytest.mark.slow
 def test_with_save_top_k_1_every_drill_runs_on_a_private_copy_while_retention_still_removes_the_checkpoint(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -192,6 +195,7 @@ def test_with_save_top_k_1_every_drill_runs_on_a_private_copy_while_retention_st
     assert sorted((e["step"], e["payload"]["outcome"]) for e in drills) == [(3, "passed"), (6, "passed")]
 
 
+@pytest.mark.slow
 def test_where_no_private_copy_can_be_made_a_removed_checkpoints_drill_is_reported_skipped_with_its_reason(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -228,6 +232,7 @@ class _SigtermWhileDrilling(Callback):
             os.kill(os.getpid(), signal.SIGTERM)
 
 
+@pytest.mark.slow
 def test_a_preemption_stops_running_drills_at_once_instead_of_leaving_them_behind(tmp_path: Path) -> None:
     pl.seed_everything(0)
     checkpoint = ManifestCheckpoint(dirpath=tmp_path / "ckpts", every_n_train_steps=3, save_top_k=-1)

@@ -62,6 +62,7 @@ def user_suite(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+@pytest.mark.slow
 def test_through_pytester_honest_code_passes_everywhere_and_a_hidden_counter_fails_naming_step_and_component(
     pytester: pytest.Pytester, user_suite: Path
 ) -> None:
@@ -98,6 +99,7 @@ def test_through_pytester_honest_code_passes_everywhere_and_a_hidden_counter_fai
     assert "kept evidence of failing resume checks" in out
 
 
+@pytest.mark.slow
 def test_the_plugin_imports_no_torch_while_collecting_a_suite_that_does_not_use_it(pytester: pytest.Pytester) -> None:
     pytester.makeconftest(
         "import sys\n"

@@ -43,6 +43,7 @@ def stalled_study(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return run_study(config, cpu_count=2)
 
 
+@pytest.mark.slow
 def test_study_keeps_the_effective_batch_constant_at_every_rank_count(stalled_study: dict[str, Any]) -> None:
     runs = stalled_study["runs"]
     assert [r["ranks"] for r in runs] == [1, 2, 4]
@@ -53,6 +54,7 @@ def test_study_keeps_the_effective_batch_constant_at_every_rank_count(stalled_st
     assert [r["per_rank_batch"] for r in runs] == [32, 16, 8]
 
 
+@pytest.mark.slow
 def test_step_one_gradients_match_the_one_rank_gradient_within_tolerance(stalled_study: dict[str, Any]) -> None:
     for r in stalled_study["runs"][1:]:
         assert r["same_first_step_samples"]
@@ -62,6 +64,7 @@ def test_step_one_gradients_match_the_one_rank_gradient_within_tolerance(stalled
     assert stalled_study["runs"][0]["gradient"] is None  # the reference
 
 
+@pytest.mark.slow
 def test_throughput_efficiency_and_breakdown_are_reported_for_each_rank_count(stalled_study: dict[str, Any]) -> None:
     for r in stalled_study["runs"]:
         assert r["throughput_samples_s"] > 0
@@ -75,6 +78,7 @@ def test_throughput_efficiency_and_breakdown_are_reported_for_each_rank_count(st
         assert Path(stalled_study["records"][name.split(".")[1]]).stat().st_size > 0
 
 
+@pytest.mark.slow
 def test_data_stall_on_one_rank_makes_the_verdict_name_data_and_that_rank(stalled_study: dict[str, Any]) -> None:
     v = stalled_study["verdict"]
     assert v["decision"] == "fix data first"
@@ -84,12 +88,14 @@ def test_data_stall_on_one_rank_makes_the_verdict_name_data_and_that_rank(stalle
     assert two["per_rank"][1]["data_s"] >= 0.04  # the injected 50 ms per batch, measured
 
 
+@pytest.mark.slow
 def test_the_builtin_workload_comes_from_the_shipped_configs_and_is_recorded(stalled_study: dict[str, Any]) -> None:
     assert stalled_study["workload"]["model"]["_target_"] == "lightning_field.workloads.demo.DemoRegressor"
     assert stalled_study["workload"]["data"]["_target_"].endswith("ExactRegressionData")
     assert stalled_study["dropout_modules_disabled"] == 0  # its dropout is configured at 0 already
 
 
+@pytest.mark.slow
 def test_a_users_own_module_is_studied_and_a_step_drawing_random_numbers_fails_saying_why(tmp_path: Path) -> None:
     # Run the way a user runs it: from the directory holding their module, named by _target_.
     out = tmp_path / "study"

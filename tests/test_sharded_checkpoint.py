@@ -17,6 +17,8 @@ from lightning_field import latest_recoverable, load_weights, read_events, verif
 from lightning_field.cli.main import main as field_main
 from lightning_field.core.manifest import read_manifest
 
+pytestmark = pytest.mark.slow  # every test here starts processes (tests/suite_budget.py)
+
 SHARDED = ["--sharded", "--devices", "2", "--max-steps", "20"]
 
 

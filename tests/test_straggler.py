@@ -24,6 +24,7 @@ def run_job(root: Path, *args: str, timeout: float = 240) -> tuple[list[dict], l
     return sorted(ranks, key=lambda r: r["rank"]), json.loads((root / "reports.json").read_text())
 
 
+@pytest.mark.slow
 def test_a_data_stall_on_one_rank_is_flagged_within_two_reports_naming_that_rank_and_data(tmp_path: Path) -> None:
     # A 40 ms stall in a ~50 ms step: well over the 30% share that warns about the input pipeline
     # (20 ms sat right at it, so the warning came and went with the machine's load).
@@ -37,6 +38,7 @@ def test_a_data_stall_on_one_rank_is_flagged_within_two_reports_naming_that_rank
     assert any("rank 1" in w and "num_workers=0" in w for rep in reports for w in rep["input_pipeline"])
 
 
+@pytest.mark.slow
 def test_a_compute_slowdown_names_the_culprit_not_the_four_ranks_it_holds_back(tmp_path: Path) -> None:
     ranks, reports = run_job(tmp_path, "--devices", "4", "--kind", "compute", "--slow-rank", "2",
                              "--slow-s", "0.025", "--steps", "60", timeout=300)  # fmt: skip
@@ -49,12 +51,14 @@ def test_a_compute_slowdown_names_the_culprit_not_the_four_ranks_it_holds_back(t
     assert all(waits[i] > waits[2] for i in (0, 1, 3))
 
 
+@pytest.mark.slow
 def test_a_balanced_run_flags_nothing_over_twenty_reports(tmp_path: Path) -> None:
     ranks, reports = run_job(tmp_path, "--devices", "2", "--kind", "none", "--steps", "130")
     assert len(reports) >= 20
     assert all(r["flagged"] == [] for r in ranks) and not any(rep["flagged"] for rep in reports)
 
 
+@pytest.mark.slow
 def test_the_collective_profile_has_bytes_durations_and_bus_bandwidth_per_bucket(tmp_path: Path) -> None:
     _, reports = run_job(tmp_path, "--devices", "2", "--kind", "none", "--steps", "20", "--profiled-strategy")
     collectives = reports[-1]["collectives"]
@@ -66,6 +70,7 @@ def test_the_collective_profile_has_bytes_durations_and_bus_bandwidth_per_bucket
     assert collectives["exposed_s"] is not None and collectives["first_wait_s"] is not None
 
 
+@pytest.mark.slow
 def test_checkpoint_and_stop_is_executed_by_every_rank_together(tmp_path: Path) -> None:
     ranks, _ = run_job(tmp_path, "--devices", "2", "--kind", "compute", "--slow-rank", "1", "--slow-s", "0.03",
                        "--steps", "200", "--policy", "checkpoint_and_stop")  # fmt: skip
@@ -91,6 +96,7 @@ def test_bad_monitor_settings_are_refused(kwargs: dict, message: str) -> None:
         StragglerMonitor(**kwargs)
 
 
+@pytest.mark.slow
 def test_the_probe_writes_its_table(tmp_path: Path) -> None:
     out = tmp_path / "probe.json"
     result = run_child(["-m", "lightning_field.cli.main", "probe", "collectives", "--nproc", "2", "--sizes", "1K,64K",

@@ -138,6 +138,7 @@ def test_the_manifest_says_where_each_worker_of_a_stream_stands_and_with_which_p
         assert sorted(p["row"] for p in positions.values()) == [4, 8], positions
 
 
+@pytest.mark.slow
 def test_the_stream_manifest_names_each_librarys_shards_and_version(tmp_path: Path) -> None:
     base = classification_tensors()
     hf = stream_manifest(stream_data.hf_stream(base, 8, 0, buffer_shuffle=False))
@@ -152,6 +153,7 @@ def test_the_stream_manifest_names_each_librarys_shards_and_version(tmp_path: Pa
     assert all(entry["blake3"].startswith("blake3:") for entry in {**web["shards"], **lit["shards"]}.values())
 
 
+@pytest.mark.slow
 def test_the_input_pipeline_share_of_a_slow_stream_is_reported_and_warned_beside_a_fast_one(tmp_path: Path) -> None:
     shares: dict[str, float] = {}
     warnings: dict[str, list[str]] = {}
@@ -188,6 +190,7 @@ def test_a_rank_files_malformed_fetched_ahead_entry_is_refused_by_name_not_crash
             RankStateTracker().load({"rng": capture_rng_state(), "fetched_ahead": hostile}, {}, "ck/epoch=0-step=4")
 
 
+@pytest.mark.slow
 def test_field_ckpt_inspect_prints_a_manifests_malformed_data_positions_instead_of_crashing(tmp_path: Path) -> None:
     import json
     import subprocess

@@ -24,6 +24,8 @@ import tokenize
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parent.parent
 PACKAGE = REPO / "lightning_field"
 MAX_LINES = 400
@@ -173,6 +175,7 @@ def test_no_module_of_the_package_is_over_400_lines() -> None:
     assert not too_long, f"modules over {MAX_LINES} lines:\n" + "\n".join(too_long)
 
 
+@pytest.mark.slow
 def test_every_function_level_import_says_why() -> None:
     problems = unexplained_function_imports(PACKAGE)
     assert not problems, "function-level imports without a reason (see this module's docstring):\n" + "\n".join(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import lightning.pytorch as pl
+import pytest
 
 from lightning_field.profiling import StragglerMonitor
 from lightning_field.workloads.demo import DemoDataModule, DemoRegressor
@@ -31,6 +32,7 @@ def test_flops_are_measured_once_and_mfu_is_absent_without_a_known_peak(tmp_path
     assert (tmp_path / "field" / "profile" / "rank-00000.jsonl").read_text().count("\n") == len(monitor.reports)
 
 
+@pytest.mark.slow
 def test_a_user_peak_gives_an_mfu_with_its_denominator(tmp_path: Path) -> None:
     report = fit(tmp_path, peak_flops=1e12, flops_per_batch=1e9).report
     assert report is not None

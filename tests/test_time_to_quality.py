@@ -16,6 +16,7 @@ from lightning_field.workloads.demo import DemoDataModule, DemoRegressor
 QUALITY_JOB = TESTS_DIR / "jobs" / "quality_job.py"
 
 
+@pytest.mark.slow
 def test_a_killed_and_resumed_run_counts_both_attempts_and_accounts_for_every_second(tmp_path: Path) -> None:
     args = [QUALITY_JOB, "--root", tmp_path, "--max-steps", "120", "--target", "0.3", "--price", "2.5"]
     killed = run_child([*args, "--kill-after-step", "35"])

@@ -145,6 +145,7 @@ def requeued(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     }
 
 
+@pytest.mark.slow
 def test_a_requeued_job_continues_the_same_wandb_run_in_a_segment_of_its_own(requeued: dict[str, Any]) -> None:
     root, identity, runs = requeued["root"], requeued["identity"], requeued["runs"]
     assert [s.parent.parent.name for s in requeued["segments"]] == ["attempt-1", "attempt-2"]
@@ -159,6 +160,7 @@ def test_a_requeued_job_continues_the_same_wandb_run_in_a_segment_of_its_own(req
     assert sorted({e["attempt"] for e in events}) == [1, 2]
 
 
+@pytest.mark.slow
 def test_the_resumed_segment_continues_the_history_rows_and_the_global_step(requeued: dict[str, Any]) -> None:
     killed, finished = requeued["runs"]
     assert killed["steps"] and finished["steps"]
@@ -176,6 +178,7 @@ def test_the_resumed_segment_continues_the_history_rows_and_the_global_step(requ
     assert finished["history"][0]["field/attempt"] == 2 and killed["history"][0]["field/attempt"] == 1
 
 
+@pytest.mark.slow
 def test_each_commit_is_logged_as_a_manifest_artifact_when_it_happens(requeued: dict[str, Any]) -> None:
     root = requeued["root"]
     killed, finished = requeued["runs"]
@@ -197,6 +200,7 @@ def test_each_commit_is_logged_as_a_manifest_artifact_when_it_happens(requeued: 
     assert later == [16, 20, 24]
 
 
+@pytest.mark.slow
 def test_the_summary_reports_time_to_quality_goodput_and_the_interruption(requeued: dict[str, Any]) -> None:
     summary = requeued["runs"][1]["summary"]
     quality = json.loads((requeued["root"] / "field" / "time_to_quality.json").read_text())
@@ -214,6 +218,7 @@ def test_the_summary_reports_time_to_quality_goodput_and_the_interruption(requeu
     assert summary["field/checkpoint/step"] == MAX_STEPS and summary["field/checkpoint/recoverable"] is True
 
 
+@pytest.mark.slow
 def test_secrets_never_reach_wandb(requeued: dict[str, Any]) -> None:
     for run in requeued["runs"]:
         assert is_redacted(run["config"]["api_key"]) and is_redacted(run["config"]["wandb"]["password"])
@@ -224,6 +229,7 @@ def test_secrets_never_reach_wandb(requeued: dict[str, Any]) -> None:
             assert b"sk-123" not in data and b"hunter2-x" not in data, file
 
 
+@pytest.mark.slow
 def test_sync_dry_run_lists_every_segment_in_attempt_order_under_one_id(
     requeued: dict[str, Any], capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -303,6 +309,7 @@ def test_a_preempted_attempt_ends_as_preempted_in_the_segment_the_event_log_and_
     assert summary["field/target_reached"] is False
 
 
+@pytest.mark.slow
 def test_restoring_a_checkpoint_of_another_wandb_run_warns_with_both_ids(offline: Path) -> None:
     root = offline / "run"
     first = FieldWandbLogger(run_dir=root)
@@ -343,6 +350,7 @@ def test_only_global_rank_zero_creates_the_identity(offline: Path, monkeypatch: 
         assert FieldWandbLogger(run_dir=offline / "rank0").run_id == rank0.run_id  # other ranks read it
 
 
+@pytest.mark.slow
 def test_straggler_flags_from_every_attempt_reach_the_summary(requeued: dict[str, Any], tmp_path: Path) -> None:
     root = tmp_path / "copy"
     shutil.copytree(requeued["root"] / "field", root / "field")
@@ -445,6 +453,7 @@ def _record_spans(data: bytes, block: int = 32768, header: int = 7) -> list[tupl
     return spans
 
 
+@pytest.mark.slow
 def test_a_log_cut_off_by_a_kill_reads_back_up_to_the_damage(requeued: dict[str, Any], tmp_path: Path) -> None:
     source = Path(requeued["runs"][1]["path"])
     whole = read_offline_run(source)

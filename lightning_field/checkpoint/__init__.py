@@ -2,19 +2,60 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from lightning_field.checkpoint.commit import CheckpointSaveError
-from lightning_field.checkpoint.io import ManifestCheckpointIO, torch_load_verified
-from lightning_field.checkpoint.manifest_checkpoint import ManifestCheckpoint
-from lightning_field.checkpoint.preemption import PREEMPTED_EXIT_CODE, TrainingPreempted
-from lightning_field.checkpoint.resolver import committed_checkpoints, latest_recoverable, read_last_pointer
-from lightning_field.checkpoint.resume_policy import NoRecoverableCheckpointError, ResumeMismatchError
-from lightning_field.checkpoint.verify import CheckpointCorruptError, VerifyReport, require_intact, verify_checkpoint
 from lightning_field.core.manifest import SHARED_STATE_FILE, read_manifest
 
+# Imported on first use (PEP 562), as the package's top level does: `field ckpt list/verify/inspect`
+# read manifests and hashes, and must not pay ~4 s for Lightning, which the callback needs.
+_EXPORTS: dict[str, str] = {
+    "CheckpointSaveError": "lightning_field.checkpoint.commit",
+    "ManifestCheckpointIO": "lightning_field.checkpoint.io",
+    "torch_load_verified": "lightning_field.checkpoint.io",
+    "ManifestCheckpoint": "lightning_field.checkpoint.manifest_checkpoint",
+    "PREEMPTED_EXIT_CODE": "lightning_field.checkpoint.preemption",
+    "TrainingPreempted": "lightning_field.checkpoint.preemption",
+    "committed_checkpoints": "lightning_field.checkpoint.resolver",
+    "latest_recoverable": "lightning_field.checkpoint.resolver",
+    "read_last_pointer": "lightning_field.checkpoint.resolver",
+    "NoRecoverableCheckpointError": "lightning_field.checkpoint.resume_policy",
+    "ResumeMismatchError": "lightning_field.checkpoint.resume_policy",
+    "CheckpointCorruptError": "lightning_field.checkpoint.verify",
+    "VerifyReport": "lightning_field.checkpoint.verify",
+    "require_intact": "lightning_field.checkpoint.verify",
+    "verify_checkpoint": "lightning_field.checkpoint.verify",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'lightning_field.checkpoint' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})
+
+
+if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerly
+    from lightning_field.checkpoint.commit import CheckpointSaveError
+    from lightning_field.checkpoint.io import ManifestCheckpointIO
+    from lightning_field.checkpoint.manifest_checkpoint import ManifestCheckpoint
+    from lightning_field.checkpoint.preemption import PREEMPTED_EXIT_CODE, TrainingPreempted
+    from lightning_field.checkpoint.resolver import committed_checkpoints, latest_recoverable, read_last_pointer
+    from lightning_field.checkpoint.resume_policy import NoRecoverableCheckpointError, ResumeMismatchError
+    from lightning_field.checkpoint.verify import (
+        CheckpointCorruptError,
+        VerifyReport,
+        require_intact,
+        verify_checkpoint,
+    )
 
 def load_weights(path: str | os.PathLike[str], map_location: Any = "cpu") -> dict[str, Any]:
     """The model ``state_dict`` of any committed unsharded checkpoint (including exports), verified first."""
@@ -23,6 +64,10 @@ def load_weights(path: str | os.PathLike[str], map_location: Any = "cpu") -> dic
             f"{path} is a sharded (DCP) checkpoint: its weights are spread over .distcp files; load it with"
             " torch.distributed.checkpoint or resume from it under the strategy that wrote it"
         )
+    # Imported here, as the lazy exports are: reading a manifest must not import torch.
+    from lightning_field.checkpoint.io import torch_load_verified
+    from lightning_field.checkpoint.verify import require_intact
+
     require_intact(path, [SHARED_STATE_FILE])
     return torch_load_verified(Path(path) / SHARED_STATE_FILE, map_location)["state_dict"]
 
