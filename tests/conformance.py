@@ -125,7 +125,7 @@ def _launched(name: str, root: Path, out: Path, checkpoint: str, kill: bool, res
 
 def _cli_launched(name: str, root: Path, out: Path, checkpoint: str, kill: bool, resume: bool) -> tuple[int, str]:
     """The user's LightningCLI script, everything on its command line, as a user would run it."""
-    from conftest import child_env, run_in_session
+    from conftest import child_env, python_program, run_in_session
 
     config = CONFIGS[name]
     callback = "lightning_field.ManifestCheckpoint" if checkpoint == "field" else "ModelCheckpoint"
@@ -144,7 +144,7 @@ def _cli_launched(name: str, root: Path, out: Path, checkpoint: str, kill: bool,
     env = child_env()
     env["CONFORMANCE_OUT"] = str(out)
     root.mkdir(parents=True, exist_ok=True)
-    result = run_in_session([sys.executable, str(CLI_JOB), *args], timeout=180, env=env)
+    result = run_in_session([python_program(), str(CLI_JOB), *args], timeout=180, env=env)
     return result.returncode, result.stdout
 
 

@@ -16,7 +16,7 @@ import torch
 
 from lightning_field import ManifestCheckpoint
 
-pytest_plugins = ["suite_budget"]  # the slow marker and the per-test limits
+pytest_plugins = ["suite_budget", "warm_python"]  # the slow marker and limits; the warm python of child jobs
 
 TESTS_DIR = Path(__file__).parent
 TRAIN_JOB = TESTS_DIR / "jobs" / "train_job.py"
@@ -82,9 +82,14 @@ def run_in_session(
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, "")
 
 
+def python_program() -> str:
+    """The warm python (tests/warm_python.py) where its server runs, else this interpreter."""
+    return os.environ.get("FIELD_WARM_PYTHON", sys.executable)
+
+
 def run_child(args: Sequence[str], timeout: float = 120, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    """Run ``python args...`` in its own session (:func:`run_in_session`)."""
-    return run_in_session([sys.executable, *map(str, args)], timeout, cwd)
+    """Run ``python args...`` (:func:`python_program`) in its own session (:func:`run_in_session`)."""
+    return run_in_session([python_program(), *map(str, args)], timeout, cwd)
 
 
 def run_train_job(root: Path, out: Path, *extra: str, expect_rc: int | None = 0, timeout: float = 120) -> str:

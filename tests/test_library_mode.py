@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # every test here starts processes (tests/suite_budget.py)
+
 REPO = Path(__file__).resolve().parent.parent
 
 USER_APP = """
@@ -20,8 +22,6 @@ import hydra
 import lightning_field
 from hydra.utils import instantiate
 from omegaconf import DictConfig
-
-pytestmark = pytest.mark.slow  # every test here starts processes (tests/suite_budget.py)
 
 
 @hydra.main(config_path="conf", config_name="train", version_base="1.3")

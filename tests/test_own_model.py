@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -148,59 +149,97 @@ def _git(project: Path, *args: str) -> None:
                    check=True, capture_output=True)  # fmt: skip
 
 
-@pytest.mark.slow
-def test_the_documented_flow_from_the_console_scripts_in_a_git_repository_ends_at_go_and_catches_a_change(
-    project: Path,
-) -> None:
+# Keep every checkpoint, and drill every second one, so a restore-tested checkpoint remains.
+DOCUMENTED_TRAIN = [*OWN, "run_name=mine", "trainer.max_steps=20", "progress_bar=none",
+                    "callbacks.checkpoint.every_n_train_steps=5", "callbacks.checkpoint.save_top_k=-1",
+                    "callbacks.restore_drill.every_n_checkpoints=2"]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class DocumentedFlow:
+    """The README's flow, run once from the console scripts in the user's git repository: the later
+    steps (record, a changed model) each take it from here."""
+
+    project: Path
+    run_dir: Path
+    bundle: Path
+    checkpoint: Path
+    evidence_stdout: str
+
+
+@pytest.fixture(scope="module")
+def documented_flow(tmp_path_factory: pytest.TempPathFactory) -> DocumentedFlow:
+    project = tmp_path_factory.mktemp("documented")
+    shutil.copy(EXAMPLE, project / EXAMPLE.name)
     (project / ".gitignore").write_text("outputs/\n")
     _git(project, "init", "-q")
     _git(project, "add", ".")
     _git(project, "commit", "-qm", "my project")
-    # Keep every checkpoint, and drill every second one, so a restore-tested checkpoint remains.
-    train = [*OWN, "run_name=mine", "trainer.max_steps=20", "progress_bar=none",
-             "callbacks.checkpoint.every_n_train_steps=5", "callbacks.checkpoint.save_top_k=-1",
-             "callbacks.restore_drill.every_n_checkpoints=2"]  # fmt: skip
-    trained = console(project, "field-train", *train)
+    trained = console(project, "field-train", *DOCUMENTED_TRAIN)
     assert trained.returncode == 0, trained.stdout[-3000:] + trained.stderr[-3000:]
-    config = yaml.safe_load((project / "outputs" / "field-train" / "mine" / ".hydra" / "config.yaml").read_text())
+    evidence = console(project, "field-evidence", *OWN, "evidence.steps=20")  # the user's module
+    assert evidence.returncode == 0, evidence.stdout[-3000:]
+    run_dir = project / "outputs" / "field-train" / "mine"
+    checkpoint = latest_recoverable(run_dir / "checkpoints")
+    assert checkpoint is not None
+    bundle = next(project.glob("outputs/field-evidence/*/field/evidence/*"))
+    return DocumentedFlow(project, run_dir, bundle, Path(checkpoint), evidence.stdout)
+
+
+@pytest.mark.slow
+def test_the_documented_flow_from_the_console_scripts_in_a_git_repository_trains_the_users_module_exactly(
+    documented_flow: DocumentedFlow,
+) -> None:
+    flow = documented_flow
+    config = yaml.safe_load((flow.run_dir / ".hydra" / "config.yaml").read_text())
     # Exactly the class's signature, its own defaults: no shipped key (vocab_size, n_layer, ...) and
     # the user's batch_size 32, not the shipped group's value.
     assert config["model"] == {"_target_": "my_project.MyModule", "width": 16, "lr": 0.01, "features": 8}
     assert config["data"] == {"_target_": "my_project.MyData", "n": 320, "batch_size": 32, "features": 8}
-    evidence = console(project, "field-evidence", *OWN, "evidence.steps=20")  # the user's module, verdict exact
-    assert evidence.returncode == 0 and "verdict: exact" in evidence.stdout, evidence.stdout[-3000:]
-    bundle = next(project.glob("outputs/field-evidence/*/field/evidence/*"))
-    run_dir = project / "outputs" / "field-train" / "mine"
-    checkpoint = latest_recoverable(run_dir / "checkpoints")
-    assert checkpoint is not None
-    manifest = json.loads((checkpoint / "manifest.json").read_text())
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=project, capture_output=True, text=True).stdout.strip()
-    assert manifest["provenance"]["code"]["git_commit"] == commit  # the user's repository, not the venv's bin
-    supported = console(project, "field", "evidence", "check", str(bundle), "--checkpoint", str(checkpoint))
+    assert "verdict: exact" in flow.evidence_stdout, flow.evidence_stdout[-3000:]
+    manifest = json.loads((flow.checkpoint / "manifest.json").read_text())
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=flow.project, capture_output=True, text=True)
+    # The user's repository, not the venv's bin.
+    assert manifest["provenance"]["code"]["git_commit"] == commit.stdout.strip()
+    supported = console(flow.project, "field", "evidence", "check", str(flow.bundle), "--checkpoint",
+                        str(flow.checkpoint))  # fmt: skip
     assert supported.returncode == 0 and supported.stdout.startswith("SUPPORTED"), supported.stdout
-    built = console(project, "field", "record", "build", str(run_dir), str(project / "outputs" / "field-evidence"),
-                    "--no-wandb")  # fmt: skip
+
+
+@pytest.mark.slow
+def test_the_documented_flow_ends_at_go_and_an_enforced_missing_sign_off_holds_build_and_check(
+    documented_flow: DocumentedFlow,
+) -> None:
+    flow = documented_flow
+    evidence_runs = str(flow.project / "outputs" / "field-evidence")
+    built = console(flow.project, "field", "record", "build", str(flow.run_dir), evidence_runs, "--no-wandb")
     assert "decision: GO" in built.stdout, built.stdout[-3000:]
-    checked = console(project, "field", "record", "check", str(run_dir / "field" / "record"))
+    checked = console(flow.project, "field", "record", "check", str(flow.run_dir / "field" / "record"))
     assert checked.returncode == 0 and "GO" in checked.stdout, checked.stdout[-3000:]
 
     # Build and check agree when an enforced sign-off is missing: both hold.
-    enforced = console(project, "field", "record", "build", str(run_dir), str(project / "outputs" / "field-evidence"),
-                       "--no-wandb", "record.signoff.enforce=true")  # fmt: skip
+    enforced = console(flow.project, "field", "record", "build", str(flow.run_dir), evidence_runs, "--no-wandb",
+                       "record.signoff.enforce=true")  # fmt: skip
     assert "decision: HOLD (held by signoff)" in enforced.stdout, enforced.stdout[-2000:]
-    assert console(project, "field", "record", "check", str(run_dir / "field" / "record")).returncode == 1
+    assert console(flow.project, "field", "record", "check", str(flow.run_dir / "field" / "record")).returncode == 1
 
+
+@pytest.mark.slow
+def test_after_the_documented_flow_a_changed_model_key_is_refused_and_the_evidence_does_not_cover_it(
+    documented_flow: DocumentedFlow,
+) -> None:
+    flow = documented_flow
     # A model key changed: the same run refuses to resume, briefly, with the ways out ...
-    refused = console(project, "field-train", *train, "model.width=32")
+    refused = console(flow.project, "field-train", *DOCUMENTED_TRAIN, "model.width=32")
     assert refused.returncode == 2, refused.stdout[-2000:] + refused.stderr[-2000:]
     assert "model.width: 16 (checkpoint) -> 32 (this command)" in refused.stderr
     assert "run_name=<new name>" in refused.stderr and "allow_resume_mismatch=[model.width]" in refused.stderr
     assert "Traceback" not in refused.stderr
     # ... and the evidence does not cover a checkpoint of the changed model, naming the key.
-    wide = console(project, "field-train", *OWN, "model.width=32", "run_name=wide", "trainer.max_steps=10",
+    wide = console(flow.project, "field-train", *OWN, "model.width=32", "run_name=wide", "trainer.max_steps=10",
                    "progress_bar=none")  # fmt: skip
     assert wide.returncode == 0, wide.stderr[-2000:]
-    new = latest_recoverable(project / "outputs" / "field-train" / "wide" / "checkpoints")
-    stale = console(project, "field", "evidence", "check", str(bundle), "--checkpoint", str(new))
+    new = latest_recoverable(flow.project / "outputs" / "field-train" / "wide" / "checkpoints")
+    stale = console(flow.project, "field", "evidence", "check", str(flow.bundle), "--checkpoint", str(new))
     assert stale.returncode == 1 and "stale, config model.width: 16 (evidence) -> 32 (checkpoint)" in stale.stdout
 

@@ -27,14 +27,13 @@ def process_start_unix() -> float | None:
         return None
 
 
-_PROCESS_START = process_start_unix()
-
-
 def _same_process(payload: dict[str, Any]) -> bool:
     if payload.get("pid") != os.getpid():
         return False
-    started = payload.get("process_start_unix")
-    return started is None or _PROCESS_START is None or abs(started - _PROCESS_START) < 1.0
+    # Read now, not at import: a process forked from one that imported this module (a fork server,
+    # a warm worker pool) started when it was forked.
+    started, own = payload.get("process_start_unix"), process_start_unix()
+    return started is None or own is None or abs(started - own) < 1.0
 
 
 def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
@@ -81,7 +80,7 @@ class EventLog:
             self.attempt = len(starts) + 1
             self.emit(
                 "attempt_start",
-                payload={"pid": os.getpid(), "process_start_unix": _PROCESS_START, "world_size": world_size},
+                payload={"pid": os.getpid(), "process_start_unix": process_start_unix(), "world_size": world_size},
             )
 
     def emit(self, event: str, step: int | None = None, payload: dict[str, Any] | None = None) -> None:

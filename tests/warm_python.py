@@ -1,0 +1,254 @@
+"""A warm ``python`` for the suite's child jobs: a program that behaves as the interpreter does for
+``python script.py ...``, ``python -m module ...`` and ``python -c code ...``, but is forked from a
+server that has imported torch, Lightning and lightning_field once (docs/testing.md).
+
+A fresh interpreter spends ~4 s of a 2-core machine importing them, and the suite starts hundreds:
+the jobs it runs, and the ranks Lightning's DDP launcher starts from them (it runs ``sys.executable``,
+which is this program inside a warm job). What stays as a fresh start is all that the test is about:
+
+- each job is a process of its own, in a session of its own, with the command line, environment,
+  working directory and standard streams it was started with, and ``__main__`` run as Python runs it;
+- its exit status, a death by signal included, is this program's own; the signals a test or a
+  launcher sends it (SIGTERM, SIGINT, SIGUSR1, ...) reach the job; and a SIGKILL of this program or
+  its process group kills the job and everything the job started;
+- the server never trains: a child forked from a process that has run torch's OpenMP pool would
+  hang in its first parallel op.
+
+What differs: the job's pid is not this program's pid, and modules the server imported are already
+in ``sys.modules``. Tests about either, about console scripts or about a fresh install start a real
+interpreter (``sys.executable``), as do options other than ``-m``/``-c`` and a missing server.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import importlib
+import json
+import os
+import runpy
+import selectors
+import signal
+import socket
+import stat
+import struct
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+PRELOAD = ("torch", "lightning.pytorch", "torchmetrics", "lightning_field.checkpoint.manifest_checkpoint",
+           "lightning_field.evidence.worker", "hydra", "omegaconf")  # fmt: skip
+"""What the server imports once: what nearly every job imports first."""
+
+SOCKET_ENV = "FIELD_WARM_SOCKET"
+
+CLIENT = '''#!{python} -SI
+# The warm python of tests/warm_python.py: hands its command line, environment, working directory
+# and standard streams to the server, relays signals, and ends as the job ended.
+import json, os, signal, socket, struct, sys
+REAL = {python!r}
+argv = sys.argv[1:]
+path = os.environ.get("{env}")
+if not path or not argv or (argv[0].startswith("-") and argv[0] not in ("-m", "-c")):
+    os.execv(REAL, [REAL, *argv])
+server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+try:
+    server.connect(path)
+except OSError:
+    os.execv(REAL, [REAL, *argv])
+streams = []
+for fd in (0, 1, 2):
+    try:
+        os.fstat(fd)
+        streams.append(fd)
+    except OSError:
+        pass
+request = json.dumps({{"argv": argv, "env": dict(os.environ), "cwd": os.getcwd(), "streams": streams}}).encode()
+socket.send_fds(server, [struct.pack("!Q", len(request))], streams)
+server.sendall(request)
+replies = server.makefile("rb")
+pid = int(replies.readline())
+def relay(signum, frame):
+    try:
+        os.kill(pid, signum)
+    except ProcessLookupError:
+        pass
+for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
+               signal.SIGABRT):
+    signal.signal(signum, relay)
+line = replies.readline()
+code = int(line) if line.strip() else 1
+if code < 0:  # died of a signal: so does this program
+    if -code not in (signal.SIGKILL, signal.SIGSTOP):
+        signal.signal(-code, signal.SIG_DFL)
+    os.kill(os.getpid(), -code)
+os._exit(code & 0xFF)
+'''
+
+
+def write_client(directory: Path) -> Path:
+    """The program to start in place of ``sys.executable`` (it needs ``FIELD_WARM_SOCKET`` set)."""
+    program = directory / "python"
+    program.write_text(CLIENT.format(python=sys.executable, env=SOCKET_ENV))
+    program.chmod(program.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    return program
+
+
+def serve(socket_path: str, client: str) -> None:
+    """Import ``PRELOAD``, then fork one job per connection until this process is killed."""
+    for name in PRELOAD:
+        importlib.import_module(name)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(socket_path)
+    listener.listen(64)
+    selector = selectors.DefaultSelector()
+    selector.register(listener, selectors.EVENT_READ)
+    jobs: dict[int, tuple[int, socket.socket]] = {}  # pidfd -> (pid, connection)
+    print("ready", flush=True)
+    while True:
+        for key, _ in selector.select():
+            if key.fileobj is listener:
+                connection, _ = listener.accept()
+                inherited = [listener.fileno(), selector.fileno(), *jobs, *(c.fileno() for _, c in jobs.values())]
+                pid = _start(connection, client, inherited)
+                if pid is None:
+                    connection.close()
+                    continue
+                pidfd = os.pidfd_open(pid)
+                jobs[pidfd] = (pid, connection)
+                selector.register(pidfd, selectors.EVENT_READ)
+            else:
+                pidfd = key.fd
+                pid, connection = jobs.pop(pidfd)
+                selector.unregister(pidfd)
+                os.close(pidfd)
+                _, status = os.waitpid(pid, 0)
+                with contextlib.suppress(OSError):
+                    connection.sendall(f"{os.waitstatus_to_exitcode(status)}\n".encode())
+                connection.close()
+
+
+def _start(connection: socket.socket, client: str, inherited: list[int]) -> int | None:
+    try:
+        header, streams, _, _ = socket.recv_fds(connection, 8, 3)
+        size = struct.unpack("!Q", header)[0]
+        body = b""
+        while len(body) < size:
+            chunk = connection.recv(size - len(body))
+            if not chunk:
+                return None
+            body += chunk
+        request = json.loads(body)
+    except (OSError, ValueError, struct.error):
+        return None
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid:
+        for fd in streams:
+            os.close(fd)
+        connection.sendall(f"{pid}\n".encode())
+        return pid
+    for fd in inherited:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    os._exit(_run_job(request, streams, connection, client))
+
+
+def _run_job(request: dict[str, Any], streams: list[int], connection: socket.socket, client: str) -> int:
+    os.setsid()  # the job's ranks and loader workers: one group, killed together
+    for target, fd in zip(request["streams"], streams, strict=True):
+        os.dup2(fd, target)
+        os.close(fd)
+    for target in {0, 1, 2} - set(request["streams"]):
+        os.close(target)
+    threading.Thread(target=_die_with_client, args=(connection,), daemon=True).start()
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    sys.executable = client  # what Lightning's DDP launcher and the product start for more ranks
+    server_paths = set(sys.path)
+    extra = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p not in server_paths]
+    argv = request["argv"]
+    code = 0
+    try:
+        if argv[0] == "-m":
+            sys.argv = [argv[1], *argv[2:]]
+            sys.path[0:1] = [os.getcwd(), *extra]
+            runpy._run_module_as_main(argv[1])  # type: ignore[attr-defined]  # what `python -m` calls
+        elif argv[0] == "-c":
+            sys.argv = ["-c", *argv[2:]]
+            sys.path[0:1] = ["", *extra]
+            exec(compile(argv[1], "<string>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
+        else:
+            sys.argv = list(argv)
+            sys.path[0:1] = [str(Path(argv[0]).resolve().parent), *extra]
+            runpy.run_path(argv[0], run_name="__main__")
+    except SystemExit as stop:
+        code = _exit_code(stop.code)
+    except BaseException:
+        sys.excepthook(*sys.exc_info())  # as the interpreter reports it: torch's DDP hook adds "[rankN]:"
+        code = 1
+    with contextlib.suppress(Exception):
+        atexit._run_exitfuncs()  # type: ignore[attr-defined]  # what the interpreter runs at exit
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    return code
+
+
+def _exit_code(code: object) -> int:
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    print(code, file=sys.stderr)
+    return 1
+
+
+def _die_with_client(connection: socket.socket) -> None:
+    """The client is gone (killed, or its group was): so are this job and what it started."""
+    with contextlib.suppress(OSError):
+        while connection.recv(1024):
+            pass
+    os.killpg(os.getpid(), signal.SIGKILL)
+
+
+# ------------------------------------------------------------------------------------ the pytest plugin
+_server = object()  # a config.stash key (pytest is not imported by the server)
+
+
+def pytest_collection_finish(session: Any) -> None:
+    """Start the server once per pytest process, outside every test, when a selected test may use it."""
+    if not any(item.get_closest_marker("slow") for item in session.items) or SOCKET_ENV in os.environ:
+        return
+    import subprocess
+    import tempfile
+
+    directory = Path(tempfile.mkdtemp(prefix="field-warm-"))
+    socket_path, client = str(directory / "server.sock"), write_client(directory)
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    server = subprocess.Popen([sys.executable, __file__, socket_path, str(client)], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL, start_new_session=True, text=True)  # fmt: skip
+    assert server.stdout is not None
+    if server.stdout.readline().strip() != "ready":
+        server.kill()
+        return  # the jobs start fresh interpreters, as they would without the server
+    session.config.stash[_server] = server
+    os.environ[SOCKET_ENV] = socket_path
+    os.environ["FIELD_WARM_PYTHON"] = str(client)
+
+
+def pytest_unconfigure(config: Any) -> None:
+    server = config.stash.get(_server, None)
+    if server is not None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.pid, signal.SIGKILL)
+        server.wait()
+        os.environ.pop(SOCKET_ENV, None)
+        os.environ.pop("FIELD_WARM_PYTHON", None)
+
+
+if __name__ == "__main__":
+    serve(sys.argv[1], sys.argv[2])
