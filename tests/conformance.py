@@ -156,7 +156,7 @@ def _free_port() -> int:
 
 def _torchrun(name: str, root: Path, out: Path, checkpoint: str, kill: bool) -> tuple[int, str]:
     """One agent per simulated node, as a multi-node job starts; returns the worse exit status."""
-    from conftest import child_env
+    from conftest import child_env, python_program
 
     config = CONFIGS[name]
     env = child_env()
@@ -164,7 +164,7 @@ def _torchrun(name: str, root: Path, out: Path, checkpoint: str, kill: bool) -> 
     env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     port = _free_port()
     command = [
-        sys.executable, "-m", "torch.distributed.run", f"--nnodes={config.nodes}",
+        python_program(), "-m", "torch.distributed.run", f"--nnodes={config.nodes}",
         f"--nproc-per-node={config.devices}", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
         f"--rdzv-id=conformance-{port}", "--max-restarts=1", "--monitor-interval=0.5",
         str(JOB), name, "--root", str(root), "--out", str(out), "--checkpoint", checkpoint,

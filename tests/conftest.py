@@ -165,6 +165,7 @@ def s3_bucket(s3_endpoint: str, request: pytest.FixtureRequest) -> tuple[str, di
 SPREAD_FILES = {"test_conformance.py", "test_conformance_plain.py"}
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups into the test ids
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.path.name not in SPREAD_FILES:

@@ -6,12 +6,11 @@ from __future__ import annotations
 import argparse
 import shutil
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import make_trainer, run_child
+from conftest import make_trainer, python_program, run_child
 
 from lightning_field.cli.main import build_parser
 from lightning_field.cli.main import main as field_main
@@ -122,7 +121,7 @@ def test_inspect_prints_components_files_and_provenance(ckpts: Path, capsys: pyt
 @pytest.mark.slow
 def test_the_installed_field_command_runs(ckpts: Path) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "lightning_field.cli.main", "ckpt", "verify", "-q", str(ckpts / "epoch=0-step=2")],
+        [python_program(), "-m", "lightning_field.cli.main", "ckpt", "verify", "-q", str(ckpts / "epoch=0-step=2")],
         capture_output=True,
         text=True,
     )

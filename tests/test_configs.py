@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import inspect
 import subprocess
-import sys
 from pathlib import Path
 
 import lightning.pytorch as pl
 import pytest
+from conftest import python_program
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 from hydra.utils import instantiate
@@ -148,7 +148,7 @@ def test_a_wrong_type_or_a_misspelled_key_fails_at_composition(override: str, me
 @pytest.mark.slow
 def test_field_train_refuses_a_bad_override_before_any_training(override: str, expected: list[str], tmp_path: Path):
     proc = subprocess.run(
-        [sys.executable, "-m", "lightning_field.cli.train_app", override, f"paths.root_dir={tmp_path}"],
+        [python_program(), "-m", "lightning_field.cli.train_app", override, f"paths.root_dir={tmp_path}"],
         capture_output=True, text=True, timeout=120, cwd=tmp_path,
     )  # fmt: skip
     assert proc.returncode == 2  # an unusable configuration, in one line

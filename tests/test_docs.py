@@ -81,19 +81,23 @@ def runnable_blocks(page: Path) -> list[str]:
     return blocks
 
 
-def _block_env() -> dict[str, str]:
+def _block_env(page: Path) -> dict[str, str]:
     env = dict(os.environ)
-    # The console scripts of the environment that runs the tests, whatever PATH held before.
+    # The console scripts of the environment that runs the tests, whatever PATH held before; on the
+    # pages under docs/, run by the warm python (tests/warm_python.py). The README's own blocks
+    # start them as a fresh shell does.
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    if page != README and "FIELD_WARM_PYTHON" in os.environ:
+        env["PATH"] = os.path.dirname(os.environ["FIELD_WARM_PYTHON"]) + os.pathsep + env["PATH"]
     env.setdefault("OMP_NUM_THREADS", "1")
     env.setdefault("MPLBACKEND", "Agg")
     env["PYTHONWARNINGS"] = "ignore"
     return env
 
 
-def _run_block(block: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+def _run_block(block: str, cwd: Path, page: Path) -> subprocess.CompletedProcess[str]:
     """``bash -euo pipefail`` in its own session (``conftest.run_in_session``)."""
-    return run_in_session(["bash", "-euo", "pipefail", "-c", block], BLOCK_TIMEOUT_S, cwd, _block_env())
+    return run_in_session(["bash", "-euo", "pipefail", "-c", block], BLOCK_TIMEOUT_S, cwd, _block_env(page))
 
 
 PAGES_WITH_BLOCKS = [page for page in PAGES if runnable_blocks(page)]
@@ -110,7 +114,7 @@ def test_the_docs_have_runnable_blocks() -> None:
 @pytest.mark.parametrize("page", PAGES_WITH_BLOCKS, ids=_page_id)
 def test_runnable_blocks_run_as_written(page: Path, tmp_path: Path) -> None:
     for number, block in enumerate(runnable_blocks(page), start=1):
-        result = _run_block(block, tmp_path)
+        result = _run_block(block, tmp_path, page)
         assert result.returncode == 0, (
             f"{_page_id(page)}: runnable block {number} exited {result.returncode} in {tmp_path}:\n"
             f"{block}\noutput:\n{result.stdout[-8000:]}"

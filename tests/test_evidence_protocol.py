@@ -9,11 +9,10 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from conftest import TESTS_DIR, child_env, make_trainer
+from conftest import TESTS_DIR, child_env, make_trainer, python_program
 
 from lightning_field.cli.main import main as field_main
 from lightning_field.workloads.demo import DemoDataModule, DemoRegressor
@@ -30,7 +29,7 @@ def run_field_evidence(
     if parallel:  # the controls side by side: same verdicts, less wall time for the suite
         overrides = ("evidence.parallel_controls=true", *overrides)
     proc = subprocess.run(
-        [sys.executable, "-m", "lightning_field.cli.evidence_app", f"hydra.run.dir={cwd / 'hydra'}",
+        [python_program(), "-m", "lightning_field.cli.evidence_app", f"hydra.run.dir={cwd / 'hydra'}",
          f"evidence.bundle_dir={bundle}", *overrides],
         cwd=cwd, env=child_env(), capture_output=True, text=True, timeout=timeout,
     )  # fmt: skip

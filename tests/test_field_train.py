@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from conftest import run_child
+from conftest import python_program, run_child
 
 from lightning_field import read_events, read_manifest
 from lightning_field.checkpoint.resolver import latest_recoverable
@@ -89,7 +88,7 @@ def test_a_multirun_of_ddp_jobs_keeps_every_rank_of_every_job_in_that_jobs_direc
 
 def test_an_unimportable_model_target_is_named_before_training(tmp_path: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, *APP, *QUIET, f"paths.root_dir={tmp_path}", "model._target_=nowhere.Model"],
+        [python_program(), *APP, *QUIET, f"paths.root_dir={tmp_path}", "model._target_=nowhere.Model"],
         capture_output=True, text=True, timeout=120, cwd=tmp_path,
     )  # fmt: skip
     assert proc.returncode != 0 and "nowhere.Model" in proc.stderr

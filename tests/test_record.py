@@ -16,13 +16,12 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import child_env
+from conftest import child_env, python_program
 
 from lightning_field.cli.main import main as field_main
 from lightning_field.record.build import signature_state
@@ -83,7 +82,7 @@ def made(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]:
         subprocess.run([*git, *cmd], cwd=project, check=True)
     run = root / "outputs" / "field-train" / "demo"
     bundle = run / "field" / "evidence" / "demo"
-    py = [sys.executable, "-m"]
+    py = [python_program(), "-m"]
     commands = {
         "train": [*py, "lightning_field.cli.train_app", "experiment=demo", "progress_bar=none",
                   "trainer.enable_model_summary=false", f"paths.root_dir={root}", "logger=wandb",

@@ -6,12 +6,12 @@ from __future__ import annotations
 import argparse
 import json
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from conftest import python_program
 
 from lightning_field.baseline.scale import (
     RankPlan,
@@ -100,7 +100,7 @@ def test_a_users_own_module_is_studied_and_a_step_drawing_random_numbers_fails_s
     # Run the way a user runs it: from the directory holding their module, named by _target_.
     out = tmp_path / "study"
     argv = [
-        sys.executable, "-m", "lightning_field.cli.main", "scale", "--ranks", "1,2", "--steps", "3",
+        python_program(), "-m", "lightning_field.cli.main", "scale", "--ranks", "1,2", "--steps", "3",
         "--effective-batch", "16", "--out", str(out), "--json",
         "model._target_=preflight_models.NoisyStepClassifier", "data._target_=preflight_models.ClassificationData",
     ]  # fmt: skip

@@ -16,6 +16,7 @@ from typing import Any
 import lightning.pytorch as pl
 import pytest
 import torch
+from conftest import python_program
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.demos.boring_classes import BoringModel
 from torch.utils.data import DataLoader, IterableDataset
@@ -206,7 +207,7 @@ def test_field_ckpt_inspect_prints_a_manifests_malformed_data_positions_instead_
     document["stream_positions"] = ["not", "a", "mapping"]
     document["data_restore"] = {"0": "a string, not a list"}
     manifest_file.write_text(json.dumps(document))
-    shown = subprocess.run([sys.executable, "-m", "lightning_field.cli.main", "ckpt", "inspect", str(checkpoint)],
+    shown = subprocess.run([python_program(), "-m", "lightning_field.cli.main", "ckpt", "inspect", str(checkpoint)],
                            capture_output=True, text=True, timeout=120)  # fmt: skip
     assert shown.returncode == 0, shown.stderr
     assert "rank 0  loader 0: a string, not a list" in shown.stdout

@@ -58,3 +58,21 @@ def test_short():
     result = pytester.runpytest_inprocess("-p", "no:cacheprovider")
     result.assert_outcomes(passed=2, errors=1)
     result.stdout.fnmatch_lines(["*test_long took 0.? s (setup, call and teardown), over the 0.2 s limit per test*"])
+
+
+@pytest.mark.slow
+def test_under_loadgroup_every_test_of_a_file_runs_on_one_worker(pytester: pytest.Pytester) -> None:
+    # .ci/run's --dist loadgroup with the groups tests/conftest.py sets: a file's module fixtures run
+    # once. pytest 9.2 with pytest-xdist 3.8 silently dealt the tests out one by one (xdist#1386).
+    pytester.makeconftest("""
+import pytest
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items):
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(item.path.name))
+""")
+    pytester.makepyfile(test_one="\n".join(f"def test_{i}(): pass" for i in range(6)))
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-n", "2", "--dist", "loadgroup", "-v")
+    workers = {line.split()[0] for line in result.stdout.lines if "PASSED" in line}
+    assert len(workers) == 1, result.stdout.str()

@@ -1,5 +1,5 @@
 """A warm ``python`` for the suite's child jobs: a program that behaves as the interpreter does for
-``python script.py ...``, ``python -m module ...`` and ``python -c code ...``, but is forked from a
+``python [-u] script.py ...``, ``python [-u] -m module ...`` and ``python [-u] -c code ...``, but is forked from a
 server that has imported torch, Lightning and lightning_field once (docs/testing.md).
 
 A fresh interpreter spends ~4 s of a 2-core machine importing them, and the suite starts hundreds:
@@ -14,9 +14,10 @@ which is this program inside a warm job). What stays as a fresh start is all tha
 - the server never trains: a child forked from a process that has run torch's OpenMP pool would
   hang in its first parallel op.
 
-What differs: the job's pid is not this program's pid, and modules the server imported are already
-in ``sys.modules``. Tests about either, about console scripts or about a fresh install start a real
-interpreter (``sys.executable``), as do options other than ``-m``/``-c`` and a missing server.
+What differs: the job's pid is not this program's pid (the job finds the one its launcher knows in
+``FIELD_WARM_LAUNCHED_PID``), and modules the server imported are already in ``sys.modules``. Tests
+about either, about console scripts or about a fresh install start a real interpreter
+(``sys.executable``), as do options other than ``-u``, ``-m`` and ``-c``, and a missing server.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ PRELOAD = ("torch", "lightning.pytorch", "torchmetrics", "lightning_field.checkp
 """What the server imports once: what nearly every job imports first."""
 
 SOCKET_ENV = "FIELD_WARM_SOCKET"
+LAUNCHED_PID_ENV = "FIELD_WARM_LAUNCHED_PID"
 
 CLIENT = '''#!{python} -SI
 # The warm python of tests/warm_python.py: hands its command line, environment, working directory
@@ -49,14 +51,18 @@ CLIENT = '''#!{python} -SI
 import json, os, signal, socket, struct, sys
 REAL = {python!r}
 argv = sys.argv[1:]
+unbuffered = argv[:1] == ["-u"]  # what torchrun's agent starts its workers with
+argv = argv[1:] if unbuffered else argv
 path = os.environ.get("{env}")
 if not path or not argv or (argv[0].startswith("-") and argv[0] not in ("-m", "-c")):
-    os.execv(REAL, [REAL, *argv])
+    os.environ.pop("{pid_env}", None)  # a real interpreter is the process its launcher knows
+    os.execv(REAL, [REAL, *(["-u"] if unbuffered else []), *argv])
 server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
 try:
     server.connect(path)
 except OSError:
-    os.execv(REAL, [REAL, *argv])
+    os.environ.pop("{pid_env}", None)
+    os.execv(REAL, [REAL, *(["-u"] if unbuffered else []), *argv])
 streams = []
 for fd in (0, 1, 2):
     try:
@@ -64,7 +70,8 @@ for fd in (0, 1, 2):
         streams.append(fd)
     except OSError:
         pass
-request = json.dumps({{"argv": argv, "env": dict(os.environ), "cwd": os.getcwd(), "streams": streams}}).encode()
+request = json.dumps({{"argv": argv, "env": dict(os.environ), "cwd": os.getcwd(), "streams": streams,
+                      "pid": os.getpid(), "unbuffered": unbuffered}}).encode()
 socket.send_fds(server, [struct.pack("!Q", len(request))], streams)
 server.sendall(request)
 replies = server.makefile("rb")
@@ -88,10 +95,16 @@ os._exit(code & 0xFF)
 
 
 def write_client(directory: Path) -> Path:
-    """The program to start in place of ``sys.executable`` (it needs ``FIELD_WARM_SOCKET`` set)."""
+    """The program to start in place of ``sys.executable`` (it needs ``FIELD_WARM_SOCKET`` set), and
+    beside it the package's console scripts (``field``, ``field-train``, ...) run by it: with
+    ``directory`` first on ``PATH``, a shell runs ``python`` and those scripts warm."""
     program = directory / "python"
-    program.write_text(CLIENT.format(python=sys.executable, env=SOCKET_ENV))
+    program.write_text(CLIENT.format(python=sys.executable, env=SOCKET_ENV, pid_env=LAUNCHED_PID_ENV))
     program.chmod(program.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    for script in Path(sys.executable).parent.glob("field*"):
+        wrapper = directory / script.name
+        wrapper.write_text(f'#!/bin/sh\nexec "{program}" "{script}" "$@"\n')
+        wrapper.chmod(program.stat().st_mode)
     return program
 
 
@@ -105,9 +118,10 @@ def serve(socket_path: str, client: str) -> None:
     selector = selectors.DefaultSelector()
     selector.register(listener, selectors.EVENT_READ)
     jobs: dict[int, tuple[int, socket.socket]] = {}  # pidfd -> (pid, connection)
+    parent = os.getppid()
     print("ready", flush=True)
-    while True:
-        for key, _ in selector.select():
+    while os.getppid() == parent:  # a pytest worker that died (SIGKILL, no unconfigure) takes it along
+        for key, _ in selector.select(timeout=1.0):
             if key.fileobj is listener:
                 connection, _ = listener.accept()
                 inherited = [listener.fileno(), selector.fileno(), *jobs, *(c.fileno() for _, c in jobs.values())]
@@ -163,10 +177,15 @@ def _run_job(request: dict[str, Any], streams: list[int], connection: socket.soc
         os.close(fd)
     for target in {0, 1, 2} - set(request["streams"]):
         os.close(target)
+    if request.get("unbuffered"):
+        for stream in (sys.stdout, sys.stderr):
+            stream.reconfigure(write_through=True)  # type: ignore[attr-defined]
     threading.Thread(target=_die_with_client, args=(connection,), daemon=True).start()
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
+    # The pid its launcher knows it by (torchrun's agent reports the worker it started by it).
+    os.environ[LAUNCHED_PID_ENV] = str(request["pid"])
     sys.executable = client  # what Lightning's DDP launcher and the product start for more ranks
     server_paths = set(sys.path)
     extra = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p not in server_paths]

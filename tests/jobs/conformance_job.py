@@ -516,7 +516,8 @@ class KillAtStep(Callback):
         self._started += 1  # batches of this optimizer step begun, this one included
         if self._started > self.after_micro_batches and not (self.mark is not None and self.mark.exists()):
             if self.mark is not None:
-                self.mark.write_text(str(os.getpid()))
+                # The pid the launcher started: under tests/warm_python.py, the program it forked this job for.
+                self.mark.write_text(os.environ.get("FIELD_WARM_LAUNCHED_PID", str(os.getpid())))
             os.kill(os.getpid(), self.signum)
 
 
