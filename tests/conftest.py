@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -170,3 +171,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.path.name not in SPREAD_FILES:
             item.add_marker(pytest.mark.xdist_group(item.path.name))
+    # The largest indivisible work first, the matrix dealt out test by test last (longest processing
+    # time first): a file of many multi-process tests handed out at the end would leave one worker
+    # finishing alone. A file's size is its count of slow tests; the order inside a file is kept.
+    slow = Counter(item.path.name for item in items if item.get_closest_marker("slow") is not None)
+    items.sort(key=lambda item: (item.path.name in SPREAD_FILES, -slow[item.path.name], item.path.name))

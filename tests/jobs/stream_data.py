@@ -10,6 +10,7 @@ very same files.
 from __future__ import annotations
 
 import io
+import multiprocessing
 import os
 import shutil
 import tarfile
@@ -86,8 +87,15 @@ def litdata_shards(base: TensorDataset, shards: Path) -> Path:
         os.environ["DATA_OPTIMIZER_DATA_CACHE_FOLDER"] = str(out.with_name(out.name + "-cache-data"))
         x, y = base.tensors
         pairs = list(zip(x.tolist(), y.tolist(), strict=True))
-        litdata.optimize(fn=_litdata_sample, inputs=pairs, output_dir=str(out), chunk_size=16, num_workers=1,
-                         mode="overwrite")  # fmt: skip
+        # optimize() sets the process's start method to "spawn" (force=True) and leaves it so: every
+        # later DataLoader of the process (a test worker's next tests) would start its workers as
+        # fresh interpreters. The caller's method is put back.
+        start_method = multiprocessing.get_start_method(allow_none=True)
+        try:
+            litdata.optimize(fn=_litdata_sample, inputs=pairs, output_dir=str(out), chunk_size=16, num_workers=1,
+                             mode="overwrite")  # fmt: skip
+        finally:
+            multiprocessing.set_start_method(start_method, force=True)
 
     return written_once(shards / "litdata", write)
 
