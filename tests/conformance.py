@@ -6,7 +6,8 @@ Single-process configurations are forked from a fork server that has imported Li
 run costs its training, not Lightning's import); multi-rank ones start ``jobs/conformance_job.py``
 through Lightning's DDP launcher, as a user's script would. Multi-node ones run under two torchrun
 elastic agents on loopback (one per simulated node, c10d rendezvous, ``--max-restarts=1``): the
-kill and the resume are one launch, since torchrun itself restarts the group.
+kill and the resume are one launch, since torchrun itself restarts the group. Scripts, ranks,
+agents and workers start from the suite's warm python (``warm_python.py``) where it runs.
 """
 
 from __future__ import annotations

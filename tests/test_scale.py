@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +41,10 @@ def stalled_study(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         ranks=[1, 2, 4], steps=6, effective_batch=EFFECTIVE_BATCH, out_dir=out, stall_rank=1, stall_s=0.05,
         timeout_s=120,
     )  # fmt: skip
-    return run_study(config, cpu_count=2)
+    with pytest.MonkeyPatch.context() as patch:
+        # The study starts its ranks from sys.executable: from the warm python (tests/warm_python.py).
+        patch.setattr(sys, "executable", python_program())
+        return run_study(config, cpu_count=2)
 
 
 @pytest.mark.slow
