@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -145,6 +146,23 @@ def test_every_field_subcommand_answers_help(command: tuple[str, ...], capsys: p
         field_main([*command, "--help"])
     assert done.value.code == 0
     assert capsys.readouterr().out.startswith(f"usage: field {' '.join(command)}")
+
+
+@pytest.mark.slow
+def test_field_and_its_subcommands_answer_help_without_importing_torch_or_lightning() -> None:
+    # A fresh interpreter (not the warm python, which has torch loaded): `field --help` and the
+    # commands' usage stay instant because torch and Lightning load only when a command does work.
+    program = (
+        "import contextlib, io, sys\n"
+        "from lightning_field.cli.main import main\n"
+        f"for command in {[list(c) for c in ARGPARSE_COMMANDS]!r} + [[]]:\n"
+        "    with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
+        "        main([*command, '--help'])\n"
+        "print(sorted(m for m in ('torch', 'lightning', 'lightning.pytorch') if m in sys.modules))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip() == "[]", result.stdout
 
 
 @pytest.mark.slow

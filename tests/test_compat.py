@@ -4,6 +4,7 @@ tested release, and an untested one is refused at import, with the fix, instead 
 from __future__ import annotations
 
 import ast
+import importlib
 import re
 import shutil
 import subprocess
@@ -99,16 +100,39 @@ def test_the_scan_finds_a_private_access_planted_outside_compat(tmp_path: Path) 
     ]
 
 
-def test_the_package_root_lists_each_public_name_once_and_every_one_resolves() -> None:
-    """The root imports lazily: its name table, ``__all__`` and the type checker's imports must agree."""
-    import lightning_field
+LAZY_PACKAGES = sorted(
+    str(init.parent.relative_to(REPO)).replace("/", ".")
+    for init in PACKAGE.rglob("__init__.py")
+    if "_EXPORTS" in init.read_text()
+)
 
-    source = (PACKAGE / "__init__.py").read_text()
-    typed = {alias.asname or alias.name for node in ast.walk(ast.parse(source)) if isinstance(node, ast.ImportFrom)
-             and node.module != "lightning_field._version" and node.module != "__future__"
-             and node.module != "typing" for alias in node.names}  # fmt: skip
-    exported = set(lightning_field._EXPORTS)
-    assert set(lightning_field.__all__) == exported | {"__version__"} and typed == exported
+
+@pytest.mark.parametrize("package", LAZY_PACKAGES)
+def test_a_lazy_package_lists_each_public_name_once_and_every_one_resolves(package: str) -> None:
+    """A package that imports lazily: its name table, ``__all__`` and the type checker's imports must agree."""
+    module = importlib.import_module(package)
+    tree = ast.parse(Path(module.__file__ or "").read_text())
+    guarded = [node for node in tree.body if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING"]
+    typed = {alias.asname or alias.name for block in guarded for node in ast.walk(block)
+             if isinstance(node, ast.ImportFrom) for alias in node.names}  # fmt: skip
+    exported = set(module._EXPORTS)
+    assert typed == exported and exported <= set(module.__all__)
+    for name in module.__all__:
+        getattr(module, name)
     for name in sorted(exported):
-        value = getattr(lightning_field, name)
-        assert getattr(value, "__name__", name) == name, f"lightning_field.{name} resolves to {value!r}"
+        value = getattr(module, name)
+        assert getattr(value, "__name__", name) == name, f"{package}.{name} resolves to {value!r}"
+    with pytest.raises(AttributeError, match=f"module '{package}' has no attribute 'not_exported'"):
+        module.not_exported  # noqa: B018
+
+
+def test_a_lazy_name_that_is_also_a_submodule_is_refused_at_import(tmp_path: Path) -> None:
+    from lightning_field.core.lazy import lazy_exports
+
+    (tmp_path / "forecast.py").write_text("def forecast(): ...\n")
+    with pytest.raises(ValueError, match=r"pkg: exported names \['forecast'\] are also submodules"):
+        lazy_exports("pkg", {"forecast": "pkg.forecast"}, {"__path__": [str(tmp_path)]})
+
+
+def test_every_subpackage_of_the_root_imports_lazily() -> None:
+    assert "lightning_field" in LAZY_PACKAGES and len(LAZY_PACKAGES) >= 9, LAZY_PACKAGES

@@ -21,7 +21,7 @@ from lightning_field.cli.hydra_app import composition_problem
 from lightning_field.core.manifest import MANIFEST_NAME
 from lightning_field.integrations.hydra_configs import TargetConfigError, prepare_target_overrides, refuse_moved_targets
 from lightning_field.record.identity import project_config
-from lightning_field.state.provenance import diff_provenance, stable_hash
+from lightning_field.state.provenance_compare import diff_provenance, stable_hash
 from lightning_field.workloads import MOVED_TARGETS
 
 APP = ["-m", "lightning_field.cli.train_app"]

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from lightning_field.core.distributed import RANK_VARIABLES, env_global_rank, global_rank
+from lightning_field.core.distributed import global_rank
+from lightning_field.core.launcher_env import RANK_VARIABLES, env_global_rank
 from lightning_field.integrations.wandb_identity import env_global_zero
 
 LAUNCH_VARIABLES = (*RANK_VARIABLES, "NODE_RANK", "GROUP_RANK", "LOCAL_WORLD_SIZE")

@@ -32,7 +32,7 @@ from lightning_field.record.html import render_html
 from lightning_field.record.identity import staleness_reasons
 from lightning_field.record.ladder import exposure
 from lightning_field.record.signing import content_sha256, sign, verify_signatures
-from lightning_field.state.provenance import stable_hash
+from lightning_field.state.provenance_compare import stable_hash
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -11,7 +11,7 @@ from conftest import make_trainer
 from lightning.pytorch.demos.boring_classes import BoringModel
 
 from lightning_field import ManifestCheckpoint, ResumeMismatchError, read_events, read_manifest
-from lightning_field.state.provenance import diff_provenance
+from lightning_field.state.provenance_compare import diff_provenance
 from lightning_field.state.secrets import is_redacted
 from lightning_field.workloads.demo import DemoDataModule, DemoRegressor
 

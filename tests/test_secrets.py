@@ -152,7 +152,7 @@ def test_the_same_config_with_the_same_secrets_resumes(trained: Path) -> None:
 
 
 def test_a_secret_recorded_by_an_older_checkpoint_as_the_bare_marker_does_not_refuse_the_resume() -> None:
-    from lightning_field.state.provenance import diff_provenance
+    from lightning_field.state.provenance_compare import diff_provenance
 
     saved = {"config": {"resolved": {"wandb": {"api_key": "<redacted>"}, "data": {"tokenizer": "<redacted>"}}}}
     current = {"config": {"resolved": scrub_secrets({"wandb": {"api_key": "abc"}, "data": {"tokenizer": "gpt2"}})}}

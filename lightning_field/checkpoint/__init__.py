@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import importlib
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from lightning_field.core.lazy import lazy_exports
 from lightning_field.core.manifest import SHARED_STATE_FILE, read_manifest
 
 # Imported on first use (PEP 562), as the package's top level does: `field ckpt list/verify/inspect`
@@ -14,7 +14,6 @@ from lightning_field.core.manifest import SHARED_STATE_FILE, read_manifest
 _EXPORTS: dict[str, str] = {
     "CheckpointSaveError": "lightning_field.checkpoint.commit",
     "ManifestCheckpointIO": "lightning_field.checkpoint.io",
-    "torch_load_verified": "lightning_field.checkpoint.io",
     "ManifestCheckpoint": "lightning_field.checkpoint.manifest_checkpoint",
     "PREEMPTED_EXIT_CODE": "lightning_field.checkpoint.preemption",
     "TrainingPreempted": "lightning_field.checkpoint.preemption",
@@ -30,17 +29,7 @@ _EXPORTS: dict[str, str] = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'lightning_field.checkpoint' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_EXPORTS})
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
 
 
 if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerly
@@ -56,6 +45,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
         require_intact,
         verify_checkpoint,
     )
+
 
 def load_weights(path: str | os.PathLike[str], map_location: Any = "cpu") -> dict[str, Any]:
     """The model ``state_dict`` of any committed unsharded checkpoint (including exports), verified first."""

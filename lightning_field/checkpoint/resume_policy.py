@@ -20,11 +20,13 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
 from lightning_field.checkpoint.resolver import committed_checkpoints, latest_recoverable
 from lightning_field.compat import lightning as internals
-from lightning_field.core.distributed import broadcast_object, env_global_rank
+from lightning_field.core.distributed import broadcast_object
 from lightning_field.core.errors import ResumeMismatchError
+from lightning_field.core.launcher_env import env_global_rank
 from lightning_field.core.manifest import Manifest
 from lightning_field.core.storage import Location, as_location, basename, is_url
 from lightning_field.state import provenance, reshard
+from lightning_field.state.provenance_compare import diff_provenance
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +72,7 @@ def refuse_on_differences(
         ResumeMismatchError: some difference is not allowed; ``differences`` holds them all.
     """
     allowed = tuple(allowed)
-    diffs = provenance.diff_provenance(saved, current)
+    diffs = diff_provenance(saved, current)
     blocking = {k: v for k, v in diffs.items() if not is_allowed(k, allowed)}
     for key in set(diffs) - set(blocking):
         rank_zero_warn(f"Resuming despite allowed difference {key}: {diffs[key][0]!r} -> {diffs[key][1]!r}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from lightning_field.cli import ckpt, evidence, plan, preflight_app, probe, record, scale, wandb
+from lightning_field.cli import ckpt, evidence, plan, probe, record, scale, wandb
 
 PREFLIGHT_HELP = "data and label checks, a tiny overfit, a one-device baseline and the fit (Hydra overrides follow)"
 PREFLIGHT_USAGE = """usage: field preflight [--config-dir DIR] [--config-name NAME] [--cfg {job,hydra,all}]
@@ -40,6 +40,8 @@ def _preflight(overrides: list[str]) -> int:
         # Hydra's own help lists the config groups and the composed config, but no usage line.
         print(PREFLIGHT_USAGE)
     sys.argv = ["field preflight", *overrides]
+    from lightning_field.cli import preflight_app  # Lightning and Hydra: only for the command that needs them
+
     try:
         preflight_app.main()
     except SystemExit as done:  # Hydra exits, after --help and with the run's status: returned, not raised

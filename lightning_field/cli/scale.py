@@ -13,30 +13,14 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from hydra.errors import HydraException
-from omegaconf import OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+# The study, torch and Hydra are imported when a study is asked for: `field --help` and every other
+# `field` command build this parser too.
+from lightning_field.baseline.scale_plan import RANKS_PER_CPU, ScaleInputError, parse_ranks, plan_study
 
-from lightning_field.baseline.scale import (
-    RANKS_PER_CPU,
-    ScaleInputError,
-    ScaleRunError,
-    StudyConfig,
-    parse_ranks,
-    plan_study,
-    render_report,
-    run_study,
-)
-from lightning_field.cli.hydra_app import import_from_working_directory, one_line
-from lightning_field.conf import compose_config
-from lightning_field.integrations.hydra_configs import (
-    TargetConfigError,
-    apply_target_swaps,
-    prepare_target_overrides,
-    resolved_dict,
-)
+if TYPE_CHECKING:
+    from lightning_field.baseline.scale import StudyConfig
 
 # flag (argparse dest) -> the scale.* setting it sets
 FLAG_KEYS = {
@@ -49,6 +33,22 @@ FLAG_KEYS = {
 def study_config(args: argparse.Namespace) -> StudyConfig:
     """Compose ``field_scale`` with the user's overrides, then apply the flags (which win: they are what
     was typed most explicitly, and paths need no Hydra quoting)."""
+    # Hydra, OmegaConf and the study (torch) load only for `field scale`: `field --help` stays fast.
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    # (the same reason: the study config and the Hydra helpers import torch and Lightning)
+    from lightning_field.baseline.scale import StudyConfig
+    from lightning_field.cli.hydra_app import import_from_working_directory, one_line
+    from lightning_field.conf import compose_config
+    from lightning_field.integrations.hydra_configs import (
+        TargetConfigError,
+        apply_target_swaps,
+        prepare_target_overrides,
+        resolved_dict,
+    )
+
     import_from_working_directory()
     overrides = prepare_target_overrides(args.overrides)
     try:
@@ -97,6 +97,9 @@ def validate(config: StudyConfig) -> None:
 
 
 def cmd_scale(args: argparse.Namespace) -> int:
+    # torch and Lightning load only when a study runs (see study_config).
+    from lightning_field.baseline.scale import ScaleRunError, render_report, run_study
+
     try:
         config = study_config(args)
         validate(config)  # before any process starts

@@ -25,8 +25,9 @@ from lightning_field.checkpoint.preemption import TrainingPreempted
 from lightning_field.checkpoint.resolver import committed_checkpoints, latest_recoverable
 from lightning_field.checkpoint.resume_policy import ResumeMismatchError, short_key
 from lightning_field.cli.hydra_app import hydra_main
-from lightning_field.core.distributed import end_process_groups, env_global_rank
+from lightning_field.core.distributed import end_process_groups
 from lightning_field.core.events import read_events
+from lightning_field.core.launcher_env import env_global_rank
 from lightning_field.core.layout import EVIDENCE_RELPATH, FAULT_RELPATH, LAUNCH_RELPATH
 from lightning_field.core.storage import basename
 from lightning_field.evidence.faults import KillAtStep

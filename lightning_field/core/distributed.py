@@ -11,6 +11,8 @@ from typing import Any, NoReturn
 
 import torch.distributed as dist
 
+from lightning_field.core.launcher_env import env_global_rank
+
 
 def is_distributed() -> bool:
     return dist.is_available() and dist.is_initialized()
@@ -21,33 +23,6 @@ def global_rank() -> int:
     if is_distributed():
         return dist.get_rank()
     return env_global_rank()
-
-
-RANK_VARIABLES = ("RANK", "LOCAL_RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK")
-"""Where launchers put a process's rank, in the order Lightning's ``rank_zero_only`` reads them."""
-
-
-def env_global_rank() -> int:
-    """This process's global rank from the launcher's environment alone: before a process group (or
-    the Trainer) exists, or in a process that never joins one.
-
-    ``RANK`` (torchrun, this package's launchers) is the global rank. Without it the first of
-    ``LOCAL_RANK``, ``SLURM_PROCID`` and ``JSM_NAMESPACE_RANK`` that is set counts, as Lightning reads
-    them: its DDP launcher sets ``LOCAL_RANK`` in the processes it starts and nothing in rank 0's own,
-    and ``LOCAL_RANK`` comes before ``SLURM_PROCID`` because one SLURM task can launch several local
-    ranks. A node rank (``NODE_RANK`` / ``GROUP_RANK``) counts then: node 1's first process has
-    ``LOCAL_RANK=0``. Its rank is offset by the node times the local world size (``LOCAL_WORLD_SIZE``,
-    at least the local rank + 1), which is exact where that variable is set and never 0 off node 0.
-    """
-    values = {key: os.environ.get(key) for key in RANK_VARIABLES}
-    if values["RANK"] is not None:
-        return int(values["RANK"])
-    local = next((int(value) for value in values.values() if value is not None), 0)
-    node = int(os.environ.get("NODE_RANK") or os.environ.get("GROUP_RANK") or 0)
-    if node == 0:
-        return local
-    local_world = max(int(os.environ.get("LOCAL_WORLD_SIZE") or 0), local + 1)
-    return node * local_world + local
 
 
 def world_size() -> int:

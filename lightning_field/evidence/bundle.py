@@ -40,7 +40,7 @@ from lightning_field.evidence.bundle_format import (
 from lightning_field.evidence.gate import Condition, critical_conditions, effective_records, resumed_checkpoint
 from lightning_field.evidence.markdown import render_markdown
 from lightning_field.evidence.protocol import EvidenceSettings, RunResult
-from lightning_field.state.provenance import stable_hash
+from lightning_field.state.provenance_compare import stable_hash
 from lightning_field.state.secrets import scrub_secrets
 
 __all__ = ["build_evidence", "write_bundle"]

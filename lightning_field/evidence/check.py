@@ -19,7 +19,7 @@ from lightning_field.core.hashing import file_matches, recorded_digest
 from lightning_field.core.manifest import ManifestError, read_manifest
 from lightning_field.evidence.bundle_format import EVIDENCE_DOCUMENT, EVIDENCE_JSON
 from lightning_field.evidence.identity import identity_differences, identity_of
-from lightning_field.state.provenance import diff_provenance
+from lightning_field.state.provenance_compare import diff_provenance
 
 __all__ = ["check_bundle", "claim_problems"]
 

@@ -21,11 +21,10 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from lightning_field.compat.lightning import convert_params
-from lightning_field.core.distributed import env_global_rank
 from lightning_field.core.documents import DocumentFormat, parse_document
 from lightning_field.core.events import process_start_unix, read_events
 from lightning_field.core.fsio import atomic_write_bytes
+from lightning_field.core.launcher_env import env_global_rank
 from lightning_field.core.layout import WANDB_RELPATH
 from lightning_field.state.secrets import scrub_secrets
 
@@ -90,7 +89,12 @@ def scrub_config(config: Any) -> dict[str, Any]:
         return {}
     if isinstance(config, (DictConfig, ListConfig)):
         config = OmegaConf.to_container(config, resolve=True, throw_on_missing=False)
-    scrubbed = scrub_secrets(convert_params(config) if not isinstance(config, Mapping) else config)
+    if not isinstance(config, Mapping):
+        # Lightning's converter takes a Namespace; imported here, as `field wandb sync` reads identities only.
+        from lightning_field.compat.lightning import convert_params
+
+        config = convert_params(config)
+    scrubbed = scrub_secrets(config)
     if not isinstance(scrubbed, dict):
         raise TypeError(f"config must be a mapping (dict, DictConfig or Namespace), got {type(config).__name__}")
     return scrubbed

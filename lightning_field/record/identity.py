@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from lightning_field.evidence.identity import IDENTITY_FIELDS, identity_differences, identity_of
-from lightning_field.state.provenance import diff_provenance, stable_hash
+from lightning_field.state.provenance_compare import diff_provenance, stable_hash
 from lightning_field.state.secrets import scrub_secrets
 from lightning_field.workloads import with_current_targets
 

@@ -7,7 +7,6 @@ of silently continuing somebody else's experiment. Secrets never enter it.
 from __future__ import annotations
 
 import inspect
-import json
 import os
 import platform
 import random
@@ -23,19 +22,11 @@ import numpy as np
 import torch
 
 from lightning_field._version import __version__
-from lightning_field.core.hashing import IDENTITY_ALGORITHM, hash_bytes, new_hasher
+from lightning_field.core.hashing import IDENTITY_ALGORITHM, new_hasher
+from lightning_field.state.provenance_compare import stable_hash
 from lightning_field.state.rng import capture_rng_state, restore_rng_state
-from lightning_field.state.secrets import is_redacted, scrub_secrets
+from lightning_field.state.secrets import scrub_secrets
 from lightning_field.state.streams import stream_manifest
-from lightning_field.workloads import current_target
-
-# Checkpoints written before the secret digests recorded every secret as this one constant: they
-# cannot tell two secrets apart, so a secret recorded that way matches any secret now.
-LEGACY_REDACTED = "<redacted>"
-
-
-def stable_hash(value: Any) -> str:
-    return hash_bytes(json.dumps(value, sort_keys=True, default=repr).encode(), IDENTITY_ALGORITHM)
 
 
 def _git(args: list[str], cwd: Path) -> str | None:
@@ -252,27 +243,3 @@ def environment_provenance(trainer: Any) -> dict[str, Any]:
         "cudnn_benchmark": bool(torch.backends.cudnn.benchmark),
     }
 
-
-def _same_moved_target(key: str, saved: Any, current: Any) -> bool:
-    """A ``_target_`` recorded under a class's old path names the same class as its current path
-    (``workloads.MOVED_TARGETS``): a checkpoint written before a move is still this run's."""
-    return key == "_target_" and isinstance(saved, str) and current_target(saved) == current
-
-
-def diff_provenance(
-    saved: Mapping[str, Any], current: Mapping[str, Any], prefix: str = ""
-) -> dict[str, tuple[Any, Any]]:
-    """Flat ``{"dotted.key": (saved, current)}`` of every leaf that differs.
-
-    Two recorded forms equal their current one: a secret recorded as ``LEGACY_REDACTED``, and a
-    ``_target_`` recorded under a path that ``lightning_field.workloads.MOVED_TARGETS`` maps to the
-    current value. Nothing else is equated."""
-    out: dict[str, tuple[Any, Any]] = {}
-    for key in sorted(set(saved) | set(current)):
-        a, b = saved.get(key), current.get(key)
-        name = f"{prefix}{key}"
-        if isinstance(a, Mapping) and isinstance(b, Mapping):
-            out.update(diff_provenance(a, b, name + "."))
-        elif a != b and not (a == LEGACY_REDACTED and is_redacted(b)) and not _same_moved_target(key, a, b):
-            out[name] = (a, b)
-    return out

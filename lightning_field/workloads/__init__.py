@@ -25,7 +25,7 @@ MOVED_TARGETS: dict[str, str] = {
 
 Three places read it, each for one reason:
 
-- the resume check (``state.provenance.diff_provenance``) treats a checkpoint's old ``_target_``
+- the resume check (``state.provenance_compare.diff_provenance``) treats a checkpoint's old ``_target_``
   and the current one as the same value, so a checkpoint written before the move still resumes.
   Only these exact names are equated; every other config difference still refuses the resume;
 - the Hydra apps (``integrations.hydra_configs.apply_target_swaps``) refuse an old name given on
