@@ -63,9 +63,12 @@ class Outcome:
         return f"exact (resumed at step {self.resumed_from_step})"
 
 
-def _child(name: str, root: Path, out: Path, checkpoint: str, kill: bool, resume: bool, log: Path) -> None:
+def _child(name: str, root: Path, out: Path, checkpoint: str, kill: bool, resume: bool, log: Path,
+           shards: Path | None) -> None:
     import os
 
+    if shards is not None:
+        os.environ[conformance_job.SHARDS_ENV] = str(shards)
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
@@ -89,6 +92,13 @@ def _child(name: str, root: Path, out: Path, checkpoint: str, kill: bool, resume
     os._exit(0)
 
 
+PRELOAD = ["conformance_job", "lightning.pytorch", "torchmetrics", "lightning_field.checkpoint.manifest_checkpoint",
+           "omegaconf", "s3fs", "stream_data", "datasets", "litdata", "webdataset"]  # fmt: skip
+"""What the forked runs would import themselves: ``lightning_field`` imports its names lazily;
+Lightning's ``ModelCheckpoint.setup`` imports s3fs, where it is installed, to ask whether ``dirpath`` is
+object storage (0.5 s of a 1.1 s run); the stream rows import their library (``datasets``: 0.8 s)."""
+
+
 def _fork_server() -> Any:
     """Children fork from a server process that has imported Lightning and never trained.
 
@@ -98,13 +108,15 @@ def _fork_server() -> Any:
     keeps the start-up cheap (imports done once) and the children safe.
     """
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["conformance_job", "lightning.pytorch", "lightning_field", "torchmetrics"])
+    context.set_forkserver_preload(PRELOAD)
     return context
 
 
-def _forked(name: str, root: Path, out: Path, checkpoint: str, kill: bool, resume: bool) -> tuple[int, str]:
+def _forked(
+    name: str, root: Path, out: Path, checkpoint: str, kill: bool, resume: bool, shards: Path | None
+) -> tuple[int, str]:
     log = root.parent / f"{root.name}-{'kill' if kill else 'resume' if resume else 'run'}.log"
-    process = _fork_server().Process(target=_child, args=(name, root, out, checkpoint, kill, resume, log))
+    process = _fork_server().Process(target=_child, args=(name, root, out, checkpoint, kill, resume, log, shards))
     process.start()
     process.join(180)
     if process.is_alive():
@@ -114,19 +126,32 @@ def _forked(name: str, root: Path, out: Path, checkpoint: str, kill: bool, resum
     return process.exitcode or 0, log.read_text() if log.exists() else ""
 
 
-def _launched(name: str, root: Path, out: Path, checkpoint: str, kill: bool, resume: bool) -> tuple[int, str]:
-    from conftest import run_child
+def _job_env(shards: Path | None) -> dict[str, str]:
+    from conftest import child_env
+
+    env = child_env()
+    if shards is not None:
+        env[conformance_job.SHARDS_ENV] = str(shards)
+    return env
+
+
+def _launched(
+    name: str, root: Path, out: Path, checkpoint: str, kill: bool, resume: bool, shards: Path | None
+) -> tuple[int, str]:
+    from conftest import python_program, run_in_session
 
     args = [JOB, name, "--root", root, "--out", out, "--checkpoint", checkpoint]
     args += ["--kill"] if kill else []
     args += ["--resume"] if resume else []
-    result = run_child(args, timeout=180)
+    result = run_in_session([python_program(), *map(str, args)], timeout=180, env=_job_env(shards))
     return result.returncode, result.stdout
 
 
-def _cli_launched(name: str, root: Path, out: Path, checkpoint: str, kill: bool, resume: bool) -> tuple[int, str]:
+def _cli_launched(
+    name: str, root: Path, out: Path, checkpoint: str, kill: bool, resume: bool, shards: Path | None
+) -> tuple[int, str]:
     """The user's LightningCLI script, everything on its command line, as a user would run it."""
-    from conftest import child_env, python_program, run_in_session
+    from conftest import python_program, run_in_session
 
     config = CONFIGS[name]
     callback = "lightning_field.ManifestCheckpoint" if checkpoint == "field" else "ModelCheckpoint"
@@ -142,7 +167,7 @@ def _cli_launched(name: str, root: Path, out: Path, checkpoint: str, kill: bool,
           if kill else []),
         *(["--ckpt_path=last"] if resume else []),
     ]  # fmt: skip
-    env = child_env()
+    env = _job_env(shards)
     env["CONFORMANCE_OUT"] = str(out)
     root.mkdir(parents=True, exist_ok=True)
     result = run_in_session([python_program(), str(CLI_JOB), *args], timeout=180, env=env)
@@ -155,12 +180,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _torchrun(name: str, root: Path, out: Path, checkpoint: str, kill: bool) -> tuple[int, str]:
+def _torchrun(name: str, root: Path, out: Path, checkpoint: str, kill: bool, shards: Path | None) -> tuple[int, str]:
     """One agent per simulated node, as a multi-node job starts; returns the worse exit status."""
-    from conftest import child_env, python_program
+    from conftest import python_program
 
     config = CONFIGS[name]
-    env = child_env()
+    env = _job_env(shards)
     # The launch line docs/conformance.md documents: without it, restarted groups can hang (pytorch#135712).
     env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     port = _free_port()
@@ -192,28 +217,32 @@ def _torchrun(name: str, root: Path, out: Path, checkpoint: str, kill: bool) -> 
     return next((c for c in codes if c != 0), 0), text
 
 
-def run_protocol(name: str, checkpoint: str, tmp: Path) -> Outcome:
-    """Reference, killed, resumed; the outcome names the first difference from the reference."""
+def run_protocol(name: str, checkpoint: str, tmp: Path, shards: Path | None = None) -> Outcome:
+    """Reference, killed, resumed; the outcome names the first difference from the reference.
+
+    ``shards``: where library streams' shard files are written once and read by every run (the
+    suite shares one folder), else beside the runs in ``tmp``.
+    """
     config = CONFIGS[name]
     if config.nodes > 1:
-        return _run_elastic_protocol(name, checkpoint, tmp)
+        return _run_elastic_protocol(name, checkpoint, tmp, shards)
     go = _cli_launched if config.cli else _launched if config.devices > 1 else _forked
     outcome = Outcome(name, checkpoint)
     reference, resumed = tmp / f"{checkpoint}-reference.pt", tmp / f"{checkpoint}-resumed.pt"
-    rc, log = go(name, tmp / f"{checkpoint}-reference", reference, checkpoint, kill=False, resume=False)
+    rc, log = go(name, tmp / f"{checkpoint}-reference", reference, checkpoint, kill=False, resume=False, shards=shards)
     if rc != 0:
         outcome.error, outcome.log = f"reference run exited {rc}: {_tail(log)}", log
         return outcome
     root = tmp / f"{checkpoint}-interrupted"
     first = tmp / f"{checkpoint}-first-attempt.pt"
-    outcome.killed_rc, log = go(name, root, first, checkpoint, kill=True, resume=False)
+    outcome.killed_rc, log = go(name, root, first, checkpoint, kill=True, resume=False, shards=shards)
     if outcome.killed_rc != interrupted_exit_status(name):
         outcome.error = f"interrupted run exited {outcome.killed_rc}, not {interrupted_exit_status(name)}: {_tail(log)}"
         outcome.log = log
         return outcome
     if config.stop is not None:
         outcome.stopped_at_step = torch.load(first, weights_only=False)["step"]
-    rc, log = go(name, root, resumed, checkpoint, kill=False, resume=True)
+    rc, log = go(name, root, resumed, checkpoint, kill=False, resume=True, shards=shards)
     outcome.log = log
     if rc != 0:
         outcome.error = f"resumed run exited {rc}: {_tail(log)}"
@@ -229,16 +258,16 @@ def interrupted_exit_status(name: str) -> int:
     return 75 if config.interrupt == "SIGTERM" else -9
 
 
-def _run_elastic_protocol(name: str, checkpoint: str, tmp: Path) -> Outcome:
+def _run_elastic_protocol(name: str, checkpoint: str, tmp: Path, shards: Path | None) -> Outcome:
     """Reference launch; then a launch whose rank 1 is SIGKILLed once and which torchrun restarts."""
     outcome = Outcome(name, checkpoint)
     reference, resumed = tmp / f"{checkpoint}-reference.pt", tmp / f"{checkpoint}-resumed.pt"
-    rc, log = _torchrun(name, tmp / f"{checkpoint}-reference", reference, checkpoint, kill=False)
+    rc, log = _torchrun(name, tmp / f"{checkpoint}-reference", reference, checkpoint, kill=False, shards=shards)
     if rc != 0:
         outcome.error, outcome.log = f"reference launch exited {rc}: {_tail(log)}", log
         return outcome
     root = tmp / f"{checkpoint}-interrupted"
-    rc, outcome.log = _torchrun(name, root, resumed, checkpoint, kill=True)
+    rc, outcome.log = _torchrun(name, root, resumed, checkpoint, kill=True, shards=shards)
     # The agent's own account of how the interrupted worker (its pid is in the mark) ended.
     mark = root / "killed"
     ended = dict(

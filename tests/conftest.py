@@ -160,6 +160,14 @@ def s3_bucket(s3_endpoint: str, request: pytest.FixtureRequest) -> tuple[str, di
     return f"s3://{name}", {"endpoint_url": s3_endpoint}
 
 
+@pytest.fixture(scope="session")
+def shared_shards(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Path:
+    """One folder, for every pytest worker of this run, where library streams' shard files are
+    written once (each is written to a private folder and renamed into place: workers race)."""
+    base = tmp_path_factory.getbasetemp()
+    return (base if worker_id == "master" else base.parent) / "shared-shards"
+
+
 # Test files whose tests share nothing (no module fixture): under `--dist loadgroup` (.ci/run) they
 # are dealt out one test at a time, so the long conformance matrix does not leave one worker
 # finishing alone. Every other file stays on one worker, so its module fixtures run once.

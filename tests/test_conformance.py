@@ -35,8 +35,10 @@ CHANGED = {
 
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
-def test_a_killed_run_resumes_bitwise_identically_or_refuses_with_the_reason(name: str, tmp_path: Path) -> None:
-    outcome = run_protocol(name, "field", tmp_path)
+def test_a_killed_run_resumes_bitwise_identically_or_refuses_with_the_reason(
+    name: str, tmp_path: Path, shared_shards: Path
+) -> None:
+    outcome = run_protocol(name, "field", tmp_path, shared_shards)
     # A SIGKILLed process ends -9; a SIGTERMed one saves and ends with TrainingPreempted's 75; one that
     # stopped before its limits (max_time, should_stop) ends 0.
     assert outcome.killed_rc == interrupted_exit_status(name), outcome.error

@@ -17,8 +17,10 @@ _PLAIN = sorted(n for n, c in CONFIGS.items() if c.interrupt == "SIGKILL")
 
 
 @pytest.mark.parametrize("name", _PLAIN)
-def test_plain_model_checkpoint_resumes_the_same_configuration_inexactly(name: str, tmp_path: Path) -> None:
-    outcome = run_protocol(name, "plain", tmp_path)
+def test_plain_model_checkpoint_resumes_the_same_configuration_inexactly(
+    name: str, tmp_path: Path, shared_shards: Path
+) -> None:
+    outcome = run_protocol(name, "plain", tmp_path, shared_shards)
     assert outcome.error is None, f"{outcome.error}\n{outcome.log[-3000:]}"
     # Lightning alone restores weights and optimizer but not the data position, RNG or epoch
     # metrics: every one of these configurations continues differently from the uninterrupted run.

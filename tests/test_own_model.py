@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import child_env
+from conftest import child_env, python_program
 
 from lightning_field import latest_recoverable
 
@@ -46,7 +46,10 @@ def project(tmp_path: Path) -> Path:
 
 
 def console(project: Path, script: str, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    command = [str(BIN / script), *args]
+    """The installed console script, run by the warm python (its file, arguments, working directory and
+    environment as a user's shell gives them). The README's own blocks and a fresh venv run them from
+    cold interpreters (tests/test_docs.py, tests/test_library_mode.py)."""
+    command = [python_program(), str(BIN / script), *args]
     return subprocess.run(command, cwd=project, env=child_env(), capture_output=True, text=True, timeout=timeout)
 
 
