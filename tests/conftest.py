@@ -88,6 +88,13 @@ def python_program() -> str:
     return os.environ.get("FIELD_WARM_PYTHON", sys.executable)
 
 
+@pytest.fixture
+def warm_children(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The product starts its own workers (restore drills, scale ranks, evidence attempts) from
+    ``sys.executable``: in a test that calls it in-process, from the warm python instead."""
+    monkeypatch.setattr(sys, "executable", python_program())
+
+
 def run_child(args: Sequence[str], timeout: float = 120, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     """Run ``python args...`` (:func:`python_program`) in its own session (:func:`run_in_session`)."""
     return run_in_session([python_program(), *map(str, args)], timeout, cwd)

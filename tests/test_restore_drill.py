@@ -30,6 +30,8 @@ from lightning_field.core.manifest import SHARED_STATE_FILE
 from lightning_field.evidence import RestoreDrillError
 from lightning_field.workloads.demo import DemoDataModule, DemoRegressor
 
+pytestmark = pytest.mark.usefixtures("warm_children")  # each drill is a process of its own
+
 
 class OptimizerSaboteur(Callback):
     """After the checkpoint of ``step`` commits, triple its Adam moments and fix the manifest so every hash passes."""
