@@ -149,9 +149,15 @@ def test_host_snapshot_is_independent_of_the_live_state_and_reuses_its_buffers()
     assert snapshot.pin_memory == torch.cuda.is_available()
 
 
-def test_async_save_refuses_an_unknown_error_policy(tmp_path: Path) -> None:
+def test_async_save_refuses_an_unknown_error_policy_at_construction_and_when_set_later(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"on_save_error must be one of \('stop', 'warn'\), got 'ignore'"):
-        ManifestCheckpoint(dirpath=tmp_path, async_save=True, on_save_error="ignore")
+        ManifestCheckpoint(dirpath=tmp_path, async_save=True, on_save_error="ignore")  # type: ignore[arg-type]
+    checkpoint = ManifestCheckpoint(dirpath=tmp_path, async_save=True, on_save_error="warn")
+    with pytest.raises(ValueError, match=r"on_save_error must be one of \('stop', 'warn'\), got 'later'"):
+        checkpoint.on_save_error = "later"  # type: ignore[assignment]
+    assert checkpoint.on_save_error == "warn"
+    checkpoint.on_save_error = "stop"
+    assert checkpoint.on_save_error == checkpoint.async_saves.on_save_error == "stop"
 
 
 # ---------------------------------------------------------------------------------------------- deferred copies

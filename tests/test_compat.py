@@ -5,16 +5,19 @@ from __future__ import annotations
 
 import ast
 import importlib
+import inspect
 import re
 import shutil
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import lightning
 import pytest
 
 from lightning_field.compat.lightning import TESTED_LIGHTNING, unsupported_lightning
+from lightning_field.compat.lightning_checkpoint import MODEL_CHECKPOINT_MEMBERS, PrivateMember
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -136,3 +139,78 @@ def test_a_lazy_name_that_is_also_a_submodule_is_refused_at_import(tmp_path: Pat
 
 def test_every_subpackage_of_the_root_imports_lazily() -> None:
     assert "lightning_field" in LAZY_PACKAGES and len(LAZY_PACKAGES) >= 9, LAZY_PACKAGES
+
+
+# ------------------------------------------------------------------ ModelCheckpoint's private members
+def _model_checkpoint_members() -> set[str]:
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    return {name for name in {*dir(ModelCheckpoint), *vars(ModelCheckpoint())}
+            if name.startswith("_") and not name.endswith("__")}  # fmt: skip
+
+
+def private_model_checkpoint_uses(sources: list[str], members: set[str]) -> set[str]:
+    """The private ``ModelCheckpoint`` members that ``sources`` (class bodies) define, or reach through
+    ``self``, ``super()`` or a variable named ``callback``."""
+    used = set()
+    for source in sources:
+        for node in ast.walk(ast.parse(textwrap.dedent(source))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name in members:
+                used.add(node.name)
+            elif isinstance(node, ast.Attribute) and node.attr in members:
+                base = node.value
+                via_super = isinstance(base, ast.Call) and isinstance(base.func, ast.Name) and base.func.id == "super"
+                if via_super or (isinstance(base, ast.Name) and base.id in ("self", "callback")):
+                    used.add(node.attr)
+    return used
+
+
+def _callback_sources() -> list[str]:
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from lightning_field.checkpoint.manifest_checkpoint import ManifestCheckpoint
+
+    ours = [cls for cls in ManifestCheckpoint.__mro__ if issubclass(cls, ModelCheckpoint)
+            and cls.__module__.startswith("lightning_field")]  # fmt: skip
+    return [inspect.getsource(cls) for cls in ours] + [(PACKAGE / "compat" / "lightning.py").read_text()]
+
+
+@pytest.mark.parametrize("member", MODEL_CHECKPOINT_MEMBERS, ids=lambda member: member.name)
+def test_each_private_model_checkpoint_member_the_callback_uses_exists_in_the_installed_lightning(
+    member: PrivateMember,
+) -> None:
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    declared = inspect.getattr_static(ModelCheckpoint, member.name, None)
+    if member.parameters is None:  # an attribute __init__ sets (or a class attribute)
+        assert declared is not None or member.name in vars(ModelCheckpoint()), (
+            f"Lightning {lightning.__version__}'s ModelCheckpoint has no attribute {member.name}: {member.works_around}"
+        )
+        return
+    assert callable(declared), f"Lightning {lightning.__version__}'s ModelCheckpoint has no method {member.name}"
+    assert tuple(inspect.signature(declared).parameters) == member.parameters, (
+        f"ModelCheckpoint.{member.name}{inspect.signature(declared)} changed; the callback relies on"
+        f" {member.parameters}: {member.works_around}"
+    )
+
+
+def test_the_callback_uses_exactly_the_private_model_checkpoint_members_compat_lists() -> None:
+    used = private_model_checkpoint_uses(_callback_sources(), _model_checkpoint_members())
+    listed = {member.name for member in MODEL_CHECKPOINT_MEMBERS}
+    assert used - listed == set(), "list these in lightning_field/compat/lightning_checkpoint.py, with why"
+    assert listed - used == set(), "listed in compat/lightning_checkpoint.py but no longer used"
+
+
+def test_the_member_scan_finds_an_unlisted_private_member_planted_in_a_callback() -> None:
+    planted = '''
+    class Planted(ManifestCheckpoint):
+        def _save_topk_checkpoint(self, trainer, monitor_candidates):
+            return super()._update_best_and_save(None, trainer, monitor_candidates)
+
+        def hook(self, trainer):
+            return self._last_global_step_saved, self.public_name
+    '''
+    members = _model_checkpoint_members()
+    assert private_model_checkpoint_uses([planted], members) == {
+        "_save_topk_checkpoint", "_update_best_and_save", "_last_global_step_saved"
+    }

@@ -125,3 +125,21 @@ def test_a_save_hashes_with_blake3_threads_only_where_cores_are_free_and_the_dig
     size, digest = writer.finish()
     assert made == [real.AUTO if cores >= 4 else 1]
     assert size == len(data) and digest == real(data).hexdigest() == hashing.hash_file(tmp_path / "f")[1]
+
+
+def test_keys_a_later_writer_added_are_kept_when_a_manifest_is_read_and_rewritten(run: Path) -> None:
+    from lightning_field.core.manifest import write_manifest
+
+    checkpoint = run / "ckpts" / "epoch=0-step=3"
+    path = checkpoint / MANIFEST_NAME
+    written = json.loads(path.read_text())
+    written["snapshot_tier"] = {"kind": "peer", "partner_rank": 1}
+    path.write_text(json.dumps(written))
+    manifest = read_manifest(checkpoint)
+    assert manifest.unknown_fields == {"snapshot_tier": {"kind": "peer", "partner_rank": 1}}
+    manifest.restore_tested = True
+    write_manifest(checkpoint, manifest)
+    rewritten = json.loads(path.read_text())
+    assert rewritten["snapshot_tier"] == {"kind": "peer", "partner_rank": 1} and rewritten["restore_tested"]
+    assert "unknown_fields" not in rewritten
+    assert set(rewritten) == set(written) and verify_checkpoint(checkpoint).recoverable

@@ -22,6 +22,7 @@ from lightning_field import (
     latest_recoverable,
     read_events,
     read_manifest,
+    verify_checkpoint,
 )
 from lightning_field.checkpoint.resolver import committed_checkpoints
 from lightning_field.cli.main import main as field_main
@@ -248,3 +249,27 @@ def test_a_preemption_stops_running_drills_at_once_instead_of_leaving_them_behin
         trainer.fit(DemoRegressor(), datamodule=DemoDataModule())
     assert probe.seen, "no drill was running when the preemption came"
     assert all(process.poll() is not None for process in probe.seen) and drill.running == []
+
+
+@pytest.mark.slow
+def test_a_drill_of_a_checkpoint_in_an_s3_bucket_loads_it_from_the_bucket_and_marks_its_manifest_there(
+    tmp_path: Path, s3_bucket: tuple[str, dict[str, str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bucket, options = s3_bucket
+    url = f"{bucket}/run/checkpoints"
+    monkeypatch.chdir(tmp_path)  # a manifest written through Path("s3://...") would land here, as s3:/...
+    pl.seed_everything(0)
+    checkpoint = ManifestCheckpoint(dirpath=url, storage_options=options, every_n_train_steps=3, save_top_k=-1)
+    drill = RestoreDrill(every_n_checkpoints=1)
+    trainer = pl.Trainer(
+        default_root_dir=tmp_path / "run", max_steps=7, accelerator="cpu", deterministic=True, logger=False,
+        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0, callbacks=[drill, checkpoint],
+    )  # fmt: skip
+    trainer.fit(DemoRegressor(), datamodule=DemoDataModule())
+    assert [(r["step"], r["outcome"]) for r in drill.results] == [(3, "passed"), (6, "passed")], drill.results
+    for step in (3, 6):
+        marked = read_manifest(f"{url}/epoch=0-step={step}", options)
+        assert marked.restore_tested and marked.restore_drill is not None and marked.restore_drill["step"] == step
+        assert verify_checkpoint(f"{url}/epoch=0-step={step}", storage_options=options).recoverable
+    assert not (tmp_path / "s3:").exists(), "a drill wrote its record beside the run instead of into the bucket"
+    assert latest_recoverable(url, options) == f"{url}/epoch=0-step=6"

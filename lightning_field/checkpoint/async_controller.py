@@ -22,7 +22,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, get_args
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
@@ -41,9 +41,22 @@ from lightning_field.core.distributed import new_host_group
 from lightning_field.core.events import EventLog
 from lightning_field.core.storage import Location
 
-__all__ = ["AsyncSaves"]
+__all__ = ["SAVE_ERROR_POLICIES", "AsyncSaves", "SaveErrorPolicy", "save_error_policy"]
 
-SAVE_ERROR_POLICIES = ("stop", "warn")
+SaveErrorPolicy = Literal["stop", "warn"]
+SAVE_ERROR_POLICIES: tuple[SaveErrorPolicy, ...] = get_args(SaveErrorPolicy)
+
+
+def save_error_policy(value: object) -> SaveErrorPolicy:
+    """``value`` as a policy for a failed background save; the one place it is checked.
+
+    Raises:
+        ValueError: ``value`` is not ``"stop"`` or ``"warn"``.
+    """
+    for policy in SAVE_ERROR_POLICIES:
+        if value == policy:
+            return policy
+    raise ValueError(f"on_save_error must be one of {SAVE_ERROR_POLICIES}, got {value!r}")
 
 
 @dataclass
@@ -74,15 +87,13 @@ class AsyncSaves:
 
     def __init__(
         self,
-        on_save_error: str,
+        on_save_error: SaveErrorPolicy,
         advertise: Callable[[pl.Trainer, SaveJob, float, float | None], None],
         remove: Callable[[pl.Trainer, str], None],
         not_saved_message: Callable[[Location, str], str],
         events: Callable[[], EventLog | None],
         agreement_step: Callable[[pl.Trainer], bool],
     ) -> None:
-        if on_save_error not in SAVE_ERROR_POLICIES:
-            raise ValueError(f"on_save_error must be one of {SAVE_ERROR_POLICIES}, got {on_save_error!r}")
         self.on_save_error = on_save_error
         self.save_failures = 0
         self.last_save_error: str | None = None
@@ -98,6 +109,14 @@ class AsyncSaves:
         self._gate: _SnapshotCopyGate | None = None
         self._step_hooks: dict[int, Any] = {}
         self.copies_everything_first = False
+
+    @property
+    def on_save_error(self) -> SaveErrorPolicy:
+        return self._on_save_error
+
+    @on_save_error.setter
+    def on_save_error(self, policy: SaveErrorPolicy) -> None:
+        self._on_save_error = save_error_policy(policy)
         """Set once a deferred copy saw its state written in place: every later save copies first."""
 
     @property

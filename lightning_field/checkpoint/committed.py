@@ -24,7 +24,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from typing_extensions import override
 
-from lightning_field.checkpoint.async_controller import SAVE_ERROR_POLICIES, AsyncSaves
+from lightning_field.checkpoint.async_controller import AsyncSaves, SaveErrorPolicy
 from lightning_field.checkpoint.commit import CheckpointSaveError, LocalStore, SaveJob, commit_save, not_saved_message
 from lightning_field.checkpoint.object_store import DEFAULT_CONCURRENCY, DEFAULT_PART_BYTES, ObjectStore
 from lightning_field.checkpoint.resolver import committed_checkpoints
@@ -42,6 +42,8 @@ class CommittedCheckpoint(ModelCheckpoint):
 
     Not used on its own: :class:`~lightning_field.checkpoint.manifest_checkpoint.ManifestCheckpoint`
     is the callback, and documents every argument. ``model_checkpoint_args`` are ModelCheckpoint's.
+    The private ModelCheckpoint members it overrides or reads are listed, with why, in
+    ``lightning_field/compat/lightning_checkpoint.py``.
 
     Raises:
         ValueError: ``on_save_error`` is not ``"stop"`` or ``"warn"``.
@@ -55,12 +57,10 @@ class CommittedCheckpoint(ModelCheckpoint):
         upload_part_bytes: int = DEFAULT_PART_BYTES,
         upload_concurrency: int = DEFAULT_CONCURRENCY,
         async_save: bool = False,
-        on_save_error: str = "stop",
+        on_save_error: SaveErrorPolicy = "stop",
         store: CheckpointStore | None = None,
         **model_checkpoint_args: Any,
     ) -> None:
-        if on_save_error not in SAVE_ERROR_POLICIES:
-            raise ValueError(f"on_save_error must be one of {SAVE_ERROR_POLICIES}, got {on_save_error!r}")
         if store is not None and not isinstance(store, CheckpointStore):
             raise TypeError(
                 f"store must implement lightning_field.checkpoint.store.CheckpointStore (writes_in_place, prepare,"
@@ -104,15 +104,13 @@ class CommittedCheckpoint(ModelCheckpoint):
 
     # ------------------------------------------------------------------ public state
     @property
-    def on_save_error(self) -> str:
+    def on_save_error(self) -> SaveErrorPolicy:
         """What a failed background save does: ``"stop"`` or ``"warn"`` (settable between saves)."""
         return self._saves.on_save_error
 
     @on_save_error.setter
-    def on_save_error(self, policy: str) -> None:
-        if policy not in SAVE_ERROR_POLICIES:
-            raise ValueError(f"on_save_error must be one of {SAVE_ERROR_POLICIES}, got {policy!r}")
-        self._saves.on_save_error = policy
+    def on_save_error(self, policy: SaveErrorPolicy) -> None:
+        self._saves.on_save_error = policy  # checked there
 
     @property
     def save_failures(self) -> int:

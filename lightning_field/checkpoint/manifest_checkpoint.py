@@ -27,6 +27,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from typing_extensions import override
 
 from lightning_field.checkpoint import resume_policy, sharded, sharded_load
+from lightning_field.checkpoint.async_controller import SaveErrorPolicy
 from lightning_field.checkpoint.commit import SaveJob
 from lightning_field.checkpoint.committed import CommittedCheckpoint
 from lightning_field.checkpoint.io import FIELD_KEY, ManifestCheckpointIO
@@ -76,8 +77,7 @@ class ManifestCheckpoint(CommittedCheckpoint):
         storage_options: fsspec options for a ``dirpath`` URL such as ``s3://bucket/run/ckpts``
             (e.g. ``{"endpoint_url": ..., "key": ...}``). On object stores the manifest object is the
             commit; see :mod:`lightning_field.checkpoint.object_store`.
-        upload_part_bytes, upload_concurrency: multipart part size and parts in flight per file for
-            uploads and downloads to an object store.
+        upload_part_bytes, upload_concurrency: multipart part size and parts in flight per file (object stores).
         async_save: a background thread runs the commit; the save copies only what training may
             change next into reusable host buffers (on CPU while the next forward and backward run,
             waited for before the optimizer step). An in-place write to them before then is detected
@@ -150,7 +150,7 @@ class ManifestCheckpoint(CommittedCheckpoint):
         upload_part_bytes: int = DEFAULT_PART_BYTES,
         upload_concurrency: int = DEFAULT_CONCURRENCY,
         async_save: bool = False,
-        on_save_error: str = "stop",
+        on_save_error: SaveErrorPolicy = "stop",
         resume_inexact: bool = False,
         store: CheckpointStore | None = None,
     ) -> None:

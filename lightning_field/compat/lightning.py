@@ -8,6 +8,8 @@ one module per concern: ``lightning_range`` (the tested releases, refused otherw
 ``lightning_loops`` (fit-loop, loader and restore-quirk internals), ``lightning_fetcher`` (the batch
 fetched ahead of the one trained), ``lightning_metrics`` (logging
 state) and ``lightning_samplers`` (the sampler wrapper's epoch order). Import every accessor from here.
+``lightning_checkpoint`` lists the private ``ModelCheckpoint`` members the callback subclass overrides
+and reads (they are reached through ``self``, so they cannot be accessors).
 """
 
 from __future__ import annotations

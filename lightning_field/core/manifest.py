@@ -73,9 +73,14 @@ class Manifest:
     stream_positions: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     format: str = FORMAT
     hash_algorithm: str = HASH_ALGORITHM
+    # Keys of a readable format that this version does not know (a later writer's): kept as read, and
+    # written back unchanged when the manifest is rewritten, never dropped.
+    unknown_fields: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=2, sort_keys=True, default=str)
+        data = asdict(self)
+        data.update(data.pop("unknown_fields"))
+        return json.dumps(data, indent=2, sort_keys=True, default=str)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Manifest:
@@ -87,8 +92,9 @@ class Manifest:
             )
         payload = dict(data)
         payload["files"] = {name: FileEntry(**entry) for name, entry in data["files"].items()}
-        known = set(cls.__dataclass_fields__)
-        return cls(**{k: v for k, v in payload.items() if k in known})
+        known = set(cls.__dataclass_fields__) - {"unknown_fields"}
+        unknown = {k: v for k, v in payload.items() if k not in known}
+        return cls(**{k: v for k, v in payload.items() if k in known}, unknown_fields=unknown)
 
     def write(self, directory: Path) -> None:
         atomic_write_bytes(directory / MANIFEST_NAME, self.to_json().encode())
@@ -109,6 +115,19 @@ def read_manifest(checkpoint_dir: str | os.PathLike[str], storage_options: Stora
         return Manifest.from_dict(data)
     except (KeyError, TypeError) as err:
         raise ManifestError(f"{path}: manifest lacks a required field ({err})") from err
+
+
+def write_manifest(
+    checkpoint_dir: str | os.PathLike[str], manifest: Manifest, storage_options: StorageOptions | None = None
+) -> None:
+    """Replace the manifest of a committed checkpoint, local (atomically) or under a URL (one PUT): the
+    counterpart of :func:`read_manifest`, for the facts recorded after the commit (a restore drill)."""
+    location = join(checkpoint_dir)
+    if isinstance(location, Path):
+        manifest.write(location)
+        return
+    fs, inner = open_fs(location, storage_options)
+    fs.pipe_file(f"{inner.rstrip('/')}/{MANIFEST_NAME}", manifest.to_json().encode())
 
 
 def is_checkpoint_dir(path: str | os.PathLike[str], storage_options: StorageOptions | None = None) -> bool:

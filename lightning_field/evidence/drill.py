@@ -219,8 +219,9 @@ class RestoreDrill(Callback):
         self._commits_seen += 1
         if self._commits_seen % self.every_n_checkpoints == 0 and self._armed is None:
             # The checkpoint holds the state right before this batch: this batch is the one to replay.
+            options = self._checkpoint.storage_options if self._checkpoint else None
             try:
-                created = read_manifest(path).created_unix
+                created = read_manifest(path, options).created_unix
             except ManifestError as err:
                 log.warning("Restore drill for %s (step %d) skipped: its manifest cannot be read (%s)", path, step, err)
                 return
@@ -331,7 +332,8 @@ class RestoreDrill(Callback):
         work.mkdir(parents=True, exist_ok=True)
         source = str(protected) if protected is not None else armed["checkpoint"]
         spec = {**self._recipe, "checkpoint": source, "expected": armed, "work_dir": str(work)}
-        self._running.append(start_drill(spec, work, self._recipe["sys_path"], protected))
+        options = self._checkpoint.storage_options if self._checkpoint else None
+        self._running.append(start_drill(spec, work, self._recipe["sys_path"], protected, options))
 
     def _poll(self, trainer: pl.Trainer, final: bool = False) -> None:
         for running in list(self._running):
@@ -360,7 +362,7 @@ class RestoreDrill(Callback):
             self.errors += 1
         if trainer.is_global_zero:
             if current:
-                mark_manifest(running.checkpoint, record)
+                mark_manifest(running.checkpoint, record, running.storage_options)
             events = self._checkpoint.events if self._checkpoint else None
             if events is not None:
                 events.emit("restore_drill", step=running.step, payload=record)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 import time
 from collections.abc import Mapping
@@ -23,7 +24,7 @@ from omegaconf import OmegaConf
 
 from lightning_field.checkpoint.manifest_checkpoint import ManifestCheckpoint
 from lightning_field.evidence.digest import parameter_norms, weights_digest
-from lightning_field.evidence.drill_runs import ERROR, MISMATCH, PASSED
+from lightning_field.evidence.drill_runs import ERROR, MISMATCH, PASSED, STORAGE_OPTIONS_ENV
 from lightning_field.evidence.trace import StepTracer, read_trace
 
 __all__ = ["main", "run_drill"]
@@ -48,8 +49,9 @@ def run_drill(spec: Mapping[str, Any]) -> dict[str, Any]:
     # A checkpoint callback that never saves: it loads the manifest checkpoint and its per-rank state.
     # The live process built the recipe from the same code a moment ago, so code and config are not re-checked.
     loader = ManifestCheckpoint(
-        dirpath=work / "unused", save_top_k=0, save_last=False, allow_resume_mismatch=["code", "config"]
-    )
+        dirpath=work / "unused", save_top_k=0, save_last=False, allow_resume_mismatch=["code", "config"],
+        storage_options=json.loads(os.environ.get(STORAGE_OPTIONS_ENV) or "{}"),
+    )  # fmt: skip
     tracer = StepTracer(work / "trace")
     trainer = pl.Trainer(
         **spec["trainer"],

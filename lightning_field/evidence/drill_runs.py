@@ -18,17 +18,19 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lightning_field.core.manifest import ManifestError, read_manifest
+from lightning_field.core.manifest import ManifestError, read_manifest, write_manifest
 
 __all__ = [
     "ERROR",
     "MISMATCH",
     "PASSED",
     "SKIPPED",
+    "STORAGE_OPTIONS_ENV",
     "RunningDrill",
     "drill_record",
     "mark_manifest",
@@ -41,6 +43,10 @@ __all__ = [
 log = logging.getLogger("lightning_field.evidence.drill")  # the callback's logger: users filter one name
 
 PASSED, MISMATCH, ERROR, SKIPPED = "passed", "mismatch", "error", "skipped"
+
+STORAGE_OPTIONS_ENV = "FIELD_DRILL_STORAGE_OPTIONS"
+"""How the drill process gets the checkpoint callback's storage options (JSON): in its environment,
+not in the spec file, because they can hold credentials."""
 
 
 @dataclass
@@ -55,15 +61,27 @@ class RunningDrill:
     log_path: Path
     started: float
     protected: Path | None  # the private copy the drill loads; None: it loads the checkpoint itself
+    storage_options: Mapping[str, Any]  # the checkpoint callback's, for a checkpoint under a URL
 
 
-def start_drill(spec: dict[str, Any], work: Path, sys_path: list[str], protected: Path | None) -> RunningDrill:
-    """Write ``spec`` into ``work`` and start the drill process on it, its output going to ``drill.log``."""
+def start_drill(
+    spec: dict[str, Any],
+    work: Path,
+    sys_path: list[str],
+    protected: Path | None,
+    storage_options: Mapping[str, Any] | None = None,
+) -> RunningDrill:
+    """Write ``spec`` into ``work`` and start the drill process on it, its output going to ``drill.log``.
+
+    Raises:
+        TypeError: ``storage_options`` cannot be written as JSON for the drill process.
+    """
     spec_path = work / "spec.json"
     spec_path.write_text(json.dumps(spec, indent=2, default=str))
     log_path = work / "drill.log"
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(sys_path)
+    env[STORAGE_OPTIONS_ENV] = json.dumps(dict(storage_options or {}))
     with open(log_path, "wb") as out:
         process = subprocess.Popen(
             [sys.executable, "-m", "lightning_field.evidence.drill_replay", str(spec_path)],
@@ -82,6 +100,7 @@ def start_drill(spec: dict[str, Any], work: Path, sys_path: list[str], protected
         log_path,
         time.monotonic(),
         protected,
+        dict(storage_options or {}),
     )
 
 
@@ -102,18 +121,19 @@ def release(running: RunningDrill) -> None:
 def same_checkpoint(running: RunningDrill) -> bool:
     """The directory still holds the very checkpoint the drill was for (names can be reused)."""
     try:
-        manifest = read_manifest(running.checkpoint)
+        manifest = read_manifest(running.checkpoint, running.storage_options)
     except ManifestError:
         return False
     return manifest.step == running.step and manifest.created_unix == running.created_unix
 
 
-def mark_manifest(checkpoint: str, record: dict[str, Any]) -> None:
-    """Record the drill in the checkpoint's manifest: ``restore_tested`` and the drill's record."""
-    manifest = read_manifest(checkpoint)
+def mark_manifest(checkpoint: str, record: dict[str, Any], storage_options: Mapping[str, Any] | None = None) -> None:
+    """Record the drill in the checkpoint's manifest, where the checkpoint is (a local folder or a URL):
+    ``restore_tested`` and the drill's record."""
+    manifest = read_manifest(checkpoint, storage_options)
     manifest.restore_tested = record["outcome"] == PASSED
     manifest.restore_drill = record
-    manifest.write(Path(checkpoint))
+    write_manifest(checkpoint, manifest, storage_options)
 
 
 def drill_record(running: RunningDrill, result: dict[str, Any], current: bool) -> dict[str, Any]:
