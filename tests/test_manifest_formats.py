@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -13,7 +14,7 @@ from conftest import make_trainer
 
 from lightning_field import latest_recoverable, read_manifest, verify_checkpoint
 from lightning_field.cli.main import main as field_main
-from lightning_field.core.manifest import FORMAT, MANIFEST_NAME, ManifestError
+from lightning_field.core.manifest import DRILL_RECORD_NAME, FORMAT, MANIFEST_NAME, ManifestError, write_drill_record
 from lightning_field.workloads.demo import DemoDataModule, DemoRegressor
 
 
@@ -127,9 +128,7 @@ def test_a_save_hashes_with_blake3_threads_only_where_cores_are_free_and_the_dig
     assert size == len(data) and digest == real(data).hexdigest() == hashing.hash_file(tmp_path / "f")[1]
 
 
-def test_keys_a_later_writer_added_are_kept_when_a_manifest_is_read_and_rewritten(run: Path) -> None:
-    from lightning_field.core.manifest import write_manifest
-
+def test_keys_a_later_writer_added_are_kept_when_a_manifest_is_read_and_written_again(run: Path) -> None:
     checkpoint = run / "ckpts" / "epoch=0-step=3"
     path = checkpoint / MANIFEST_NAME
     written = json.loads(path.read_text())
@@ -137,9 +136,50 @@ def test_keys_a_later_writer_added_are_kept_when_a_manifest_is_read_and_rewritte
     path.write_text(json.dumps(written))
     manifest = read_manifest(checkpoint)
     assert manifest.unknown_fields == {"snapshot_tier": {"kind": "peer", "partner_rank": 1}}
-    manifest.restore_tested = True
-    write_manifest(checkpoint, manifest)
+    manifest.write(checkpoint)
     rewritten = json.loads(path.read_text())
-    assert rewritten["snapshot_tier"] == {"kind": "peer", "partner_rank": 1} and rewritten["restore_tested"]
-    assert "unknown_fields" not in rewritten
-    assert set(rewritten) == set(written) and verify_checkpoint(checkpoint).recoverable
+    assert rewritten == written and verify_checkpoint(checkpoint).recoverable
+
+
+def test_a_drill_is_recorded_beside_the_manifest_which_keeps_its_committed_bytes(run: Path) -> None:
+    checkpoint = run / "ckpts" / "epoch=0-step=3"
+    committed = (checkpoint / MANIFEST_NAME).read_bytes()
+    created = read_manifest(checkpoint).created_unix
+    write_drill_record(checkpoint, {"outcome": "passed", "step": 3, "created_unix": created}, True)
+    assert (checkpoint / MANIFEST_NAME).read_bytes() == committed
+    manifest = read_manifest(checkpoint)
+    assert manifest.restore_tested
+    assert manifest.restore_drill == {"outcome": "passed", "step": 3, "created_unix": created}
+    assert verify_checkpoint(checkpoint).recoverable  # the record is no payload of the checkpoint
+    # A record left by an earlier checkpoint of this name (another commit time) is not this one's.
+    write_drill_record(checkpoint, {"outcome": "passed", "step": 3, "created_unix": created - 60}, True)
+    assert not read_manifest(checkpoint).restore_tested and read_manifest(checkpoint).restore_drill is None
+
+
+def test_a_checkpoint_of_an_earlier_version_keeps_the_drill_its_manifest_holds(run: Path) -> None:
+    checkpoint = run / "ckpts" / "epoch=0-step=3"
+    path = checkpoint / MANIFEST_NAME
+    written = json.loads(path.read_text())
+    written.update(restore_tested=True, restore_drill={"outcome": "passed", "step": 3})
+    path.write_text(json.dumps(written))
+    assert not (checkpoint / DRILL_RECORD_NAME).exists()
+    manifest = read_manifest(checkpoint)
+    assert manifest.restore_tested and manifest.restore_drill == written["restore_drill"]
+
+
+@pytest.mark.parametrize(
+    ("text", "named"),
+    [
+        ("{not json", "restore drill record is not valid JSON"),
+        ('{"format": "lightning_field.restore_drill/9", "restore_tested": true, "record": {}}', "restore_drill/9"),
+        ('{"format": "lightning_field.restore_drill/1", "restore_tested": "yes", "record": {}}',
+         "restore_tested must be true or false"),
+        ('{"format": "lightning_field.restore_drill/1", "record": {}}', "restore_tested"),
+    ],
+)
+def test_a_malformed_drill_record_is_refused_naming_its_file(run: Path, text: str, named: str) -> None:
+    checkpoint = run / "ckpts" / "epoch=0-step=3"
+    (checkpoint / DRILL_RECORD_NAME).write_text(text)
+    with pytest.raises(ManifestError, match=re.escape(str(checkpoint / DRILL_RECORD_NAME))) as refused:
+        read_manifest(checkpoint)
+    assert named in str(refused.value)

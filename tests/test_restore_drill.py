@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import csv
 import errno
+import json
 import logging
 import os
 import signal
 from pathlib import Path
 
+import fsspec
 import lightning.pytorch as pl
 import pytest
 import torch
@@ -81,6 +83,10 @@ def test_drills_mark_good_checkpoints_and_loudly_flag_one_whose_optimizer_state_
     ckpts = tmp_path / "ckpts"
     good, bad, also_good = (read_manifest(ckpts / f"epoch=0-step={s}") for s in (3, 6, 9))
     assert good.restore_tested and also_good.restore_tested
+    # The drills are recorded beside each manifest; the manifests stay as their commits wrote them.
+    for step in (3, 6, 9):
+        assert not json.loads((ckpts / f"epoch=0-step={step}" / "manifest.json").read_text())["restore_tested"]
+        assert (ckpts / f"epoch=0-step={step}" / "restore_drill.json").is_file()
     assert good.restore_drill["checks"]["loss"]["passed"] and good.restore_drill["checks"]["batch"]["passed"]
     # The sabotage passes every hash, and even the replayed loss: only the update after it differs.
     assert not bad.restore_tested
@@ -267,9 +273,14 @@ def test_a_drill_of_a_checkpoint_in_an_s3_bucket_loads_it_from_the_bucket_and_ma
     )  # fmt: skip
     trainer.fit(DemoRegressor(), datamodule=DemoDataModule())
     assert [(r["step"], r["outcome"]) for r in drill.results] == [(3, "passed"), (6, "passed")], drill.results
+    fs = fsspec.filesystem("s3", **options)
     for step in (3, 6):
         marked = read_manifest(f"{url}/epoch=0-step={step}", options)
         assert marked.restore_tested and marked.restore_drill is not None and marked.restore_drill["step"] == step
+        # Recorded beside the manifest, which keeps the bytes its commit wrote.
+        prefix = f"{url}/epoch=0-step={step}".removeprefix("s3://")
+        assert not json.loads(fs.cat_file(f"{prefix}/manifest.json"))["restore_tested"]
+        assert json.loads(fs.cat_file(f"{prefix}/restore_drill.json"))["restore_tested"]
         assert verify_checkpoint(f"{url}/epoch=0-step={step}", storage_options=options).recoverable
     assert not (tmp_path / "s3:").exists(), "a drill wrote its record beside the run instead of into the bucket"
     assert latest_recoverable(url, options) == f"{url}/epoch=0-step=6"

@@ -32,6 +32,16 @@ MANIFEST_DOCUMENT = DocumentFormat(
     missing_hint="no manifest, so this is not a committed checkpoint",
 )
 SHARED_STATE_FILE = "state.pt"
+DRILL_RECORD_NAME = "restore_drill.json"
+DRILL_RECORD_FORMAT = "lightning_field.restore_drill/1"
+DRILL_RECORD_DOCUMENT = DocumentFormat(
+    title="restore drill record",
+    current=DRILL_RECORD_FORMAT,
+    readable=(DRILL_RECORD_FORMAT,),
+    required=("restore_tested", "record"),
+)
+"""A restore drill's outcome, written beside the manifest after the commit. Checkpoints of earlier
+versions carry it in the manifest itself (``restore_tested``, ``restore_drill``), still read there."""
 
 
 def rank_state_file(rank: int) -> str:
@@ -101,33 +111,63 @@ class Manifest:
 
 
 def read_manifest(checkpoint_dir: str | os.PathLike[str], storage_options: StorageOptions | None = None) -> Manifest:
+    """The checkpoint's manifest, with what was recorded of it after its commit (a restore drill's
+    outcome, from ``restore_drill.json`` beside it): the one reader of both.
+
+    Raises:
+        ManifestError: naming the file, when the manifest or the drill record beside it is missing
+            (the manifest), not JSON, of a format this version cannot read, or lacks a field.
+    """
     path = join(checkpoint_dir, MANIFEST_NAME)
-    try:
-        if isinstance(path, Path):
-            raw = path.read_text()
-        else:
-            fs, inner = open_fs(path, storage_options)
-            raw = fs.cat_file(inner).decode()
-    except (FileNotFoundError, NotADirectoryError) as err:  # NotADirectory: a file given as the checkpoint
-        raise ManifestError(f"{path}: no manifest, so this is not a committed checkpoint") from err
+    raw = _read_beside(checkpoint_dir, MANIFEST_NAME, storage_options)
+    if raw is None:
+        raise ManifestError(f"{path}: no manifest, so this is not a committed checkpoint")
     data = parse_document(raw, MANIFEST_DOCUMENT, path, ManifestError)
     try:
-        return Manifest.from_dict(data)
+        manifest = Manifest.from_dict(data)
     except (KeyError, TypeError) as err:
         raise ManifestError(f"{path}: manifest lacks a required field ({err})") from err
+    drill = _read_beside(checkpoint_dir, DRILL_RECORD_NAME, storage_options)
+    if drill is not None:
+        where = join(checkpoint_dir, DRILL_RECORD_NAME)
+        recorded = parse_document(drill, DRILL_RECORD_DOCUMENT, where, ManifestError)
+        if not isinstance(recorded["restore_tested"], bool) or not isinstance(recorded["record"], dict):
+            raise ManifestError(f"{where}: restore_tested must be true or false and record an object")
+        # A record left by an earlier checkpoint of the same name (an object store overwrites a prefix
+        # in place) is not this one's.
+        if recorded["record"].get("created_unix") == manifest.created_unix:
+            manifest.restore_tested, manifest.restore_drill = recorded["restore_tested"], recorded["record"]
+    return manifest
 
 
-def write_manifest(
-    checkpoint_dir: str | os.PathLike[str], manifest: Manifest, storage_options: StorageOptions | None = None
+def write_drill_record(
+    checkpoint_dir: str | os.PathLike[str],
+    record: dict[str, Any],
+    passed: bool,
+    storage_options: StorageOptions | None = None,
 ) -> None:
-    """Replace the manifest of a committed checkpoint, local (atomically) or under a URL (one PUT): the
-    counterpart of :func:`read_manifest`, for the facts recorded after the commit (a restore drill)."""
-    location = join(checkpoint_dir)
+    """Record a restore drill of a committed checkpoint beside its manifest, which stays as its commit
+    wrote it: atomically in a local folder, in one PUT under a URL."""
+    document = {"format": DRILL_RECORD_FORMAT, "restore_tested": passed, "record": record}
+    data = json.dumps(document, indent=2, sort_keys=True, default=str).encode()
+    location = join(checkpoint_dir, DRILL_RECORD_NAME)
     if isinstance(location, Path):
-        manifest.write(location)
+        atomic_write_bytes(location, data)
         return
     fs, inner = open_fs(location, storage_options)
-    fs.pipe_file(f"{inner.rstrip('/')}/{MANIFEST_NAME}", manifest.to_json().encode())
+    fs.pipe_file(inner, data)
+
+
+def _read_beside(checkpoint_dir: str | os.PathLike[str], name: str, options: StorageOptions | None) -> bytes | None:
+    """The bytes of ``name`` in the checkpoint folder, or None where there is no such file."""
+    path = join(checkpoint_dir, name)
+    try:
+        if isinstance(path, Path):
+            return path.read_bytes()
+        fs, inner = open_fs(path, options)
+        return bytes(fs.cat_file(inner))
+    except (FileNotFoundError, NotADirectoryError):  # NotADirectory: a file given as the checkpoint
+        return None
 
 
 def is_checkpoint_dir(path: str | os.PathLike[str], storage_options: StorageOptions | None = None) -> bool:

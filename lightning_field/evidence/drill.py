@@ -50,7 +50,7 @@ from lightning_field.evidence.drill_runs import (
     MISMATCH,
     RunningDrill,
     drill_record,
-    mark_manifest,
+    mark_checkpoint,
     release,
     same_checkpoint,
     start_drill,
@@ -362,7 +362,7 @@ class RestoreDrill(Callback):
             self.errors += 1
         if trainer.is_global_zero:
             if current:
-                mark_manifest(running.checkpoint, record, running.storage_options)
+                mark_checkpoint(running.checkpoint, record, running.storage_options)
             events = self._checkpoint.events if self._checkpoint else None
             if events is not None:
                 events.emit("restore_drill", step=running.step, payload=record)

@@ -3,8 +3,8 @@
 The drill process (``drill_replay.py``) is started in a session of its own, so that stopping it
 stops whatever it started. It leaves a result (passed, mismatch, or an error); this turns it into
 the drill's record, decides what the result says about the checkpoint (an error of a drill whose
-checkpoint retention removed before it could load it says nothing: *skipped*), logs it, and marks
-the checkpoint's manifest. Kept apart from the callback (``drill.py``), which decides when to drill.
+checkpoint retention removed before it could load it says nothing: *skipped*), logs it, and records
+it beside the checkpoint's manifest. Kept apart from the callback (``drill.py``), which decides when to drill.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lightning_field.core.manifest import ManifestError, read_manifest, write_manifest
+from lightning_field.core.manifest import ManifestError, read_manifest, write_drill_record
 
 __all__ = [
     "ERROR",
@@ -33,7 +33,7 @@ __all__ = [
     "STORAGE_OPTIONS_ENV",
     "RunningDrill",
     "drill_record",
-    "mark_manifest",
+    "mark_checkpoint",
     "release",
     "same_checkpoint",
     "start_drill",
@@ -127,13 +127,11 @@ def same_checkpoint(running: RunningDrill) -> bool:
     return manifest.step == running.step and manifest.created_unix == running.created_unix
 
 
-def mark_manifest(checkpoint: str, record: dict[str, Any], storage_options: Mapping[str, Any] | None = None) -> None:
-    """Record the drill in the checkpoint's manifest, where the checkpoint is (a local folder or a URL):
-    ``restore_tested`` and the drill's record."""
-    manifest = read_manifest(checkpoint, storage_options)
-    manifest.restore_tested = record["outcome"] == PASSED
-    manifest.restore_drill = record
-    write_manifest(checkpoint, manifest, storage_options)
+def mark_checkpoint(checkpoint: str, record: dict[str, Any], storage_options: Mapping[str, Any] | None = None) -> None:
+    """Record the drill beside the checkpoint's manifest, where the checkpoint is (a local folder or a
+    URL); :func:`~lightning_field.core.manifest.read_manifest` reads it back as ``restore_tested`` and
+    ``restore_drill``."""
+    write_drill_record(checkpoint, record, record["outcome"] == PASSED, storage_options)
 
 
 def drill_record(running: RunningDrill, result: dict[str, Any], current: bool) -> dict[str, Any]:
@@ -148,6 +146,7 @@ def drill_record(running: RunningDrill, result: dict[str, Any], current: bool) -
     record = {
         "checkpoint": running.checkpoint,
         "step": running.step,
+        "created_unix": running.created_unix,
         "outcome": outcome,
         "passed": outcome == PASSED,
         "checks": result.get("checks", {}),
