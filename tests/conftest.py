@@ -72,7 +72,7 @@ def run_in_session(
             out, _ = proc.communicate(timeout=15)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
-            out, _ = proc.communicate()
+            out = _output_after_kill(proc)
         raise AssertionError(
             f"child {list(argv)} timed out after {timeout}s; output, ending with the stacks of every process:\n"
             f"{out[-16000:]}"
@@ -81,6 +81,21 @@ def run_in_session(
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)  # DataLoader workers or DDP ranks left behind
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, "")
+
+
+def _output_after_kill(proc: subprocess.Popen[str]) -> str:
+    """What the killed group wrote; bounded, because a process outside the group (a warm job in a
+    session of its own) can hold the pipe open, and an unbounded read would hang the whole suite."""
+    try:
+        out, _ = proc.communicate(timeout=30)
+        return out
+    except subprocess.TimeoutExpired as still_held:
+        partial = still_held.output or b""
+        text = partial.decode(errors="replace") if isinstance(partial, bytes) else partial
+        assert proc.stdout is not None
+        proc.stdout.close()
+        proc.wait()
+        return text + "\n[the output pipe is still held by processes outside the killed group]\n"
 
 
 def python_program() -> str:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import faulthandler
 import importlib
 import json
 import os
@@ -79,8 +80,8 @@ server.sendall(request)
 replies = server.makefile("rb")
 pid = int(replies.readline())
 def relay(signum, frame):
-    try:
-        os.kill(pid, signum)
+    try:  # SIGABRT asks for stacks: like a group's, the job's ranks and workers get it too
+        (os.killpg if signum == signal.SIGABRT else os.kill)(pid, signum)
     except ProcessLookupError:
         pass
 for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
@@ -139,6 +140,10 @@ def serve(socket_path: str, client: str) -> None:
                 pid, connection = jobs.pop(pidfd)
                 selector.unregister(pidfd)
                 os.close(pidfd)
+                # The job is a zombie until reaped, so its group id cannot be reused yet: what it
+                # started and left behind (a rank, a loader worker) ends with it, as its client does.
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pid, signal.SIGKILL)
                 _, status = os.waitpid(pid, 0)
                 with contextlib.suppress(OSError):
                     connection.sendall(f"{os.waitstatus_to_exitcode(status)}\n".encode())
@@ -188,6 +193,8 @@ def _run_job(request: dict[str, Any], streams: list[int], connection: socket.soc
     os.environ.update(request["env"])
     # The pid its launcher knows it by (torchrun's agent reports the worker it started by it).
     os.environ[LAUNCHED_PID_ENV] = str(request["pid"])
+    if os.environ.get("PYTHONFAULTHANDLER"):
+        faulthandler.enable(all_threads=True)  # what the interpreter does at start-up for this variable
     sys.executable = client  # what Lightning's DDP launcher and the product start for more ranks
     server_paths = set(sys.path)
     extra = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p not in server_paths]
