@@ -410,7 +410,7 @@ def bench_s3(args: argparse.Namespace, workdir: Path) -> None:
             rows["plain get"].append(time.perf_counter() - start)
             (workdir / "got.pt").unlink()
 
-            io = ManifestCheckpointIO(inner=None, object_store=store)  # type: ignore[arg-type]
+            io = ManifestCheckpointIO(inner=None, store_at=lambda location: store)  # type: ignore[arg-type]
             start = time.perf_counter()
             io.load_checkpoint(final)
             rows["checkpoint load"].append(time.perf_counter() - start)

@@ -131,11 +131,14 @@ def test_our_saves_skip_the_zip_crc_and_a_users_torch_save_in_another_thread_kee
     saver = threading.Thread(target=ours)
     saver.start()
     users = 0
-    while not done.is_set() or users == 0:  # the user's own saves, concurrently with ours
+    # The user's own saves, concurrently with ours; never past the saver's end (a saver that died
+    # would otherwise leave this loop filling the disk).
+    while (saver.is_alive() and not done.is_set()) or users == 0:
         torch.save({"x": torch.arange(10_000)}, tmp_path / f"user-{users}.pt")
         assert torch.serialization.get_crc32_options()  # the process-wide flag is never touched
         users += 1
     saver.join()
+    assert done.is_set(), "our saver thread died (its exception is printed above)"
     for i in range(users):
         with zipfile.ZipFile(tmp_path / f"user-{i}.pt") as user_file:
             assert user_file.testzip() is None and all(info.CRC for info in user_file.infolist())

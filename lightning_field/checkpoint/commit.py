@@ -2,58 +2,61 @@
 
 This is the middle of the three files a save passes through: ``ManifestCheckpoint`` decides *when*
 to save and captures a :class:`SaveJob` on the training thread; :func:`commit_save` runs the
-protocol below over a :class:`~lightning_field.checkpoint.store.CheckpointStore`; the bytes reach
-the disk through ``core/fsio.py``. The job holds everything the commit needs, so the same function
-runs on the training thread (a sync save) or on the writer thread (``async_save``).
+protocol below over a :class:`~lightning_field.checkpoint.stores.base.CheckpointWriter`; the store
+puts the bytes where they live (``checkpoint/stores/``). The job holds everything the commit needs,
+so the same function runs on the training thread (a sync save) or on the writer thread
+(``async_save``).
 
-1. Every rank writes its files into a hidden temporary directory, hashing while writing, and fsyncs.
+1. Every rank writes its files through the store, hashing while writing, never visible yet.
 2. Every rank's receipts (file, size, hash) are gathered.
-3. Rank 0 writes ``manifest.json`` (temporary file, fsync, rename), renames the directory into
-   place, fsyncs the parent, and replaces the ``LAST`` pointer.
+3. Rank 0 builds the manifest from them and the store publishes it, the one atomic step that makes
+   the checkpoint visible (a directory rename on a local disk, the manifest's PUT in an object store).
 
-A crash at any point before step 3's directory rename leaves only a hidden ``.tmp-*`` directory,
-which no resolver considers and the next run deletes. After it, the checkpoint is complete.
+A crash at any point before step 3 leaves nothing a reader lists, and the next run's setup deletes
+what it left. After it, the checkpoint is complete.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
-import shutil
 import time
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
 
 from lightning_field.checkpoint import sharded
 from lightning_field.checkpoint.components import missing_components, present_components
-from lightning_field.checkpoint.resolver import LAST_POINTER, TEMP_PREFIXES, committed_checkpoints
-from lightning_field.checkpoint.store import CheckpointStore, RankOutcome, Receipt, describe_error
-from lightning_field.compat.torch import save_without_crc32
-from lightning_field.core.distributed import all_gather_objects, broadcast_object
-from lightning_field.core.fsio import (
-    HashingWriter,
-    atomic_write_bytes,
-    exchange_or_replace_dir,
-    fsync_dir,
-    remove_dir_unseen,
+from lightning_field.checkpoint.resolver import committed_checkpoints
+from lightning_field.checkpoint.stores.base import (
+    CheckpointReader,
+    CheckpointWriter,
+    RankOutcome,
+    describe_error,
+    save_durably,
+    write_rank_files,
 )
+from lightning_field.checkpoint.stores.local import LocalStore, clean_leftovers, publish, write_last_pointer
+from lightning_field.core.distributed import all_gather_objects, broadcast_object
 from lightning_field.core.manifest import SHARED_STATE_FILE, FileEntry, Manifest, rank_state_file
 from lightning_field.core.storage import Location, StorageOptions, basename, parent
 from lightning_field.state import provenance
 
+# The local store's pieces moved to checkpoint/stores/; these names stay importable from here, where
+# earlier versions defined them (a user's LocalStore subclass imports it from this module).
 __all__ = [
     "CheckpointSaveError",
+    "FileEntry",
     "LocalStore",
     "RankOutcome",
     "SaveJob",
+    "clean_leftovers",
     "commit_save",
     "not_saved_message",
+    "publish",
+    "save_durably",
     "write_last_pointer",
+    "write_rank_files",
 ]
 
 
@@ -66,7 +69,7 @@ class SaveJob:
     """One save, captured on the training thread: the commit needs nothing else."""
 
     final: Location
-    store: CheckpointStore
+    store: CheckpointWriter
     rank: int
     is_global_zero: bool
     step: int
@@ -94,7 +97,7 @@ class SaveJob:
         final: Location,
         start: float,
         *,
-        store: CheckpointStore,
+        store: CheckpointWriter,
         checkpoint: dict[str, Any],
         rank_state: dict[str, Any],
         rank_missing: list[str],
@@ -242,125 +245,14 @@ def build_manifest(job: SaveJob, outcomes: list[RankOutcome], missing_all: list[
     )
 
 
-def not_saved_message(final: Location, error: str, storage_options: StorageOptions | None = None) -> str:
+def not_saved_message(
+    final: Location, error: str, storage_options: StorageOptions | None = None, store: CheckpointReader | None = None
+) -> str:
     """What a failed save tells the user: the cause, and that the previous checkpoint is intact."""
-    committed = committed_checkpoints(parent(final), storage_options)
+    committed = committed_checkpoints(parent(final), storage_options, store)
     kept = f"the previous checkpoint ({committed[0].path}) is intact" if committed else "no earlier one exists"
     return f"Checkpoint {final} was not saved: {error}. Nothing was committed; {kept}."
 
 
-# ---------------------------------------------------------------- the protocol on a local disk
-
-
-def save_durably(obj: Any, path: Path, durable: bool = True) -> tuple[int, str]:
-    """``torch.save`` straight to disk through a hashing writer; returns (size, hash).
-
-    ``durable=False`` skips the fsync, for local staging copies whose durability is the upload's job.
-    """
-    writer = HashingWriter(path)
-    try:
-        save_without_crc32(obj, writer)  # the manifest's hash covers every byte instead
-        return writer.finish(sync=durable)
-    except BaseException:
-        writer.close()
-        raise
-
-
-def write_rank_files(
-    tmp: Path, rank: int, files: dict[str, tuple[Any, list[str]]], durable: bool = True
-) -> RankOutcome:
-    """Write this rank's files into ``tmp``; errors are returned, not raised, so every rank still
-    reaches the receipt exchange and nobody waits forever on a rank that failed."""
-    start = time.perf_counter()
-    receipts = []
-    try:
-        tmp.mkdir(parents=True, exist_ok=True)
-        for name, (obj, contents) in files.items():
-            size, digest = save_durably(obj, tmp / name, durable)
-            receipts.append(Receipt(name, size, digest, rank, contents))
-        if durable:
-            fsync_dir(tmp)
-    except Exception as err:
-        return RankOutcome(rank, receipts, describe_error(err), time.perf_counter() - start)
-    return RankOutcome(rank, receipts, None, time.perf_counter() - start)
-
-
-
-
-def temp_dir_for(dirpath: Path, name: str, token: str) -> Path:
-    return dirpath / f".tmp-{name}-{token}"
-
-
 def manifest_files(outcomes: list[RankOutcome]) -> dict[str, FileEntry]:
     return {r.file: FileEntry(r.size, r.hash, r.rank, r.contents) for o in outcomes for r in o.receipts}
-
-
-def write_last_pointer(dirpath: str | os.PathLike[str], checkpoint: str | os.PathLike[str]) -> None:
-    """Point ``LAST`` at ``checkpoint`` by atomic replace: readers (``resolver.read_last_pointer``)
-    never see it missing. Written last in :func:`publish`, after the directory rename."""
-    atomic_write_bytes(Path(dirpath) / LAST_POINTER, (Path(checkpoint).name + "\n").encode())
-
-
-def publish(tmp: Path, final: Path, manifest: Manifest) -> None:
-    """Rank 0's step 3: manifest last, then the directory rename that makes it visible, then LAST."""
-    manifest.write(tmp)
-    fsync_dir(tmp)
-    replaced = exchange_or_replace_dir(tmp, final)
-    fsync_dir(final.parent)
-    write_last_pointer(final.parent, final)
-    if replaced is not None:
-        shutil.rmtree(replaced, ignore_errors=True)
-
-
-def discard(tmp: Path) -> None:
-    shutil.rmtree(tmp, ignore_errors=True)
-
-
-def clean_leftovers(dirpath: Path) -> list[Path]:
-    """Delete the hidden directories interrupted saves and removals left behind."""
-    removed: list[Path] = []
-    if not dirpath.is_dir():
-        return removed
-    for child in dirpath.iterdir():
-        if child.is_dir() and child.name.startswith(TEMP_PREFIXES):
-            shutil.rmtree(child, ignore_errors=True)
-            removed.append(child)
-    return removed
-
-
-class LocalStore:
-    """The commit protocol on a POSIX filesystem: hidden temporary directory, fsync, atomic rename.
-    A :class:`~lightning_field.checkpoint.store.CheckpointStore`."""
-
-    writes_in_place = True
-
-    def prepare(self, final: Path) -> None:
-        """Nothing to do: the rename in :meth:`publish` swaps out any checkpoint of the same name."""
-
-    def hidden_dir(self, final: Path, token: str) -> Path:
-        """The hidden directory this save's files are written into before the rename publishes it."""
-        return temp_dir_for(final.parent, final.name, token)
-
-    @contextlib.contextmanager
-    def staging(self, final: Path, token: str) -> Iterator[Path]:
-        """The hidden directory itself: what is written there is what the rename publishes."""
-        yield self.hidden_dir(final, token)
-
-    def upload(self, final: Path, staging: Path, names: list[str]) -> str | None:
-        """Nothing to upload: the files are already in place."""
-        return None
-
-    def write(self, final: Path, token: str, rank: int, files: dict[str, tuple[Any, list[str]]]) -> RankOutcome:
-        return write_rank_files(self.hidden_dir(final, token), rank, files)
-
-    def publish(self, final: Path, token: str, manifest: Manifest) -> None:
-        publish(temp_dir_for(final.parent, final.name, token), final, manifest)
-
-    def discard(self, final: Path, token: str) -> None:
-        discard(temp_dir_for(final.parent, final.name, token))
-
-    def remove(self, final: Path) -> None:
-        remove_dir_unseen(final)
-
-    def clean_leftovers(self, dirpath: Path) -> list[Path]:
-        return clean_leftovers(dirpath)

@@ -12,10 +12,11 @@ opens the run's event log.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 from weakref import proxy
 
 import fsspec
@@ -25,14 +26,20 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from typing_extensions import override
 
 from lightning_field.checkpoint.async_controller import AsyncSaves, SaveErrorPolicy
-from lightning_field.checkpoint.commit import CheckpointSaveError, LocalStore, SaveJob, commit_save, not_saved_message
-from lightning_field.checkpoint.object_store import DEFAULT_CONCURRENCY, DEFAULT_PART_BYTES, ObjectStore
+from lightning_field.checkpoint.commit import CheckpointSaveError, SaveJob, commit_save, not_saved_message
 from lightning_field.checkpoint.resolver import committed_checkpoints
 from lightning_field.checkpoint.resume_policy import same_location
-from lightning_field.checkpoint.store import CheckpointStore
+from lightning_field.checkpoint.stores import (
+    DEFAULT_CONCURRENCY,
+    DEFAULT_PART_BYTES,
+    CheckpointStore,
+    CheckpointWriter,
+    ObjectStore,
+    store_for,
+)
 from lightning_field.core.distributed import broadcast_object
 from lightning_field.core.events import EventLog
-from lightning_field.core.storage import Location, as_location, fs_options, is_url, parent
+from lightning_field.core.storage import Location, as_location, fs_options, parent
 
 __all__ = ["CommittedCheckpoint"]
 
@@ -47,7 +54,7 @@ class CommittedCheckpoint(ModelCheckpoint):
 
     Raises:
         ValueError: ``on_save_error`` is not ``"stop"`` or ``"warn"``.
-        TypeError: ``store`` does not implement :class:`~lightning_field.checkpoint.store.CheckpointStore`.
+        TypeError: ``store`` does not implement :class:`~lightning_field.checkpoint.stores.CheckpointStore`.
     """
 
     def __init__(
@@ -61,18 +68,14 @@ class CommittedCheckpoint(ModelCheckpoint):
         store: CheckpointStore | None = None,
         **model_checkpoint_args: Any,
     ) -> None:
-        if store is not None and not isinstance(store, CheckpointStore):
+        if store is not None and not isinstance(store, CheckpointWriter):
             raise TypeError(
-                f"store must implement lightning_field.checkpoint.store.CheckpointStore (writes_in_place, prepare,"
-                f" write, staging, upload, publish, discard, remove, clean_leftovers); got {type(store).__name__}"
+                "store must implement lightning_field.checkpoint.stores.CheckpointStore (at least its writing half,"
+                f" CheckpointWriter: prepare, write, staging, upload, publish, ...); got {type(store).__name__}"
             )
         # Set before ModelCheckpoint's __init__, whose first filesystem handle already needs them.
         self.storage_options = dict(storage_options or {})
-        self._object_store = (
-            store if isinstance(store, ObjectStore) else ObjectStore(self.storage_options, upload_part_bytes,
-                                                                     upload_concurrency)
-        )  # fmt: skip
-        self._local_store = LocalStore()
+        self._object_store = ObjectStore(self.storage_options, upload_part_bytes, upload_concurrency)
         self._given_store = store
         super().__init__(**model_checkpoint_args)
         self._configured_every_n_train_steps = self._every_n_train_steps
@@ -84,7 +87,7 @@ class CommittedCheckpoint(ModelCheckpoint):
             on_save_error,
             advertise=self._advertise,
             remove=self._remove_checkpoint,
-            not_saved_message=lambda final, error: not_saved_message(final, error, self.storage_options),
+            not_saved_message=lambda final, error: not_saved_message(final, error, store=self.store_at(final)),
             events=lambda: self._events,
             agreement_step=lambda trainer: self._is_agreement_step(trainer),
         )
@@ -175,14 +178,15 @@ class CommittedCheckpoint(ModelCheckpoint):
 
     # ------------------------------------------------------------------ where saves go
     @property
-    def _store(self) -> CheckpointStore:
+    def _store(self) -> CheckpointWriter:
         """How this callback's ``dirpath`` commits: the store given, else a rename on a local disk
         and a manifest PUT under a URL."""
-        if self._given_store is not None:
-            return self._given_store
-        chosen = self._object_store if is_url(self.dirpath or "") else self._local_store
-        # Each serves the Location kind it is chosen for (LocalStore: a Path), which the Protocol cannot say.
-        return cast(CheckpointStore, chosen)
+        return self._given_store or self.store_at(self.dirpath or "")
+
+    def store_at(self, location: str | os.PathLike[str]) -> CheckpointStore:
+        """What reads (and removes) the checkpoints at ``location``: the store given, where it reads,
+        else the default one for its kind, with this callback's storage options."""
+        return store_for(location, self.storage_options, self._given_store, self._object_store)
 
     @property
     def _fs(self) -> Any:
@@ -283,7 +287,7 @@ class CommittedCheckpoint(ModelCheckpoint):
         if not self.async_save or self._force_sync:
             error = commit_save(job)
             if error is not None:
-                raise CheckpointSaveError(not_saved_message(job.final, error, self.storage_options))
+                raise CheckpointSaveError(not_saved_message(job.final, error, store=self.store_at(job.final)))
             self._last_global_step_saved = job.step
             self._last_checkpoint_saved = str(final)
             self._advertise(trainer, job, time.perf_counter() - start)
@@ -367,10 +371,11 @@ class CommittedCheckpoint(ModelCheckpoint):
         the only places retention may remove."""
         if self.dirpath is None:
             return False
-        if is_url(path) or is_url(self.dirpath):
-            head, _, name = path.rstrip("/").rpartition("/")
-            return head == str(self.dirpath).rstrip("/") and name not in ("", ".", "..")
-        return Path(path).resolve().parent == Path(self.dirpath).resolve()
+        location, root = as_location(path), as_location(self.dirpath)
+        if isinstance(location, Path) and isinstance(root, Path):
+            return location.resolve().parent == root.resolve()
+        head, _, name = str(location).rpartition("/")
+        return head == str(root) and name not in ("", ".", "..")
 
     @override
     def _remove_checkpoint(self, trainer: pl.Trainer, filepath: str) -> None:
@@ -387,7 +392,7 @@ class CommittedCheckpoint(ModelCheckpoint):
 
     def protection_reason(self, filepath: str) -> str | None:
         """Why retention must keep ``filepath`` (it is the only recoverable checkpoint), else None."""
-        entries = committed_checkpoints(parent(filepath), self.storage_options)
+        entries = committed_checkpoints(parent(filepath), store=self.store_at(filepath))
         recoverable = [e for e in entries if e.manifest is not None and e.manifest.recoverable]
         if len(recoverable) == 1 and same_location(recoverable[0].path, filepath):
             return "it is the only recoverable checkpoint"

@@ -10,31 +10,33 @@ from __future__ import annotations
 
 import logging
 import pickle
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from lightning.fabric.plugins import CheckpointIO
 
-from lightning_field.checkpoint.object_store import ObjectStore
-from lightning_field.checkpoint.store import describe_error
-from lightning_field.checkpoint.verify import CheckpointCorruptError, LocalFiles, verify_against
-from lightning_field.core.distributed import all_gather_objects, global_rank, world_size
-from lightning_field.core.fsio import remove_dir_unseen
-from lightning_field.core.manifest import (
-    SHARED_STATE_FILE,
-    Manifest,
-    is_checkpoint_dir,
-    rank_state_file,
+from lightning_field.checkpoint.stores import (
+    CheckpointReader,
+    CheckpointStore,
+    LocalStore,
+    is_checkpoint,
     read_manifest,
+    store_for,
 )
-from lightning_field.core.storage import is_url
+from lightning_field.checkpoint.stores.base import describe_error
+from lightning_field.checkpoint.verify import CheckpointCorruptError, verify_against
+from lightning_field.core.distributed import all_gather_objects, global_rank, world_size
+from lightning_field.core.manifest import SHARED_STATE_FILE, Manifest, rank_state_file
+from lightning_field.core.storage import Location, as_location
 from lightning_field.state import reshard
 
 log = logging.getLogger(__name__)
+
+LOCAL_FILES = cast(CheckpointReader, LocalStore())  # it reads Paths, which is all a local copy is
+"""What reads the local copy a load verifies and loads."""
 
 FIELD_KEY = "lightning_field"
 """Key under which a loaded checkpoint dict carries the manifest and this rank's own state."""
@@ -63,38 +65,38 @@ class ManifestCheckpointIO(CheckpointIO):
     """Args:
     inner: the CheckpointIO plain ``.ckpt`` files go through.
     on_manifest: called with the manifest before anything is unpickled; may refuse by raising.
-    object_store: how checkpoints under fsspec URLs are read and removed (its storage options).
+    store_at: the store that reads and removes the checkpoint at a location (default:
+        :func:`~lightning_field.checkpoint.stores.store_for` without storage options); the
+        callback passes its own, with its storage options or the store it was given.
     """
 
     def __init__(
         self,
         inner: CheckpointIO,
-        on_manifest: Callable[[Manifest, Path], None] | None = None,
-        object_store: ObjectStore | None = None,
+        on_manifest: Callable[[Manifest, Location], None] | None = None,
+        store_at: Callable[[Location], CheckpointStore] | None = None,
     ) -> None:
         self.inner = inner
         self.on_manifest = on_manifest
-        self.object_store = object_store or ObjectStore()
+        self.store_at = store_at or store_for
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
         # ``trainer.save_checkpoint("x.ckpt")`` by the user keeps working as a plain export.
         self.inner.save_checkpoint(checkpoint, path, storage_options=storage_options)
 
     def load_checkpoint(self, path: Any, map_location: Any = None, weights_only: bool | None = None) -> dict[str, Any]:
-        if is_url(path) and is_checkpoint_dir(path, self.object_store.storage_options):
-            return _on_every_rank(path, lambda: load_object_checkpoint(str(path), self.object_store, map_location,
-                                                                       self.on_manifest))  # fmt: skip
-        if is_url(path) or not is_checkpoint_dir(path):
+        location = as_location(path)
+        store = self.store_at(location)
+        if not is_checkpoint(location, store=store):
             return self.inner.load_checkpoint(path, map_location=map_location, weights_only=weights_only)
-        return _on_every_rank(path, lambda: load_manifest_checkpoint(Path(path), map_location, self.on_manifest))
+        return _on_every_rank(path, lambda: load_from_store(store, location, map_location, self.on_manifest))
 
     def remove_checkpoint(self, path: Any) -> None:
-        if is_url(path):
-            self.object_store.remove(str(path))
-        elif is_checkpoint_dir(path) or Path(path).is_dir():
-            remove_dir_unseen(Path(path))
+        location = as_location(path)
+        if isinstance(location, Path) and location.is_file():
+            self.inner.remove_checkpoint(path)  # a plain ``.ckpt``: Lightning's own
         else:
-            self.inner.remove_checkpoint(path)
+            self.store_at(location).remove(location)
 
     def teardown(self) -> None:
         self.inner.teardown()
@@ -124,22 +126,28 @@ def _on_every_rank(path: Any, load: Callable[[], dict[str, Any]]) -> dict[str, A
     return checkpoint
 
 
-def load_object_checkpoint(
-    url: str,
-    store: ObjectStore,
+def load_from_store(
+    store: CheckpointStore,
+    checkpoint: Location,
     map_location: Any = None,
-    on_manifest: Callable[[Manifest, Path], None] | None = None,
+    on_manifest: Callable[[Manifest, Location], None] | None = None,
 ) -> dict[str, Any]:
-    """A checkpoint under a URL: download this rank's files (multipart, parallel), verify the local
-    copies against the manifest, and load exactly those verified bytes."""
+    """Read the manifest, check compatibility (``on_manifest`` may raise), take a local copy of this
+    rank's files (the checkpoint itself on a local disk; parallel multipart downloads from an object
+    store), verify that copy against the manifest, and load exactly those verified bytes."""
     start = time.perf_counter()
-    manifest = read_manifest(url, store.storage_options)
-    with tempfile.TemporaryDirectory(prefix="lightning-field-load-") as staging:
-        local = Path(staging)
-        store.download(url, local, _wanted_files(manifest))
-        checkpoint = load_manifest_checkpoint(local, map_location, on_manifest, manifest=manifest, source=url)
-    checkpoint[FIELD_KEY]["load_seconds"] = time.perf_counter() - start
-    return checkpoint
+    manifest = read_manifest(checkpoint, store=store)
+    if on_manifest is not None:
+        on_manifest(manifest, checkpoint)
+    wanted = _wanted_files(manifest)
+    with store.local_copy(checkpoint, wanted) as local:
+        report = verify_against(manifest, LOCAL_FILES, local, wanted)
+        if not report.intact:
+            problems = "\n  ".join(report.problems)
+            raise CheckpointCorruptError(f"checkpoint {checkpoint} failed verification:\n  {problems}")
+        # Like Lightning's own CheckpointIO: tensors land on the CPU and the strategy moves them.
+        loaded = torch_load_verified(local / SHARED_STATE_FILE, map_location or "cpu")
+        return attach_rank_state(loaded, manifest, local, checkpoint, start)
 
 
 def _wanted_files(manifest: Manifest) -> list[str]:
@@ -153,32 +161,6 @@ def rank_files_to_load(manifest: Manifest) -> list[str]:
     if manifest.world_size != world_size():
         own.add(rank_state_file(0))
     return sorted(f for f in own if f in manifest.files)
-
-
-def load_manifest_checkpoint(
-    path: Path,
-    map_location: Any = None,
-    on_manifest: Callable[[Manifest, Path], None] | None = None,
-    manifest: Manifest | None = None,
-    source: str | None = None,
-) -> dict[str, Any]:
-    """Verify, check compatibility (``on_manifest`` may raise), then load shared and per-rank state.
-
-    ``manifest`` and ``source`` are given for a local copy of a remote checkpoint: the files in
-    ``path`` are checked against the remote manifest, and ``source`` is what is reported as loaded.
-    """
-    start = time.perf_counter()
-    shown: Any = source or path
-    manifest = manifest or read_manifest(path)
-    if on_manifest is not None:
-        on_manifest(manifest, shown)
-    wanted = _wanted_files(manifest)
-    report = verify_against(manifest, LocalFiles(path), wanted)
-    if not report.intact:
-        raise CheckpointCorruptError(f"checkpoint {shown} failed verification:\n  " + "\n  ".join(report.problems))
-    # Like Lightning's own CheckpointIO: tensors land on the CPU and the strategy moves them.
-    checkpoint = torch_load_verified(path / SHARED_STATE_FILE, map_location or "cpu")
-    return attach_rank_state(checkpoint, manifest, path, shown, start)
 
 
 def attach_rank_state(checkpoint: dict[str, Any], manifest: Manifest, path: Path, shown: Any, start: float) -> Any:

@@ -31,11 +31,10 @@ from lightning_field.checkpoint.async_controller import SaveErrorPolicy
 from lightning_field.checkpoint.commit import SaveJob
 from lightning_field.checkpoint.committed import CommittedCheckpoint
 from lightning_field.checkpoint.io import FIELD_KEY, ManifestCheckpointIO
-from lightning_field.checkpoint.object_store import DEFAULT_CONCURRENCY, DEFAULT_PART_BYTES
 from lightning_field.checkpoint.preemption import DEFAULT_SIGNALS, PreemptionSave, TrainingPreempted
 from lightning_field.checkpoint.resume_policy import NoRecoverableCheckpointError, ResumeGuard
 from lightning_field.checkpoint.stop_points import StopPointSave
-from lightning_field.checkpoint.store import CheckpointStore
+from lightning_field.checkpoint.stores import DEFAULT_CONCURRENCY, DEFAULT_PART_BYTES, CheckpointStore
 from lightning_field.compat import lightning as internals
 from lightning_field.core.distributed import all_gather_objects, elastic_restart_hazard
 from lightning_field.core.events import EventLog
@@ -76,7 +75,7 @@ class ManifestCheckpoint(CommittedCheckpoint):
             larger limits continues exactly; see :mod:`lightning_field.checkpoint.stop_points`.
         storage_options: fsspec options for a ``dirpath`` URL such as ``s3://bucket/run/ckpts``
             (e.g. ``{"endpoint_url": ..., "key": ...}``). On object stores the manifest object is the
-            commit; see :mod:`lightning_field.checkpoint.object_store`.
+            commit; see :mod:`lightning_field.checkpoint.stores.object`.
         upload_part_bytes, upload_concurrency: multipart part size and parts in flight per file (object stores).
         async_save: a background thread runs the commit; the save copies only what training may
             change next into reusable host buffers (on CPU while the next forward and backward run,
@@ -86,8 +85,8 @@ class ManifestCheckpoint(CommittedCheckpoint):
         on_save_error: what a failed background save does, once reported in the log, the
             ``checkpoint/save_failures`` metric and the event log: ``"stop"`` (raise
             :class:`CheckpointSaveError` on every rank) or ``"warn"`` (keep training).
-        store: where the checkpoints go and how a save commits there, a
-            :class:`~lightning_field.checkpoint.store.CheckpointStore` (default: a ``LocalStore``
+        store: where the checkpoints go, how a save commits there and how every read gets them back,
+            a :class:`~lightning_field.checkpoint.stores.CheckpointStore` (default: a ``LocalStore``
             for a path, an ``ObjectStore`` for a URL); a test double or a backend of your own.
         resume_inexact: when ``ckpt_path="last"`` finds checkpoints but none is recoverable, resume
             the newest one's weights, optimizer and loop state anyway instead of raising
@@ -99,7 +98,7 @@ class ManifestCheckpoint(CommittedCheckpoint):
         ValueError: ``on_save_error`` is not ``"stop"`` or ``"warn"``, or
             ``preemption_check_every_n_steps`` is below 1; at setup, ``dirpath`` is unusable on any
             rank (under a file, not writable), which every rank raises alike.
-        TypeError: ``store`` does not implement :class:`~lightning_field.checkpoint.store.CheckpointStore`.
+        TypeError: ``store`` does not implement :class:`~lightning_field.checkpoint.stores.CheckpointStore`.
         NotImplementedError: at setup, a strategy other than single-device, DDP or ModelParallel.
         ResumeMismatchError: on ``fit(ckpt_path=...)``, the checkpoint is not recoverable or was
             written by a different run (code, config, data, model or world size), before anything
@@ -243,7 +242,7 @@ class ManifestCheckpoint(CommittedCheckpoint):
             self._saves.setup(trainer, self.state_key)
         if not isinstance(trainer.strategy.checkpoint_io, ManifestCheckpointIO):
             trainer.strategy.checkpoint_io = ManifestCheckpointIO(
-                trainer.strategy.checkpoint_io, self._check_resume, self._object_store
+                trainer.strategy.checkpoint_io, self._check_resume, self.store_at
             )
         self._guard.record(trainer, pl_module, self.config, self.code_dir)
         if trainer.is_global_zero:
@@ -366,7 +365,7 @@ class ManifestCheckpoint(CommittedCheckpoint):
     @override
     def _find_last_checkpoints(self, trainer: pl.Trainer) -> set[str]:
         where = internals.checkpoint_dir(self, trainer)
-        found = resume_policy.resolve_last(where, self._guard if self.resume_inexact else None)
+        found = resume_policy.resolve_last(where, self._guard if self.resume_inexact else None, self.store_at(where))
         if found is None:
             self._show_hint_again = internals.hide_no_last_checkpoint_hint()
             return set()
@@ -377,8 +376,8 @@ class ManifestCheckpoint(CommittedCheckpoint):
         trainer = self._trainer
         assert trainer is not None
         return sharded_load.load_verified(
-            load, path, weights_only, strategy=trainer.strategy, store=self._object_store,
-            storage_options=self.storage_options, check_resume=self._check_resume,
+            load, path, weights_only, strategy=trainer.strategy, store=self.store_at(path),
+            check_resume=self._check_resume,
         )  # fmt: skip
 
     def _check_resume(self, manifest: Manifest, path: Location) -> None:

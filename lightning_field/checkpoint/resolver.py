@@ -6,16 +6,17 @@ import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 
+from lightning_field.checkpoint.stores import CheckpointReader, read_manifest, store_for
+from lightning_field.checkpoint.stores.local import LAST_POINTER, TEMP_PREFIXES
 from lightning_field.checkpoint.verify import VerifyReport, verify_checkpoint
-from lightning_field.core.manifest import MANIFEST_NAME, Manifest, ManifestError, is_checkpoint_dir, read_manifest
-from lightning_field.core.storage import Location, StorageOptions, as_location, basename, is_url, open_fs, to_url
+from lightning_field.core.manifest import Manifest, ManifestError
+from lightning_field.core.storage import Location, StorageOptions, as_location, basename, join
 
 log = logging.getLogger(__name__)
 
-LAST_POINTER = "LAST"
-TEMP_PREFIXES = (".tmp-", ".trash-")
+__all__ = ["LAST_POINTER", "TEMP_PREFIXES", "CheckpointEntry", "committed_checkpoints", "latest_recoverable",
+           "read_last_pointer"]  # fmt: skip
 
 
 @dataclass
@@ -26,42 +27,24 @@ class CheckpointEntry:
 
 
 def committed_checkpoints(
-    dirpath: str | os.PathLike[str], storage_options: StorageOptions | None = None
+    dirpath: str | os.PathLike[str],
+    storage_options: StorageOptions | None = None,
+    store: CheckpointReader | None = None,
 ) -> list[CheckpointEntry]:
-    """Every committed checkpoint directory under ``dirpath``, newest first.
+    """Every committed checkpoint directly under ``dirpath``, newest first, as ``store`` lists them
+    (default: the store :func:`~lightning_field.checkpoint.stores.store_for` picks for ``dirpath``).
 
     Hidden directories (in-flight ``.tmp-*`` writes, ``.trash-*`` removals) are never candidates:
-    their manifest, if any, was not published by the commit rename. Under a URL, a prefix is a
-    candidate only if its manifest object exists: that object is written last, so a prefix without
-    it is an interrupted or half-removed save.
+    their manifest, if any, was not published by the commit. Under a URL, a prefix is a candidate
+    only if its manifest object exists: that object is written last, so a prefix without it is an
+    interrupted or half-removed save.
     """
     root = as_location(dirpath)
-    if not isinstance(root, Path):
-        return _committed_objects(root, storage_options)
-    if not root.is_dir():
-        return []
+    reader = store or store_for(root, storage_options)
     entries = []
-    for child in root.iterdir():
-        if child.name.startswith(".") or not child.is_dir() or not is_checkpoint_dir(child):
-            continue
+    for checkpoint in reader.checkpoints(root):
         try:
-            entries.append(CheckpointEntry(child, read_manifest(child)))
-        except ManifestError as err:
-            entries.append(CheckpointEntry(child, None, str(err)))
-    return _newest_first(entries)
-
-
-def _committed_objects(url: str, storage_options: StorageOptions | None) -> list[CheckpointEntry]:
-    # One listing of the committed manifests, never a pointer object: a pointer would be a second,
-    # separately written truth that a crash could leave naming a checkpoint that does not exist.
-    fs, prefix = open_fs(url, storage_options)
-    entries = []
-    for manifest_path in fs.glob(f"{prefix}/*/{MANIFEST_NAME}"):
-        checkpoint = to_url(fs, manifest_path.rsplit("/", 1)[0])
-        if basename(checkpoint).startswith("."):
-            continue
-        try:
-            entries.append(CheckpointEntry(checkpoint, read_manifest(checkpoint, storage_options)))
+            entries.append(CheckpointEntry(checkpoint, read_manifest(checkpoint, store=reader)))
         except ManifestError as err:
             entries.append(CheckpointEntry(checkpoint, None, str(err)))
     return _newest_first(entries)
@@ -81,6 +64,7 @@ def latest_recoverable(
     reports: Mapping[Location, VerifyReport] | None = None,
     skipped: dict[Location, str] | None = None,
     log_skips: bool = True,
+    store: CheckpointReader | None = None,
 ) -> Location | None:
     """The newest checkpoint under ``dirpath`` that is recoverable and passes full verification.
 
@@ -92,10 +76,11 @@ def latest_recoverable(
     hashed every file once; the pick must not hash them again, nor differ from what it showed).
     ``skipped``, when given, is filled with each recoverable-marked checkpoint passed over and why;
     ``log_skips=False`` keeps the warnings out of the log (every rank resolves ``ckpt_path="last"``,
-    and only one should say it).
+    and only one should say it). ``store``: what reads them (see :func:`committed_checkpoints`).
     """
     warn = log.warning if log_skips else log.debug
-    entries = committed_checkpoints(dirpath, storage_options)
+    reader = store or store_for(as_location(dirpath), storage_options)
+    entries = committed_checkpoints(dirpath, store=reader)
     for index, entry in enumerate(entries):
         if entry.manifest is None:
             warn("Skipping %s: %s", entry.path, entry.error)
@@ -108,7 +93,7 @@ def latest_recoverable(
             # recovery point, like a corrupt one. An explicit ckpt_path can still load it.
             why = f"its restore drill failed ({(entry.manifest.restore_drill or {}).get('log')})"
         else:
-            report = (reports or {}).get(entry.path) or verify_checkpoint(entry.path, storage_options=storage_options)
+            report = (reports or {}).get(entry.path) or verify_checkpoint(entry.path, store=reader)
             if report.recoverable:
                 tested = "restore-tested by a drill" if entry.manifest.restore_tested else "not restore-tested"
                 log.info("Latest recoverable checkpoint: %s (step %d, %s)", entry.path, entry.manifest.step, tested)
@@ -123,12 +108,10 @@ def latest_recoverable(
     return None
 
 
-def read_last_pointer(dirpath: str | os.PathLike[str]) -> Path | None:
-    """The local ``LAST`` pointer; object stores have none (``latest_recoverable`` lists manifests)."""
-    if is_url(dirpath):
-        return None
-    pointer = Path(dirpath) / LAST_POINTER
-    if not pointer.is_file():
-        return None
-    name = pointer.read_text().strip()
-    return Path(dirpath) / name if name else None
+def read_last_pointer(dirpath: str | os.PathLike[str], store: CheckpointReader | None = None) -> Location | None:
+    """The ``LAST`` pointer a local store keeps; object stores keep none (``latest_recoverable``
+    lists manifests), so there it is None."""
+    root = as_location(dirpath)
+    raw = (store or store_for(root)).read(root, LAST_POINTER)
+    name = raw.decode(errors="replace").strip() if raw else ""
+    return join(root, name) if name else None

@@ -19,6 +19,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
 from lightning_field.checkpoint.resolver import committed_checkpoints, latest_recoverable
+from lightning_field.checkpoint.stores import CheckpointReader
 from lightning_field.compat import lightning as internals
 from lightning_field.core.distributed import broadcast_object
 from lightning_field.core.errors import ResumeMismatchError
@@ -300,7 +301,9 @@ def same_location(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
     return identity(a) == identity(b)
 
 
-def resolve_last(where: Location, inexact_guard: ResumeGuard | None = None) -> str | None:
+def resolve_last(
+    where: Location, inexact_guard: ResumeGuard | None = None, store: CheckpointReader | None = None
+) -> str | None:
     """``ckpt_path="last"``: the newest recoverable checkpoint under a local ``where``, or None when
     there is no committed checkpoint at all (training starts at step 0, and says so).
 
@@ -319,10 +322,17 @@ def resolve_last(where: Location, inexact_guard: ResumeGuard | None = None) -> s
             f" ckpt_path=lightning_field.latest_recoverable({str(where)!r}, storage_options) instead."
         )
     skipped: dict[Location, str] = {}
-    found = latest_recoverable(where, skipped=skipped, log_skips=env_global_rank() == 0)
+    found = latest_recoverable(where, skipped=skipped, log_skips=env_global_rank() == 0, store=store)
+    if found is not None and not Path(found).exists():
+        # Lightning drops a "last" it cannot see on the filesystem and starts over: never silently.
+        raise ValueError(
+            f'ckpt_path="last" found {found} in the store given to ManifestCheckpoint, where Lightning cannot'
+            f" see it, and would start over. Pass ckpt_path=lightning_field.latest_recoverable({str(where)!r},"
+            " store=store) instead."
+        )
     if found is not None:
         return str(found)
-    entries = committed_checkpoints(where)
+    entries = committed_checkpoints(where, store=store)
     if not entries:
         rank_zero_info(f"lightning_field: no committed checkpoint under {where} yet: training starts at step 0.")
         return None

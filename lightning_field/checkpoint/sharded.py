@@ -27,7 +27,7 @@ from typing import Any
 
 from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy, SingleDeviceStrategy
 
-from lightning_field.checkpoint.store import RankOutcome, Receipt, describe_error
+from lightning_field.checkpoint.stores.base import RankOutcome, Receipt, describe_error
 from lightning_field.core.hashing import hash_file
 
 SHARDED_SHARED_FILE = "meta.pt"

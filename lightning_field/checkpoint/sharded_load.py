@@ -7,31 +7,38 @@ sharded load from exactly those bytes, then this rank's own state merged as for 
 
 from __future__ import annotations
 
+import contextlib
 import pickle
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from lightning_field.checkpoint.io import attach_rank_state, rank_files_to_load
-from lightning_field.checkpoint.object_store import ObjectStore
+from lightning_field.checkpoint.io import LOCAL_FILES, attach_rank_state, rank_files_to_load
 from lightning_field.checkpoint.sharded import DCP_METADATA, SHARDED_SHARED_FILE
-from lightning_field.checkpoint.store import describe_error
-from lightning_field.checkpoint.verify import CheckpointCorruptError, LocalFiles, verify_against, verify_checkpoint
+from lightning_field.checkpoint.stores import (
+    CheckpointReader,
+    CheckpointStore,
+    describe_error,
+    is_checkpoint,
+    read_manifest,
+)
+from lightning_field.checkpoint.verify import CheckpointCorruptError, verify_against, verify_checkpoint
 from lightning_field.compat import lightning as internals
 from lightning_field.core.distributed import all_gather_objects
-from lightning_field.core.manifest import Manifest, is_checkpoint_dir, read_manifest
-from lightning_field.core.storage import Location, StorageOptions, as_location
+from lightning_field.core.manifest import Manifest
+from lightning_field.core.storage import Location, as_location
 
-__all__ = ["dcp_files", "load_from_object_store", "load_through_strategy", "load_verified", "verify_in_parallel"]
+__all__ = ["dcp_files", "load_from_store", "load_through_strategy", "load_verified", "verify_in_parallel"]
 
 
-def verify_in_parallel(path: Path, names: list[str], rank: int, world_size: int) -> list[str]:
+def verify_in_parallel(
+    store: CheckpointReader, path: Location, names: list[str], rank: int, world_size: int
+) -> list[str]:
     """Collective: each rank hashes every ``world_size``-th file, and all ranks get all problems, so
     a sharded checkpoint is read once in total, not once per rank, and every rank decides alike."""
     mine = sorted(names)[rank::world_size]
-    report = verify_checkpoint(path, mine)
+    report = verify_checkpoint(path, mine, store=store)
     return [p for problems in all_gather_objects(report.problems) for p in problems]
 
 
@@ -42,30 +49,48 @@ def dcp_files(manifest: Manifest) -> list[str]:
     return sorted(name for name in manifest.files if name == DCP_METADATA or name.endswith(".distcp"))
 
 
-def load_from_object_store(
-    load: Callable[..., dict[str, Any]], url: str, manifest: Manifest, store: ObjectStore, weights_only: bool | None
+def load_from_store(
+    load: Callable[..., dict[str, Any]],
+    checkpoint: Location,
+    manifest: Manifest,
+    store: CheckpointStore,
+    weights_only: bool | None,
+    strategy: Any,
 ) -> dict[str, Any]:
-    """Collective: a sharded checkpoint under a URL, downloaded into a local directory of this rank,
-    verified there and loaded through the strategy from exactly those verified bytes.
+    """Collective: a sharded checkpoint verified and loaded through the strategy from exactly the
+    verified bytes.
 
-    Every rank downloads every DCP file (see :func:`dcp_files`), ``meta.pt`` and its rank state.
-    Download and verification problems are gathered so every rank raises alike: a rank that went on
-    into DCP's collectives alone would hang the others.
+    Where the store's local copy is the checkpoint itself (a local disk every rank sees), the ranks
+    split the hashing (:func:`verify_in_parallel`) and Lightning's own load reads it. Elsewhere each
+    rank downloads every DCP file (see :func:`dcp_files`), ``meta.pt`` and its rank state into a
+    directory of its own, verifies them, and loads its own copy (Lightning's load would read rank 0's
+    private directory on every rank). Download and verification problems are gathered so every rank
+    raises alike: a rank that went on into DCP's collectives alone would hang the others.
     """
     start = time.perf_counter()
     names = [*dcp_files(manifest), SHARDED_SHARED_FILE, *rank_files_to_load(manifest)]
-    with tempfile.TemporaryDirectory(prefix="lightning-field-load-") as staging:
-        local = Path(staging)
+    with contextlib.ExitStack() as stack:
+        local, error = None, None
         try:
-            store.download(url, local, names)
-            problems = verify_against(manifest, LocalFiles(local), names).problems
-        except Exception as err:
-            problems = [f"download from {url} failed: {describe_error(err)}"]
-        problems = [p for rank_problems in all_gather_objects(problems) for p in rank_problems]
+            local = stack.enter_context(store.local_copy(checkpoint, names))
+        except Exception as err:  # maybe on one rank alone: gathered below, never raised alone
+            error = f"download from {checkpoint} failed: {describe_error(err)}"
+        if local == checkpoint:  # the same on every rank: the store's kind decides it
+            problems = verify_in_parallel(store, checkpoint, list(manifest.files), strategy.global_rank,
+                                          strategy.world_size)  # fmt: skip
+        else:
+            own = [error] if local is None else verify_against(manifest, LOCAL_FILES, local, names).problems
+            problems = [p for rank_problems in all_gather_objects(own) for p in rank_problems if p]
+
+            def own_copy(path: Path, weights_only: bool | None = None) -> dict[str, Any]:
+                return internals.load_sharded_from(strategy, path, weights_only)
+
+            load = own_copy
         if problems:
-            raise CheckpointCorruptError(f"checkpoint {url} failed verification:\n  " + "\n  ".join(problems))
-        checkpoint = load_through_strategy(load, local, weights_only)
-        return attach_rank_state(checkpoint, manifest, local, url, start)
+            raise CheckpointCorruptError(f"checkpoint {checkpoint} failed verification:\n  " + "\n  ".join(problems))
+        assert local is not None
+        loaded = load_through_strategy(load, local, weights_only)
+        return attach_rank_state(loaded, manifest, local, checkpoint, start)
 
 
 def load_through_strategy(load: Callable[..., dict[str, Any]], path: Path, weights_only: bool | None) -> dict[str, Any]:
@@ -87,29 +112,15 @@ def load_verified(
     weights_only: bool | None,
     *,
     strategy: Any,
-    store: ObjectStore,
-    storage_options: StorageOptions | None,
+    store: CheckpointStore,
     check_resume: Callable[[Manifest, Location], None],
 ) -> Any:
     """A sharding strategy's ``load_checkpoint``, behind the same checks as the CheckpointIO's:
     compatibility (``check_resume``), then every file verified (split across ranks, or the
     downloaded copies of a URL's) before DCP reads a byte. Collective; plain paths pass through."""
-    if not is_checkpoint_dir(path, storage_options):
-        return load(path, weights_only=weights_only)
-    start = time.perf_counter()
     location = as_location(path)
-    manifest = read_manifest(location, storage_options)
+    if not is_checkpoint(location, store=store):
+        return load(path, weights_only=weights_only)
+    manifest = read_manifest(location, store=store)
     check_resume(manifest, location)
-    if not isinstance(location, Path):
-        # Each rank loads the copy it downloaded and verified itself (Lightning's own load would
-        # read rank 0's private directory on every rank).
-        def own_copy(local: Path, weights_only: bool | None = None) -> dict[str, Any]:
-            return internals.load_sharded_from(strategy, local, weights_only)
-
-        return load_from_object_store(own_copy, location, manifest, store, weights_only)
-    names = list(manifest.files)
-    problems = verify_in_parallel(location, names, strategy.global_rank, strategy.world_size)
-    if problems:
-        raise CheckpointCorruptError(f"checkpoint {location} failed verification:\n  " + "\n  ".join(problems))
-    checkpoint = load_through_strategy(load, location, weights_only)
-    return attach_rank_state(checkpoint, manifest, location, location, start)
+    return load_from_store(load, location, manifest, store, weights_only, strategy)

@@ -5,11 +5,10 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from lightning_field.core.hashing import hash_file, hash_stream
-from lightning_field.core.manifest import Manifest, ManifestError, read_manifest
-from lightning_field.core.storage import Location, StorageOptions, as_location, open_fs
+from lightning_field.checkpoint.stores import CheckpointReader, read_manifest, store_for
+from lightning_field.core.manifest import Manifest, ManifestError
+from lightning_field.core.storage import Location, StorageOptions, as_location
 
 
 class CheckpointCorruptError(RuntimeError):
@@ -40,73 +39,33 @@ def verify_checkpoint(
     files: Iterable[str] | None = None,
     progress: ProgressFn | None = None,
     storage_options: StorageOptions | None = None,
+    store: CheckpointReader | None = None,
 ) -> VerifyReport:
     """Check sizes, then hashes, of ``files`` (default: every file in the manifest).
 
     Sizes are compared before any hashing so a truncated file is reported without reading it.
-    ``path`` may be an fsspec URL; its objects are then streamed through the hash.
+    ``path`` may be an fsspec URL; its objects are then streamed through the hash. ``store``: the
+    store that reads it (default: the one :func:`~lightning_field.checkpoint.stores.store_for` picks).
     """
     location = as_location(path)
+    reader = store or store_for(location, storage_options)
     try:
-        manifest = read_manifest(location, storage_options)
+        manifest = read_manifest(location, store=reader)
     except ManifestError as err:
         return VerifyReport(location, None, [str(err)])
-    reader = LocalFiles(location) if isinstance(location, Path) else ObjectFiles(location, storage_options)
-    return verify_against(manifest, reader, files, progress)
-
-
-class LocalFiles:
-    """Sizes and hashes of files in a local directory."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-
-    def describe(self, name: str) -> str:
-        return str(self.root / name)
-
-    def size(self, name: str) -> int | None:
-        file_path = self.root / name
-        return file_path.stat().st_size if file_path.is_file() else None
-
-    def digest(self, name: str, on_chunk: Callable[[int], None], algorithm: str) -> str:
-        # All cores: verification runs before training resumes, with nothing else to do.
-        return hash_file(self.root / name, progress=on_chunk, algorithm=algorithm, threads=True)[1]
-
-
-class ObjectFiles:
-    """Sizes and hashes of the objects under an fsspec URL prefix, read in large sequential blocks."""
-
-    def __init__(self, url: str, storage_options: StorageOptions | None = None) -> None:
-        self.url = url
-        self.fs, self.prefix = open_fs(url, storage_options)
-
-    def describe(self, name: str) -> str:
-        return f"{self.url}/{name}"
-
-    def size(self, name: str) -> int | None:
-        try:
-            info = self.fs.info(f"{self.prefix}/{name}")
-        except FileNotFoundError:
-            return None
-        return int(info["size"]) if info.get("type") == "file" else None
-
-    def digest(self, name: str, on_chunk: Callable[[int], None], algorithm: str) -> str:
-        with self.fs.open(f"{self.prefix}/{name}", "rb", block_size=_REMOTE_BLOCK) as f:
-            return hash_stream(f, progress=on_chunk, algorithm=algorithm, threads=True)[1]
-
-
-_REMOTE_BLOCK = 16 << 20
+    return verify_against(manifest, reader, location, files, progress)
 
 
 def verify_against(
     manifest: Manifest,
-    reader: LocalFiles | ObjectFiles,
+    reader: CheckpointReader,
+    location: Location,
     files: Iterable[str] | None = None,
     progress: ProgressFn | None = None,
 ) -> VerifyReport:
-    """Check ``reader``'s files against ``manifest``: also used on a local copy of remote objects,
-    so that what is loaded is exactly what was verified."""
-    location: Location = reader.root if isinstance(reader, LocalFiles) else reader.url
+    """Check the files of the checkpoint at ``location``, as ``reader`` reads them, against
+    ``manifest``: also used on a local copy of remote objects, so that what is loaded is exactly
+    what was verified."""
     report = VerifyReport(location, manifest)
     names = list(manifest.files) if files is None else list(files)
     total = sum(manifest.files[n].size for n in names if n in manifest.files)
@@ -114,10 +73,10 @@ def verify_against(
     to_hash = []
     for name in names:
         entry = manifest.files.get(name)
-        where = reader.describe(name)
+        where = reader.describe(location, name)
         if entry is None:
             report.problems.append(f"{where}: not listed in the manifest")
-        elif (actual := reader.size(name)) is None:
+        elif (actual := reader.size(location, name)) is None:
             report.problems.append(f"{where}: missing")
         elif actual != entry.size:
             report.problems.append(f"{where}: size {actual} bytes, manifest says {entry.size} (truncated or extended)")
@@ -131,19 +90,21 @@ def verify_against(
             progress(done, total)
 
     for name, entry in to_hash:
-        digest = reader.digest(name, on_chunk, manifest.hash_algorithm)  # the one its format names
+        digest = reader.digest(location, name, on_chunk, manifest.hash_algorithm)  # the one its format names
         if digest != entry.hash:
-            report.problems.append(
-                f"{reader.describe(name)}: content hash {digest[:16]}… does not match the manifest's {entry.hash[:16]}…"
-            )
+            where, recorded = reader.describe(location, name), entry.hash[:16]
+            report.problems.append(f"{where}: content hash {digest[:16]}… does not match the manifest's {recorded}…")
     return report
 
 
 def require_intact(
-    path: str | os.PathLike[str], files: Iterable[str] | None = None, storage_options: StorageOptions | None = None
+    path: str | os.PathLike[str],
+    files: Iterable[str] | None = None,
+    storage_options: StorageOptions | None = None,
+    store: CheckpointReader | None = None,
 ) -> Manifest:
     """Verify, raising :class:`CheckpointCorruptError` that names each bad file."""
-    report = verify_checkpoint(path, files, storage_options=storage_options)
+    report = verify_checkpoint(path, files, storage_options=storage_options, store=store)
     if not report.intact:
         raise CheckpointCorruptError(
             f"checkpoint {report.path} failed verification:\n  " + "\n  ".join(report.problems)

@@ -17,7 +17,7 @@ from typing import Any
 from lightning_field.core.documents import DocumentFormat, check_envelope, parse_document
 from lightning_field.core.fsio import atomic_write_bytes
 from lightning_field.core.hashing import HASH_ALGORITHM
-from lightning_field.core.storage import StorageOptions, is_url, join, open_fs
+from lightning_field.core.storage import Location, StorageOptions
 
 FORMAT = "lightning_field.checkpoint/2"
 # Every format this version reads, with the one hash algorithm each names: format 1 (SHA-256)
@@ -110,34 +110,54 @@ class Manifest:
         atomic_write_bytes(directory / MANIFEST_NAME, self.to_json().encode())
 
 
-def read_manifest(checkpoint_dir: str | os.PathLike[str], storage_options: StorageOptions | None = None) -> Manifest:
-    """The checkpoint's manifest, with what was recorded of it after its commit (a restore drill's
-    outcome, from ``restore_drill.json`` beside it): the one reader of both.
+def manifest_from_bytes(raw: bytes | None, where: Location, drill: bytes | None, drill_where: Location) -> Manifest:
+    """A manifest from its bytes (None: there is none), with the restore drill's record beside it
+    (``drill``: the bytes of ``restore_drill.json``, or None) applied when it is this commit's.
 
     Raises:
-        ManifestError: naming the file, when the manifest or the drill record beside it is missing
-            (the manifest), not JSON, of a format this version cannot read, or lacks a field.
+        ManifestError: naming the file, when the manifest is missing, either document is not JSON,
+            of a format this version cannot read, or lacks a field.
     """
-    path = join(checkpoint_dir, MANIFEST_NAME)
-    raw = _read_beside(checkpoint_dir, MANIFEST_NAME, storage_options)
     if raw is None:
-        raise ManifestError(f"{path}: no manifest, so this is not a committed checkpoint")
-    data = parse_document(raw, MANIFEST_DOCUMENT, path, ManifestError)
+        raise ManifestError(f"{where}: no manifest, so this is not a committed checkpoint")
+    data = parse_document(raw, MANIFEST_DOCUMENT, where, ManifestError)
     try:
         manifest = Manifest.from_dict(data)
     except (KeyError, TypeError) as err:
-        raise ManifestError(f"{path}: manifest lacks a required field ({err})") from err
-    drill = _read_beside(checkpoint_dir, DRILL_RECORD_NAME, storage_options)
+        raise ManifestError(f"{where}: manifest lacks a required field ({err})") from err
     if drill is not None:
-        where = join(checkpoint_dir, DRILL_RECORD_NAME)
-        recorded = parse_document(drill, DRILL_RECORD_DOCUMENT, where, ManifestError)
+        recorded = parse_document(drill, DRILL_RECORD_DOCUMENT, drill_where, ManifestError)
         if not isinstance(recorded["restore_tested"], bool) or not isinstance(recorded["record"], dict):
-            raise ManifestError(f"{where}: restore_tested must be true or false and record an object")
+            raise ManifestError(f"{drill_where}: restore_tested must be true or false and record an object")
         # A record left by an earlier checkpoint of the same name (an object store overwrites a prefix
         # in place) is not this one's.
         if recorded["record"].get("created_unix") == manifest.created_unix:
             manifest.restore_tested, manifest.restore_drill = recorded["restore_tested"], recorded["record"]
     return manifest
+
+
+def drill_record_bytes(record: dict[str, Any], passed: bool) -> bytes:
+    """``restore_drill.json``'s bytes for a drill's ``record``."""
+    document = {"format": DRILL_RECORD_FORMAT, "restore_tested": passed, "record": record}
+    return json.dumps(document, indent=2, sort_keys=True, default=str).encode()
+
+
+# The readers live with the stores (lightning_field.checkpoint.stores), which sit above this module;
+# these names stay for code that imported them from here. Imported at call time for that reason.
+
+
+def read_manifest(checkpoint_dir: str | os.PathLike[str], storage_options: StorageOptions | None = None) -> Manifest:
+    """:func:`lightning_field.checkpoint.stores.read_manifest`."""
+    from lightning_field.checkpoint import stores  # imported here: stores imports this module
+
+    return stores.read_manifest(checkpoint_dir, storage_options)
+
+
+def is_checkpoint_dir(path: str | os.PathLike[str], storage_options: StorageOptions | None = None) -> bool:
+    """:func:`lightning_field.checkpoint.stores.is_checkpoint`."""
+    from lightning_field.checkpoint import stores  # imported here: stores imports this module
+
+    return stores.is_checkpoint(path, storage_options)
 
 
 def write_drill_record(
@@ -146,32 +166,7 @@ def write_drill_record(
     passed: bool,
     storage_options: StorageOptions | None = None,
 ) -> None:
-    """Record a restore drill of a committed checkpoint beside its manifest, which stays as its commit
-    wrote it: atomically in a local folder, in one PUT under a URL."""
-    document = {"format": DRILL_RECORD_FORMAT, "restore_tested": passed, "record": record}
-    data = json.dumps(document, indent=2, sort_keys=True, default=str).encode()
-    location = join(checkpoint_dir, DRILL_RECORD_NAME)
-    if isinstance(location, Path):
-        atomic_write_bytes(location, data)
-        return
-    fs, inner = open_fs(location, storage_options)
-    fs.pipe_file(inner, data)
+    """:func:`lightning_field.checkpoint.stores.write_drill_record`."""
+    from lightning_field.checkpoint import stores  # imported here: stores imports this module
 
-
-def _read_beside(checkpoint_dir: str | os.PathLike[str], name: str, options: StorageOptions | None) -> bytes | None:
-    """The bytes of ``name`` in the checkpoint folder, or None where there is no such file."""
-    path = join(checkpoint_dir, name)
-    try:
-        if isinstance(path, Path):
-            return path.read_bytes()
-        fs, inner = open_fs(path, options)
-        return bytes(fs.cat_file(inner))
-    except (FileNotFoundError, NotADirectoryError):  # NotADirectory: a file given as the checkpoint
-        return None
-
-
-def is_checkpoint_dir(path: str | os.PathLike[str], storage_options: StorageOptions | None = None) -> bool:
-    if is_url(path):
-        fs, inner = open_fs(os.fspath(path), storage_options)
-        return bool(fs.isfile(f"{inner.rstrip('/')}/{MANIFEST_NAME}"))
-    return (Path(path) / MANIFEST_NAME).is_file()
+    stores.write_drill_record(checkpoint_dir, record, passed, storage_options)

@@ -1,0 +1,117 @@
+"""Where checkpoints live: one reader/writer store per kind of storage, chosen once from a location.
+
+:func:`store_for` is the one place that tells a local directory from an object-store URL; every
+reader (:func:`read_manifest`, the resolver, verification, the load, ``field ckpt``) and the commit
+go through the store it returns, or through the one a user gave ``ManifestCheckpoint(store=...)``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import cast
+
+from lightning_field.checkpoint.stores.base import (
+    CheckpointReader,
+    CheckpointStore,
+    CheckpointWriter,
+    RankOutcome,
+    Receipt,
+    describe_error,
+)
+from lightning_field.checkpoint.stores.local import LocalStore
+from lightning_field.checkpoint.stores.object import DEFAULT_CONCURRENCY, DEFAULT_PART_BYTES, ObjectStore
+from lightning_field.core.manifest import (
+    DRILL_RECORD_NAME,
+    MANIFEST_NAME,
+    Manifest,
+    ManifestError,
+    drill_record_bytes,
+    manifest_from_bytes,
+)
+from lightning_field.core.storage import Location, StorageOptions, as_location, is_url, join
+
+__all__ = [
+    "DEFAULT_CONCURRENCY",
+    "DEFAULT_PART_BYTES",
+    "CheckpointReader",
+    "CheckpointStore",
+    "CheckpointWriter",
+    "LocalStore",
+    "ObjectStore",
+    "RankOutcome",
+    "Receipt",
+    "describe_error",
+    "is_checkpoint",
+    "read_manifest",
+    "store_for",
+    "write_drill_record",
+]
+
+log = logging.getLogger(__name__)
+
+
+def store_for(
+    location: str | os.PathLike[str],
+    storage_options: StorageOptions | None = None,
+    given: CheckpointWriter | None = None,
+    object_store: ObjectStore | None = None,
+) -> CheckpointStore:
+    """The store for checkpoints at or under ``location``: ``given`` where it reads as well as
+    writes; else a :class:`LocalStore` for a path (``file://`` included), and for any other fsspec
+    URL ``object_store`` or an :class:`ObjectStore` with ``storage_options``.
+
+    A ``given`` store that only writes (the protocol of earlier versions) keeps writing; its
+    checkpoints are read through the default store of ``location``.
+    """
+    if isinstance(given, CheckpointReader):
+        return cast(CheckpointStore, given)
+    # Each serves the Location kind it is chosen for (LocalStore: a Path), which the Protocol cannot say.
+    if is_url(location):
+        return cast(CheckpointStore, object_store or ObjectStore(storage_options))
+    return cast(CheckpointStore, LocalStore())
+
+
+def read_manifest(
+    checkpoint: str | os.PathLike[str],
+    storage_options: StorageOptions | None = None,
+    store: CheckpointReader | None = None,
+) -> Manifest:
+    """The checkpoint's manifest, with what was recorded of it after its commit (a restore drill's
+    outcome, from ``restore_drill.json`` beside it): the one reader of both.
+
+    Raises:
+        ManifestError: naming the file, when the manifest or the drill record beside it is missing
+            (the manifest), not JSON, of a format this version cannot read, or lacks a field.
+    """
+    location = as_location(checkpoint)
+    reader = store or store_for(location, storage_options)
+    try:
+        raw = reader.read(location, MANIFEST_NAME)
+        drill = reader.read(location, DRILL_RECORD_NAME) if raw is not None else None
+    except OSError as err:
+        raise ManifestError(f"{join(location, MANIFEST_NAME)}: cannot be read ({err})") from err
+    return manifest_from_bytes(raw, join(location, MANIFEST_NAME), drill, join(location, DRILL_RECORD_NAME))
+
+
+def is_checkpoint(
+    location: str | os.PathLike[str],
+    storage_options: StorageOptions | None = None,
+    store: CheckpointReader | None = None,
+) -> bool:
+    """Whether ``location`` holds a committed checkpoint (its manifest is there)."""
+    where = as_location(location)
+    return (store or store_for(where, storage_options)).size(where, MANIFEST_NAME) is not None
+
+
+def write_drill_record(
+    checkpoint: str | os.PathLike[str],
+    record: dict[str, object],
+    passed: bool,
+    storage_options: StorageOptions | None = None,
+    store: CheckpointReader | None = None,
+) -> None:
+    """Record a restore drill of a committed checkpoint beside its manifest, which stays as its commit
+    wrote it: atomically in a local folder, in one PUT under a URL."""
+    where: Location = as_location(checkpoint)
+    (store or store_for(where, storage_options)).put(where, DRILL_RECORD_NAME, drill_record_bytes(record, passed))

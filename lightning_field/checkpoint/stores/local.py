@@ -1,0 +1,131 @@
+"""The commit protocol on a POSIX filesystem: hidden temporary directory, fsync, atomic rename.
+
+1. Every rank writes its files into a hidden ``.tmp-*`` directory, hashing while writing, and fsyncs.
+2. Rank 0 writes ``manifest.json`` (temporary file, fsync, rename) into it, renames the directory
+   into place, fsyncs the parent, and replaces the ``LAST`` pointer.
+
+A crash before the directory rename leaves only a hidden directory, which no reader lists and the
+next run's setup deletes. After it, the checkpoint is complete.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from lightning_field.checkpoint.stores.base import RankOutcome, write_rank_files
+from lightning_field.core.fsio import atomic_write_bytes, exchange_or_replace_dir, fsync_dir, remove_dir_unseen
+from lightning_field.core.hashing import hash_file
+from lightning_field.core.manifest import MANIFEST_NAME, Manifest
+
+LAST_POINTER = "LAST"
+TEMP_PREFIXES = (".tmp-", ".trash-")
+
+
+class LocalStore:
+    """Checkpoints in a local directory (a :class:`~lightning_field.checkpoint.stores.base.CheckpointStore`)."""
+
+    writes_in_place = True
+
+    # ------------------------------------------------------------------ writing
+    def prepare(self, final: Path) -> None:
+        """Nothing to do: the rename in :meth:`publish` swaps out any checkpoint of the same name."""
+
+    def hidden_dir(self, final: Path, token: str) -> Path:
+        """The hidden directory this save's files are written into before the rename publishes it."""
+        return temp_dir_for(final.parent, final.name, token)
+
+    @contextlib.contextmanager
+    def staging(self, final: Path, token: str) -> Iterator[Path]:
+        """The hidden directory itself: what is written there is what the rename publishes."""
+        yield self.hidden_dir(final, token)
+
+    def upload(self, final: Path, staging: Path, names: list[str]) -> str | None:
+        """Nothing to upload: the files are already in place."""
+        return None
+
+    def write(self, final: Path, token: str, rank: int, files: dict[str, tuple[Any, list[str]]]) -> RankOutcome:
+        return write_rank_files(self.hidden_dir(final, token), rank, files)
+
+    def publish(self, final: Path, token: str, manifest: Manifest) -> None:
+        publish(temp_dir_for(final.parent, final.name, token), final, manifest)
+
+    def discard(self, final: Path, token: str) -> None:
+        shutil.rmtree(temp_dir_for(final.parent, final.name, token), ignore_errors=True)
+
+    def remove(self, final: Path) -> None:
+        remove_dir_unseen(final)
+
+    def clean_leftovers(self, dirpath: Path) -> list[Path]:
+        return clean_leftovers(dirpath)
+
+    # ------------------------------------------------------------------ reading
+    def checkpoints(self, dirpath: Path) -> list[Path]:
+        if not dirpath.is_dir():
+            return []
+        return [
+            child
+            for child in dirpath.iterdir()
+            if not child.name.startswith(".") and child.is_dir() and (child / MANIFEST_NAME).is_file()
+        ]
+
+    def read(self, checkpoint: Path, name: str) -> bytes | None:
+        try:
+            return (checkpoint / name).read_bytes()
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):  # NotADirectory: a file given as one
+            return None
+
+    def put(self, checkpoint: Path, name: str, data: bytes) -> None:
+        atomic_write_bytes(checkpoint / name, data)
+
+    def size(self, checkpoint: Path, name: str) -> int | None:
+        path = checkpoint / name
+        return path.stat().st_size if path.is_file() else None
+
+    def digest(self, checkpoint: Path, name: str, on_chunk: Callable[[int], None], algorithm: str) -> str:
+        # All cores: verification runs before training resumes, with nothing else to do.
+        return hash_file(checkpoint / name, progress=on_chunk, algorithm=algorithm, threads=True)[1]
+
+    def describe(self, checkpoint: Path, name: str) -> str:
+        return str(checkpoint / name)
+
+    @contextlib.contextmanager
+    def local_copy(self, checkpoint: Path, names: list[str]) -> Iterator[Path]:
+        yield checkpoint  # already local: what is verified and loaded is the checkpoint itself
+
+
+def clean_leftovers(dirpath: Path) -> list[Path]:
+    """Delete the hidden directories interrupted saves and removals left behind."""
+    removed: list[Path] = []
+    if not dirpath.is_dir():
+        return removed
+    for child in dirpath.iterdir():
+        if child.is_dir() and child.name.startswith(TEMP_PREFIXES):
+            shutil.rmtree(child, ignore_errors=True)
+            removed.append(child)
+    return removed
+
+
+def temp_dir_for(dirpath: Path, name: str, token: str) -> Path:
+    return dirpath / f".tmp-{name}-{token}"
+
+
+def write_last_pointer(dirpath: str | os.PathLike[str], checkpoint: str | os.PathLike[str]) -> None:
+    """Point ``LAST`` at ``checkpoint`` by atomic replace: readers (``resolver.read_last_pointer``)
+    never see it missing. Written last in :func:`publish`, after the directory rename."""
+    atomic_write_bytes(Path(dirpath) / LAST_POINTER, (Path(checkpoint).name + "\n").encode())
+
+
+def publish(tmp: Path, final: Path, manifest: Manifest) -> None:
+    """Rank 0's last step: manifest last, then the directory rename that makes it visible, then LAST."""
+    manifest.write(tmp)
+    fsync_dir(tmp)
+    replaced = exchange_or_replace_dir(tmp, final)
+    fsync_dir(final.parent)
+    write_last_pointer(final.parent, final)
+    if replaced is not None:
+        shutil.rmtree(replaced, ignore_errors=True)
