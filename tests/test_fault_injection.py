@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+import lightning.pytorch as pl
 import pytest
 from conftest import child_env, make_trainer
 
@@ -193,3 +194,33 @@ def test_full_disk_during_a_save_raises_a_clear_error_and_keeps_the_previous_che
         assert "file size limit" in result.stderr and "epoch=0-step=2) is intact" in result.stderr
         assert [e.path.name for e in committed_checkpoints(disk / "ckpts")] == ["epoch=0-step=2"]
         assert verify_checkpoint(disk / "ckpts" / "epoch=0-step=2").recoverable
+
+
+class _Killed(Exception):
+    """Raised where the evidence drill's store would SIGKILL the job."""
+
+
+def test_the_drills_kill_inside_a_save_lands_after_the_rank_files_are_written_and_before_the_commit(
+    tmp_path: Path,
+) -> None:
+    from lightning.pytorch.demos.boring_classes import BoringModel
+
+    from lightning_field.evidence.faults import KillDuringSave
+
+    kills: list[tuple[int, str]] = []
+
+    def record_and_stop(record: Path, step: int, mode: str) -> None:
+        kills.append((step, mode))
+        raise _Killed
+
+    trainer: pl.Trainer | None = None
+    store = KillDuringSave(lambda: trainer, 4, tmp_path / "kill.json", kill=record_and_stop)
+    trainer = make_trainer(tmp_path, 8, store=store)
+    with pytest.raises(_Killed):
+        trainer.fit(BoringModel())
+    assert kills == [(4, "save")]
+    ckpts = tmp_path / "ckpts"
+    assert [entry.path.name for entry in committed_checkpoints(ckpts)] == ["epoch=0-step=2"]
+    (hidden,) = [p for p in ckpts.iterdir() if p.name.startswith(".tmp-")]
+    assert any(hidden.iterdir()), "the kill landed before the rank's files were written"
+    assert not (hidden / "manifest.json").exists(), "the kill landed after the commit"

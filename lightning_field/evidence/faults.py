@@ -13,8 +13,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
-from lightning_field.checkpoint import commit
+from lightning_field.checkpoint.stores import LocalStore, RankOutcome
 from lightning_field.core.fsio import atomic_write_bytes
 
 KILL_MODES = ("step", "save")
@@ -58,26 +57,41 @@ class KillAtStep(Callback):
             kill_job(self.record_path, self.step, "step")
 
 
-@contextmanager
-def kill_during_save(
-    get_trainer: Callable[[], pl.Trainer | None], step: int, record_path: str | os.PathLike[str]
-) -> Iterator[None]:
-    """While active, the save of ``step`` SIGKILLs the job between writing rank files and committing.
+class KillDuringSave(LocalStore):
+    """A local store whose save of ``step`` SIGKILLs the job between writing rank files and committing.
 
-    ``get_trainer`` returns the trainer once it exists. Rank 0 kills once its own files are on
-    disk; other ranks may still be writing theirs.
+    The kill is a store, not a patch of the commit's internals, so it lands wherever the commit
+    writes rank files (a plain save's :meth:`write`, a sharded save's :meth:`upload` after DCP's
+    shards): on the coordinator, once its own files are on disk, while other ranks may still be
+    writing theirs. ``get_trainer`` returns the trainer once it exists; ``kill`` is
+    :func:`kill_job` (a test passes one that raises instead).
     """
-    original = commit.write_rank_files
 
-    def write_then_kill(*args: Any, **kwargs: Any) -> Any:
-        outcome = original(*args, **kwargs)
-        trainer = get_trainer()
-        if trainer is not None and trainer.global_step == step and trainer.is_global_zero:
-            kill_job(Path(record_path), step, "save")
+    def __init__(
+        self,
+        get_trainer: Callable[[], pl.Trainer | None],
+        step: int,
+        record_path: str | os.PathLike[str],
+        kill: Callable[[Path, int, str], None] = kill_job,
+    ) -> None:
+        self.get_trainer = get_trainer
+        self.step = step
+        self.record_path = Path(record_path)
+        self.kill = kill
+
+    def _kill_if_due(self) -> None:
+        trainer = self.get_trainer()
+        if trainer is not None and trainer.global_step == self.step and trainer.is_global_zero:
+            self.kill(self.record_path, self.step, "save")
+
+    @override
+    def write(self, final: Path, token: str, rank: int, files: dict[str, tuple[Any, list[str]]]) -> RankOutcome:
+        outcome = super().write(final, token, rank, files)
+        self._kill_if_due()
         return outcome
 
-    commit.write_rank_files = write_then_kill
-    try:
-        yield
-    finally:
-        commit.write_rank_files = original
+    @override
+    def upload(self, final: Path, staging: Path, names: list[str]) -> str | None:
+        error = super().upload(final, staging, names)
+        self._kill_if_due()
+        return error

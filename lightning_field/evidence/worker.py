@@ -12,7 +12,6 @@ import json
 import os
 import sys
 import time
-from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,8 +22,9 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from lightning_field.checkpoint.resolver import latest_recoverable
+from lightning_field.checkpoint.stores import LocalStore
 from lightning_field.core.distributed import end_process_groups, exit_finished_process
-from lightning_field.evidence.faults import KillAtStep, kill_during_save
+from lightning_field.evidence.faults import KillAtStep, KillDuringSave
 from lightning_field.evidence.trace import StepTracer
 from lightning_field.state.provenance import trajectory_config
 
@@ -60,16 +60,24 @@ class RunSpec:
         return cls(**json.loads(Path(path).read_text()))
 
 
-def build_checkpoint(config: dict[str, Any], run_dir: Path) -> Any:
+def build_checkpoint(config: dict[str, Any], run_dir: Path, store: LocalStore | None = None) -> Any:
+    """The configured checkpoint callback, saving into this run's directory (through ``store``,
+    where a drill interrupts saves)."""
     options = dict(config.get("callbacks", {}).get("checkpoint") or {})
     if not options:
         raise ValueError("the configuration has no callbacks.checkpoint: the protocol tests checkpoints")
+    if store is not None and options.get("store") is not None:
+        raise ValueError(
+            "callbacks.checkpoint.store is set, and a kill inside a save (evidence.kill_mode=save or mixed)"
+            " interrupts the local store: use evidence.kill_mode=step with a store of your own"
+        )
     options["dirpath"] = str(run_dir / CHECKPOINTS)
     # Every checkpoint of an evidence run is kept: the bundle cites the manifests of all of them.
     options["save_top_k"] = -1
     # The same view of the config that field-train records, so evidence and checkpoints compare.
-    # (instantiate() owns the keyword `config`, so it goes through a partial.)
-    return instantiate(OmegaConf.create(options), _partial_=True)(config=trajectory_config(config))
+    # (instantiate() owns the keyword `config`, so it goes through a partial, as does the store: an object.)
+    extra = {"store": store} if store is not None else {}
+    return instantiate(OmegaConf.create(options), _partial_=True)(config=trajectory_config(config), **extra)
 
 
 def run(spec: RunSpec) -> int:
@@ -85,15 +93,21 @@ def run(spec: RunSpec) -> int:
     fit_data = {"datamodule": data} if data is None or isinstance(data, pl.LightningDataModule) else {
         "train_dataloaders": data
     }
-    checkpoint = build_checkpoint(config, run_dir)
+    trainer: pl.Trainer | None = None
+    kill_record = run_dir / KILL_RECORD
+    saving_kill = (
+        KillDuringSave(lambda: trainer, spec.kill_step, kill_record)
+        if spec.kill_step is not None and spec.kill_mode == "save"
+        else None
+    )
+    checkpoint = build_checkpoint(config, run_dir, store=saving_kill)
     tracer = StepTracer(run_dir / TRACE, spec.attempt, spec.state_every_n_steps, spec.launched_unix)
     tracer.timeline["worker_started_unix"] = STARTED_UNIX
     callbacks: list[Any] = [tracer]
-    kill_record = run_dir / KILL_RECORD
     if spec.kill_step is not None and spec.kill_mode == "step":
         callbacks.append(KillAtStep(spec.kill_step, kill_record))
     callbacks.append(checkpoint)
-    trainer: pl.Trainer = instantiate(
+    trainer = instantiate(
         OmegaConf.create(config["trainer"]),
         default_root_dir=str(run_dir),
         max_steps=spec.max_steps,
@@ -103,13 +117,7 @@ def run(spec: RunSpec) -> int:
         enable_model_summary=False,
     )
     ckpt_path = latest_recoverable(run_dir / CHECKPOINTS) if spec.resume else None
-    saving_kill = (
-        kill_during_save(lambda: trainer, spec.kill_step, kill_record)
-        if spec.kill_step is not None and spec.kill_mode == "save"
-        else nullcontext()
-    )
-    with saving_kill:
-        trainer.fit(model, **fit_data, ckpt_path=str(ckpt_path) if ckpt_path else None)
+    trainer.fit(model, **fit_data, ckpt_path=str(ckpt_path) if ckpt_path else None)
     if trainer.is_global_zero:
         torch.save(
             {
