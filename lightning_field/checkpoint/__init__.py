@@ -22,6 +22,7 @@ _EXPORTS: dict[str, str] = {
     "read_last_pointer": "lightning_field.checkpoint.resolver",
     "NoRecoverableCheckpointError": "lightning_field.checkpoint.resume_policy",
     "ResumeMismatchError": "lightning_field.checkpoint.resume_policy",
+    "UnsafeCheckpointError": "lightning_field.checkpoint.safe_load",
     "CheckpointCorruptError": "lightning_field.checkpoint.verify",
     "VerifyReport": "lightning_field.checkpoint.verify",
     "require_intact": "lightning_field.checkpoint.verify",
@@ -39,6 +40,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
     from lightning_field.checkpoint.preemption import PREEMPTED_EXIT_CODE, TrainingPreempted
     from lightning_field.checkpoint.resolver import committed_checkpoints, latest_recoverable, read_last_pointer
     from lightning_field.checkpoint.resume_policy import NoRecoverableCheckpointError, ResumeMismatchError
+    from lightning_field.checkpoint.safe_load import UnsafeCheckpointError
     from lightning_field.checkpoint.verify import (
         CheckpointCorruptError,
         VerifyReport,
@@ -47,19 +49,26 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
     )
 
 
-def load_weights(path: str | os.PathLike[str], map_location: Any = "cpu") -> dict[str, Any]:
-    """The model ``state_dict`` of any committed unsharded checkpoint (including exports), verified first."""
+def load_weights(
+    path: str | os.PathLike[str], map_location: Any = "cpu", trust_pickles: bool = False
+) -> dict[str, Any]:
+    """The model ``state_dict`` of any committed unsharded checkpoint (including exports), verified
+    first and loaded as untrusted input (``trust_pickles``: see :mod:`lightning_field.checkpoint.safe_load`).
+
+    Raises:
+        UnsafeCheckpointError: the file needs a full unpickle, naming what it holds (nothing was run).
+    """
     if SHARED_STATE_FILE not in read_manifest(path).files:
         raise ValueError(
             f"{path} is a sharded (DCP) checkpoint: its weights are spread over .distcp files; load it with"
             " torch.distributed.checkpoint or resume from it under the strategy that wrote it"
         )
     # Imported here, as the lazy exports are: reading a manifest must not import torch.
-    from lightning_field.checkpoint.io import torch_load_verified
+    from lightning_field.checkpoint.safe_load import torch_load_untrusted
     from lightning_field.checkpoint.verify import require_intact
 
     require_intact(path, [SHARED_STATE_FILE])
-    return torch_load_verified(Path(path) / SHARED_STATE_FILE, map_location)["state_dict"]
+    return torch_load_untrusted(Path(path) / SHARED_STATE_FILE, map_location, trust_pickles)["state_dict"]
 
 
 __all__ = [
@@ -71,6 +80,7 @@ __all__ = [
     "NoRecoverableCheckpointError",
     "ResumeMismatchError",
     "TrainingPreempted",
+    "UnsafeCheckpointError",
     "VerifyReport",
     "committed_checkpoints",
     "latest_recoverable",

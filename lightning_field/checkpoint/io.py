@@ -9,15 +9,14 @@ Plain ``.ckpt`` files are passed through to the wrapped CheckpointIO unchanged.
 from __future__ import annotations
 
 import logging
-import pickle
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
-import torch
 from lightning.fabric.plugins import CheckpointIO
 
+from lightning_field.checkpoint.safe_load import torch_load_untrusted
 from lightning_field.checkpoint.stores import (
     CheckpointReader,
     CheckpointStore,
@@ -42,25 +41,6 @@ FIELD_KEY = "lightning_field"
 """Key under which a loaded checkpoint dict carries the manifest and this rank's own state."""
 
 
-def torch_load_verified(path: Path, map_location: Any = None) -> Any:
-    """Load a file whose hash was already verified; ``weights_only`` whenever the contents allow it.
-
-    Only plain containers and tensors load under ``weights_only=True``. A checkpoint whose hparams
-    hold arbitrary objects needs full unpickling, which is acceptable here because the bytes were
-    just proven identical to what this library wrote.
-
-    The file is memory-mapped (``mmap=True``): verification has just read it into the page cache,
-    so tensors are backed by those pages instead of being copied out of them a second time, and the
-    copy into the model's own parameters is the only one. (Pages are private: writes to a loaded
-    tensor never reach the file, and the mapping outlives a later deletion of the checkpoint.)
-    """
-    try:
-        return torch.load(path, map_location=map_location, weights_only=True, mmap=True)
-    except pickle.UnpicklingError as err:
-        log.debug("%s needs full unpickling (%s); its hash was verified first", path, err)
-        return torch.load(path, map_location=map_location, weights_only=False, mmap=True)
-
-
 class ManifestCheckpointIO(CheckpointIO):
     """Args:
     inner: the CheckpointIO plain ``.ckpt`` files go through.
@@ -68,6 +48,9 @@ class ManifestCheckpointIO(CheckpointIO):
     store_at: the store that reads and removes the checkpoint at a location (default:
         :func:`~lightning_field.checkpoint.stores.store_for` without storage options); the
         callback passes its own, with its storage options or the store it was given.
+    trust_pickles: load a manifest checkpoint's files with a full unpickle where they need one
+        (:mod:`~lightning_field.checkpoint.safe_load`); Lightning's ``weights_only`` applies to
+        plain ``.ckpt`` files only.
     """
 
     def __init__(
@@ -75,10 +58,12 @@ class ManifestCheckpointIO(CheckpointIO):
         inner: CheckpointIO,
         on_manifest: Callable[[Manifest, Location], None] | None = None,
         store_at: Callable[[Location], CheckpointStore] | None = None,
+        trust_pickles: bool = False,
     ) -> None:
         self.inner = inner
         self.on_manifest = on_manifest
         self.store_at = store_at or store_for
+        self.trust_pickles = trust_pickles
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
         # ``trainer.save_checkpoint("x.ckpt")`` by the user keeps working as a plain export.
@@ -89,7 +74,9 @@ class ManifestCheckpointIO(CheckpointIO):
         store = self.store_at(location)
         if not is_checkpoint(location, store=store):
             return self.inner.load_checkpoint(path, map_location=map_location, weights_only=weights_only)
-        return _on_every_rank(path, lambda: load_from_store(store, location, map_location, self.on_manifest))
+        return _on_every_rank(
+            path, lambda: load_from_store(store, location, map_location, self.on_manifest, self.trust_pickles)
+        )
 
     def remove_checkpoint(self, path: Any) -> None:
         location = as_location(path)
@@ -131,10 +118,12 @@ def load_from_store(
     checkpoint: Location,
     map_location: Any = None,
     on_manifest: Callable[[Manifest, Location], None] | None = None,
+    trust_pickles: bool = False,
 ) -> dict[str, Any]:
     """Read the manifest, check compatibility (``on_manifest`` may raise), take a local copy of this
     rank's files (the checkpoint itself on a local disk; parallel multipart downloads from an object
-    store), verify that copy against the manifest, and load exactly those verified bytes."""
+    store), verify that copy against the manifest, and load exactly those verified bytes, as
+    untrusted input (:func:`~lightning_field.checkpoint.safe_load.torch_load_untrusted`)."""
     start = time.perf_counter()
     manifest = read_manifest(checkpoint, store=store)
     if on_manifest is not None:
@@ -146,8 +135,8 @@ def load_from_store(
             problems = "\n  ".join(report.problems)
             raise CheckpointCorruptError(f"checkpoint {checkpoint} failed verification:\n  {problems}")
         # Like Lightning's own CheckpointIO: tensors land on the CPU and the strategy moves them.
-        loaded = torch_load_verified(local / SHARED_STATE_FILE, map_location or "cpu")
-        return attach_rank_state(loaded, manifest, local, checkpoint, start)
+        loaded = torch_load_untrusted(local / SHARED_STATE_FILE, map_location or "cpu", trust_pickles)
+        return attach_rank_state(loaded, manifest, local, checkpoint, start, trust_pickles)
 
 
 def _wanted_files(manifest: Manifest) -> list[str]:
@@ -163,14 +152,16 @@ def rank_files_to_load(manifest: Manifest) -> list[str]:
     return sorted(f for f in own if f in manifest.files)
 
 
-def attach_rank_state(checkpoint: dict[str, Any], manifest: Manifest, path: Path, shown: Any, start: float) -> Any:
+def attach_rank_state(
+    checkpoint: dict[str, Any], manifest: Manifest, path: Path, shown: Any, start: float, trust_pickles: bool
+) -> Any:
     """Merge this rank's own RNG and data position (verified already) into a loaded checkpoint; from a
     different world size, the remapping of :mod:`lightning_field.state.reshard` instead."""
     rank = global_rank()
     own = rank_state_file(rank)
-    rank_state = torch_load_verified(path / own, map_location="cpu") if own in manifest.files else None
+    rank_state = torch_load_untrusted(path / own, "cpu", trust_pickles) if own in manifest.files else None
     if manifest.world_size != world_size():
-        rank_state = _resharded_rank_state(checkpoint, manifest, path, shown, rank, rank_state)
+        rank_state = _resharded_rank_state(checkpoint, manifest, path, shown, rank, rank_state, trust_pickles)
     if rank_state is not None:
         loader_states = rank_state.get("data_position", {}).get("loader_states")
         fit_loop = checkpoint.get("loops", {}).get("fit_loop", {}).get("state_dict")
@@ -189,13 +180,13 @@ def attach_rank_state(checkpoint: dict[str, Any], manifest: Manifest, path: Path
 
 
 def _resharded_rank_state(
-    checkpoint: dict[str, Any], manifest: Manifest, path: Path, shown: Any, rank: int, own: Any
+    checkpoint: dict[str, Any], manifest: Manifest, path: Path, shown: Any, rank: int, own: Any, trust_pickles: bool
 ) -> dict[str, Any] | None:
     """This rank's state from a checkpoint of another world size (the resume policy allowed it)."""
     zero = rank_state_file(0)
     if zero not in manifest.files:
         return own
-    rank_zero = own if rank == 0 and own is not None else torch_load_verified(path / zero, map_location="cpu")
+    rank_zero = own if rank == 0 and own is not None else torch_load_untrusted(path / zero, "cpu", trust_pickles)
     state, warnings = reshard.remap_rank_state(own, rank_zero, manifest.world_size, world_size(), rank)
     for warning in warnings:
         log.warning("Resharded resume from %s: %s", shown, warning)

@@ -6,10 +6,8 @@ checkpoint *is*: a directory with the complete Lightning state, each rank's own 
 position, and a manifest written last that makes it visible. Only checkpoints that hold everything
 needed for an exact continuation are marked recoverable, and only those are resumed from.
 
-A save passes through three files: this one decides *when*, and captures a ``SaveJob``;
-``commit.py`` runs the commit protocol; ``core/fsio.py`` puts the bytes on disk. Delegated:
-``committed.py`` (store, save path, retention), ``state/rank_tracking.py`` (RNG, data position),
-``async_controller.py``, ``preemption.py``, ``resume_policy.py`` and ``io.py`` (Lightning's restore).
+This module decides *when* and captures a ``SaveJob``; docs/layout.md follows a save and a resume
+through the modules it delegates to.
 """
 
 from __future__ import annotations
@@ -88,11 +86,12 @@ class ManifestCheckpoint(CommittedCheckpoint):
         store: where the checkpoints go, how a save commits there and how every read gets them back,
             a :class:`~lightning_field.checkpoint.stores.CheckpointStore` (default: a ``LocalStore``
             for a path, an ``ObjectStore`` for a URL); a test double or a backend of your own.
-        resume_inexact: when ``ckpt_path="last"`` finds checkpoints but none is recoverable, resume
-            the newest one's weights, optimizer and loop state anyway instead of raising
-            :class:`NoRecoverableCheckpointError`. Every later manifest of the run then records
-            ``provenance.inexact_resume`` (the checkpoint and what it lacked): this continuation is
-            not exact, and no evidence may say it is.
+        resume_inexact: when ``ckpt_path="last"`` finds checkpoints but none is recoverable, resume the
+            newest one's weights, optimizer and loops instead of raising :class:`NoRecoverableCheckpointError`.
+            Every later manifest then records ``provenance.inexact_resume`` (the checkpoint and what it
+            lacked): this continuation is not exact, and no evidence may say it is.
+        trust_pickles: fully unpickle files that need it; off, each loads ``weights_only`` and such a
+            file is refused naming its type (:mod:`~lightning_field.checkpoint.safe_load` says why).
 
     Raises:
         ValueError: ``on_save_error`` is not ``"stop"`` or ``"warn"``, or
@@ -152,6 +151,7 @@ class ManifestCheckpoint(CommittedCheckpoint):
         on_save_error: SaveErrorPolicy = "stop",
         resume_inexact: bool = False,
         store: CheckpointStore | None = None,
+        trust_pickles: bool = False,
     ) -> None:
         super().__init__(
             dirpath=dirpath,
@@ -185,6 +185,7 @@ class ManifestCheckpoint(CommittedCheckpoint):
         self.save_on_stop = save_on_stop
         self._stops = StopPointSave(self)
         self.resume_inexact = resume_inexact
+        self.trust_pickles = trust_pickles
         self._trainer: pl.Trainer | None = None
         self._deferred_batch_end: tuple[Any, Any, int] | None = None
         self._deferred_validation_end = False
@@ -242,7 +243,7 @@ class ManifestCheckpoint(CommittedCheckpoint):
             self._saves.setup(trainer, self.state_key)
         if not isinstance(trainer.strategy.checkpoint_io, ManifestCheckpointIO):
             trainer.strategy.checkpoint_io = ManifestCheckpointIO(
-                trainer.strategy.checkpoint_io, self._check_resume, self.store_at
+                trainer.strategy.checkpoint_io, self._check_resume, self.store_at, self.trust_pickles
             )
         self._guard.record(trainer, pl_module, self.config, self.code_dir)
         if trainer.is_global_zero:
@@ -377,7 +378,7 @@ class ManifestCheckpoint(CommittedCheckpoint):
         assert trainer is not None
         return sharded_load.load_verified(
             load, path, weights_only, strategy=trainer.strategy, store=self.store_at(path),
-            check_resume=self._check_resume,
+            check_resume=self._check_resume, trust_pickles=self.trust_pickles,
         )  # fmt: skip
 
     def _check_resume(self, manifest: Manifest, path: Location) -> None:

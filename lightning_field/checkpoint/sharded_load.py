@@ -8,13 +8,13 @@ sharded load from exactly those bytes, then this rank's own state merged as for 
 from __future__ import annotations
 
 import contextlib
-import pickle
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from lightning_field.checkpoint.io import LOCAL_FILES, attach_rank_state, rank_files_to_load
+from lightning_field.checkpoint.safe_load import load_untrusted
 from lightning_field.checkpoint.sharded import DCP_METADATA, SHARDED_SHARED_FILE
 from lightning_field.checkpoint.stores import (
     CheckpointReader,
@@ -54,8 +54,8 @@ def load_from_store(
     checkpoint: Location,
     manifest: Manifest,
     store: CheckpointStore,
-    weights_only: bool | None,
     strategy: Any,
+    trust_pickles: bool = False,
 ) -> dict[str, Any]:
     """Collective: a sharded checkpoint verified and loaded through the strategy from exactly the
     verified bytes.
@@ -89,21 +89,16 @@ def load_from_store(
         if problems:
             raise CheckpointCorruptError(f"checkpoint {checkpoint} failed verification:\n  " + "\n  ".join(problems))
         assert local is not None
-        loaded = load_through_strategy(load, local, weights_only)
-        return attach_rank_state(loaded, manifest, local, checkpoint, start)
+        loaded = load_through_strategy(load, local, trust_pickles)
+        return attach_rank_state(loaded, manifest, local, checkpoint, start, trust_pickles)
 
 
-def load_through_strategy(load: Callable[..., dict[str, Any]], path: Path, weights_only: bool | None) -> dict[str, Any]:
-    """Lightning's own sharded load (DCP into the live model and optimizers, then ``meta.pt``).
-
-    The bytes were verified first, so a ``meta.pt`` that needs full unpickling (hparams holding
-    arbitrary objects) is loaded with it, as for unsharded checkpoints. Every rank reads the same
-    ``meta.pt``, so every rank takes the same branch and DCP's collectives stay matched.
+def load_through_strategy(load: Callable[..., dict[str, Any]], path: Path, trust_pickles: bool) -> dict[str, Any]:
+    """Lightning's own sharded load (DCP into the live model and optimizers, then ``meta.pt``, as
+    untrusted input: :func:`~lightning_field.checkpoint.safe_load.load_untrusted`). Every rank reads
+    the same ``meta.pt``, so every rank loads or refuses it alike and DCP's collectives stay matched.
     """
-    try:
-        return load(path, weights_only=True if weights_only is None else weights_only)
-    except pickle.UnpicklingError:
-        return load(path, weights_only=False)
+    return load_untrusted(lambda **kw: load(path, **kw), path / SHARDED_SHARED_FILE, trust_pickles)
 
 
 def load_verified(
@@ -114,6 +109,7 @@ def load_verified(
     strategy: Any,
     store: CheckpointStore,
     check_resume: Callable[[Manifest, Location], None],
+    trust_pickles: bool = False,
 ) -> Any:
     """A sharding strategy's ``load_checkpoint``, behind the same checks as the CheckpointIO's:
     compatibility (``check_resume``), then every file verified (split across ranks, or the
@@ -123,4 +119,4 @@ def load_verified(
         return load(path, weights_only=weights_only)
     manifest = read_manifest(location, store=store)
     check_resume(manifest, location)
-    return load_from_store(load, location, manifest, store, weights_only, strategy)
+    return load_from_store(load, location, manifest, store, strategy, trust_pickles)

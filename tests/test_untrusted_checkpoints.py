@@ -1,0 +1,142 @@
+"""Checkpoints read back from storage others can write are loaded as data, never run as code.
+
+A forger who can write the checkpoint directory rewrites a payload and its manifest together, so
+every hash still matches: only the load itself can refuse them.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from conftest import assert_bitwise_equal, make_trainer
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.demos.boring_classes import BoringModel
+from omegaconf import DictConfig, OmegaConf
+
+from lightning_field import UnsafeCheckpointError, load_weights, read_manifest, verify_checkpoint
+from lightning_field.cli.main import main as field_main
+from lightning_field.core.hashing import hash_file
+from lightning_field.core.manifest import SHARED_STATE_FILE
+
+
+class RunsAShellCommand:
+    """What a forger puts in a pickle: unpickling it calls ``os.system``."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (os.system, (f"touch {self.marker}",))
+
+
+@dataclass
+class UserSpec:
+    name: str
+    size: int
+
+
+class SpecCallback(Callback):
+    """A user's callback whose state is an object of the user's own type."""
+
+    def __init__(self) -> None:
+        self.loaded: UserSpec | None = None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"spec": UserSpec("a", 3)}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.loaded = state_dict["spec"]
+
+
+class ConfiguredModel(BoringModel):
+    """A user's module configured by Hydra: ``save_hyperparameters`` keeps the DictConfig."""
+
+    def __init__(self, config: DictConfig | None = None, lr: float = 0.1) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+
+
+def _config() -> DictConfig:
+    return OmegaConf.create({"optimizer": {"lr": 0.1, "betas": [0.9, 0.99]}, "layers": 2})
+
+
+def _fit(root: Path, steps: int, ckpt_path: str | None = None, callbacks: list[Callback] = (), **options: Any) -> Any:
+    pl.seed_everything(0)
+    trainer = make_trainer(root, steps, **options)
+    trainer.callbacks.extend(callbacks)
+    model = ConfiguredModel(_config())
+    trainer.fit(model, ckpt_path=ckpt_path)
+    return trainer, model
+
+
+def _forge(checkpoint: Path, change: Any) -> None:
+    """Rewrite ``state.pt`` with ``change`` applied, and its manifest to match, as a writer of the
+    bucket could: every hash verifies afterwards."""
+    state = torch.load(checkpoint / SHARED_STATE_FILE, weights_only=False)  # the test's own file
+    change(state)
+    (checkpoint / SHARED_STATE_FILE).unlink()
+    torch.save(state, checkpoint / SHARED_STATE_FILE)
+    manifest = read_manifest(checkpoint)
+    entry = manifest.files[SHARED_STATE_FILE]
+    entry.size, entry.hash = hash_file(checkpoint / SHARED_STATE_FILE)
+    manifest.write(checkpoint)
+
+
+def test_a_module_with_omegaconf_hparams_resumes_exactly_under_weights_only_where_plain_lightning_refuses(
+    tmp_path: Path,
+) -> None:
+    _, uninterrupted = _fit(tmp_path / "whole", 4)
+    _fit(tmp_path / "cut", 2)
+    _, resumed = _fit(tmp_path / "cut", 4, ckpt_path=str(tmp_path / "cut" / "ckpts" / "epoch=0-step=2"))
+    assert_bitwise_equal(resumed.state_dict(), uninterrupted.state_dict())
+
+    pl.seed_everything(0)
+    plain = pl.Trainer(default_root_dir=tmp_path / "plain", max_steps=2, logger=False, enable_progress_bar=False,
+                       callbacks=[ModelCheckpoint(dirpath=tmp_path / "plain", every_n_train_steps=2)])  # fmt: skip
+    plain.fit(ConfiguredModel(_config()))
+    again = pl.Trainer(default_root_dir=tmp_path / "plain", max_steps=4, logger=False, enable_progress_bar=False)
+    with pytest.raises(Exception, match="Weights only load failed"):
+        again.fit(ConfiguredModel(_config()), ckpt_path=str(tmp_path / "plain" / "epoch=0-step=2.ckpt"))
+
+
+def test_a_forged_checkpoint_whose_pickle_calls_os_system_is_refused_naming_it_and_runs_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    marker = tmp_path / "the-forgers-command-ran"
+    _fit(tmp_path, 2)
+    checkpoint = tmp_path / "ckpts" / "epoch=0-step=2"
+    _forge(checkpoint, lambda state: state["callbacks"].update(forged=RunsAShellCommand(marker)))
+    assert verify_checkpoint(checkpoint).intact  # the hashes cannot tell: the manifest was forged too
+
+    with pytest.raises(UnsafeCheckpointError, match=r"epoch=0-step=2/state\.pt .*GLOBAL posix\.system") as refused:
+        _fit(tmp_path, 4, ckpt_path=str(checkpoint))
+    assert "trust_pickles=True" in str(refused.value) and "add_safe_globals" in str(refused.value)
+    with pytest.raises(UnsafeCheckpointError, match=r"posix\.system"):
+        load_weights(checkpoint)
+    assert field_main(["ckpt", "verify", str(checkpoint)]) == 0
+    assert field_main(["ckpt", "inspect", str(checkpoint)]) == 0
+    capsys.readouterr()
+    assert not marker.exists(), "a load, a verification or an inspection ran the forger's command"
+    assert checkpoint.is_dir(), "the refused checkpoint is kept, for whoever investigates it"
+
+
+def test_a_users_own_type_in_callback_state_is_refused_by_name_until_registered_or_trusted(tmp_path: Path) -> None:
+    _fit(tmp_path, 2, callbacks=[SpecCallback()])
+    checkpoint = str(tmp_path / "ckpts" / "epoch=0-step=2")
+    with pytest.raises(UnsafeCheckpointError, match=r"GLOBAL test_untrusted_checkpoints\.UserSpec"):
+        _fit(tmp_path, 4, ckpt_path=checkpoint, callbacks=[SpecCallback()])
+
+    registered = SpecCallback()
+    with torch.serialization.safe_globals([UserSpec]):
+        trainer, _ = _fit(tmp_path, 4, ckpt_path=checkpoint, callbacks=[registered])
+    assert registered.loaded == UserSpec("a", 3) and trainer.global_step == 4
+
+    trusted = SpecCallback()
+    trainer, _ = _fit(tmp_path, 4, ckpt_path=checkpoint, callbacks=[trusted], trust_pickles=True)
+    assert trusted.loaded == UserSpec("a", 3) and trainer.global_step == 4
