@@ -6,7 +6,10 @@ every hash still matches: only the load itself can refuse them.
 
 from __future__ import annotations
 
+import json
 import os
+import re
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,10 +22,19 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.demos.boring_classes import BoringModel
 from omegaconf import DictConfig, OmegaConf
 
-from lightning_field import UnsafeCheckpointError, load_weights, read_manifest, verify_checkpoint
+from lightning_field import (
+    CheckpointCorruptError,
+    UnsafeCheckpointError,
+    latest_recoverable,
+    load_weights,
+    read_manifest,
+    verify_checkpoint,
+)
+from lightning_field.checkpoint import read_last_pointer
+from lightning_field.checkpoint.safe_load import check_dcp_metadata
 from lightning_field.cli.main import main as field_main
 from lightning_field.core.hashing import hash_file
-from lightning_field.core.manifest import SHARED_STATE_FILE
+from lightning_field.core.manifest import MANIFEST_NAME, SHARED_STATE_FILE, ManifestError
 
 
 class RunsAShellCommand:
@@ -140,3 +152,68 @@ def test_a_users_own_type_in_callback_state_is_refused_by_name_until_registered_
     trusted = SpecCallback()
     trainer, _ = _fit(tmp_path, 4, ckpt_path=checkpoint, callbacks=[trusted], trust_pickles=True)
     assert trusted.loaded == UserSpec("a", 3) and trainer.global_step == 4
+
+
+@pytest.mark.parametrize(
+    "name", ["../../etc/passwd", "/etc/passwd", "ok/../../../etc/passwd", "./state.pt", "a//b", "a\\..\\b", "a\x00b"]
+)
+def test_a_manifest_naming_a_path_outside_its_checkpoint_is_refused_naming_it(tmp_path: Path, name: str) -> None:
+    _fit(tmp_path, 4)
+    older, forged = tmp_path / "ckpts" / "epoch=0-step=2", tmp_path / "ckpts" / "epoch=0-step=4"
+    document = json.loads((forged / MANIFEST_NAME).read_text())
+    document["files"][name] = document["files"].pop(SHARED_STATE_FILE)
+    (forged / MANIFEST_NAME).write_text(json.dumps(document))
+
+    with pytest.raises(ManifestError, match=rf"{re.escape(str(forged / MANIFEST_NAME))}: names .*which would leave"):
+        read_manifest(forged)
+    report = verify_checkpoint(forged)
+    assert not report.intact and "would leave the checkpoint directory" in report.problems[0]
+    assert latest_recoverable(tmp_path / "ckpts") == older
+
+
+def test_a_symlink_out_of_the_checkpoint_or_a_device_in_it_is_refused_and_never_read(tmp_path: Path) -> None:
+    _fit(tmp_path, 2)
+    checkpoint = tmp_path / "ckpts" / "epoch=0-step=2"
+    # The same bytes outside: the hash would pass, so only the path check can refuse it.
+    outside = tmp_path / "elsewhere.pt"
+    rank_file = checkpoint / "rank-00000.pt"
+    shutil.copyfile(rank_file, outside)
+    rank_file.unlink()
+    rank_file.symlink_to(outside)
+    (checkpoint / SHARED_STATE_FILE).unlink()
+    (checkpoint / SHARED_STATE_FILE).symlink_to("/dev/zero")
+
+    problems = verify_checkpoint(checkpoint).problems
+    assert any(f"a symlink to {outside}, outside the directory" in p for p in problems), problems
+    assert any("state.pt: a symlink to /dev/zero" in p or "not a regular file" in p for p in problems), problems
+    with pytest.raises(CheckpointCorruptError, match="outside the directory"):
+        _fit(tmp_path, 4, ckpt_path=str(checkpoint))
+    assert latest_recoverable(tmp_path / "ckpts") is None
+
+
+def test_a_last_pointer_naming_a_path_outside_its_directory_is_ignored(tmp_path: Path) -> None:
+    _fit(tmp_path, 2)
+    (tmp_path / "ckpts" / "LAST").write_text("../../etc\n")
+    assert read_last_pointer(tmp_path / "ckpts") is None
+    (tmp_path / "ckpts" / "LAST").write_text("epoch=0-step=2\n")
+    assert read_last_pointer(tmp_path / "ckpts") == tmp_path / "ckpts" / "epoch=0-step=2"
+
+
+def test_dcp_metadata_is_built_from_dcp_records_only_and_may_point_only_at_listed_files(tmp_path: Path) -> None:
+    import pickle
+
+    import torch.distributed.checkpoint as dcp
+
+    dcp.save({"model": {"w": torch.randn(3, 4)}, "step": 3}, checkpoint_id=str(tmp_path / "dcp"))
+    metadata = tmp_path / "dcp" / ".metadata"
+    shards = [p.name for p in (tmp_path / "dcp").iterdir() if p.suffix == ".distcp"]
+    check_dcp_metadata(metadata, shards, trust_pickles=False)  # DCP's own metadata passes
+
+    with pytest.raises(UnsafeCheckpointError, match=r"points reads at '__0_0\.distcp'.*not a file of this"):
+        check_dcp_metadata(metadata, [], trust_pickles=False)
+    marker = tmp_path / "the-forgers-command-ran"
+    metadata.write_bytes(pickle.dumps(RunsAShellCommand(marker)))
+    with pytest.raises(UnsafeCheckpointError, match=r"GLOBAL posix\.system") as refused:
+        check_dcp_metadata(metadata, shards, trust_pickles=False)
+    assert "add_safe_globals" not in str(refused.value)  # torch's allow-list does not reach DCP's pickle
+    assert not marker.exists()

@@ -11,6 +11,7 @@ from lightning_field.checkpoint.stores import CheckpointReader, read_manifest, s
 from lightning_field.checkpoint.stores.local import LAST_POINTER, TEMP_PREFIXES
 from lightning_field.checkpoint.verify import VerifyReport, verify_checkpoint
 from lightning_field.core.manifest import Manifest, ManifestError
+from lightning_field.core.member_paths import UnsafeMemberError, member_name_problem
 from lightning_field.core.storage import Location, StorageOptions, as_location, basename, join
 
 log = logging.getLogger(__name__)
@@ -112,6 +113,13 @@ def read_last_pointer(dirpath: str | os.PathLike[str], store: CheckpointReader |
     """The ``LAST`` pointer a local store keeps; object stores keep none (``latest_recoverable``
     lists manifests), so there it is None."""
     root = as_location(dirpath)
-    raw = (store or store_for(root)).read(root, LAST_POINTER)
+    try:
+        raw = (store or store_for(root)).read(root, LAST_POINTER)
+    except UnsafeMemberError as err:
+        log.warning("Ignored: %s", err)
+        return None
     name = raw.decode(errors="replace").strip() if raw else ""
+    if name and (member_name_problem(name) is not None or "/" in name):
+        log.warning("%s: ignored, it names %r, not a checkpoint in its directory", join(root, LAST_POINTER), name)
+        return None
     return join(root, name) if name else None

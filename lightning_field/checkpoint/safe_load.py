@@ -19,12 +19,14 @@ import os
 import pickle
 import re
 import typing
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
 from lightning.fabric.utilities.data import AttributeDict
 from omegaconf import DictConfig, ListConfig, base, nodes
+
+from lightning_field.core.member_paths import member_name_problem
 
 log = logging.getLogger(__name__)
 
@@ -110,8 +112,9 @@ def torch_load_untrusted(path: str | os.PathLike[str], map_location: Any = None,
     )
 
 
-def refusal(shown: str | os.PathLike[str], err: BaseException) -> str:
-    """Why a file is refused, with what it needs and both ways out."""
+def refusal(shown: str | os.PathLike[str], err: BaseException, registrable: bool = True) -> str:
+    """Why a file is refused, with what it needs and the ways out (registering the type where
+    ``registrable``: torch's allow-list applies to ``torch.load``, not to DCP's metadata)."""
     reason = _unpickler_reason(str(err))
     match = re.search(r"GLOBAL ([\w.]+)", reason)
     named = match.group(1) if match else None
@@ -119,9 +122,13 @@ def refusal(shown: str | os.PathLike[str], err: BaseException) -> str:
     return (
         f"{shown} cannot be loaded without a full unpickle ({reason}), and a full unpickle runs whatever"
         " code the file's writer chose: a checkpoint in storage others can write is never loaded that way."
-        f" If {named or 'the type'} is a class of yours, safe to build from data, allow it before the load:"
-        f" torch.serialization.add_safe_globals({register}). If you trust everyone who can write this"
-        f" checkpoint, opt in: {TRUST_PICKLES_HINT}."
+        + (
+            f" If {named or 'the type'} is a class of yours, safe to build from data, allow it before the load:"
+            f" torch.serialization.add_safe_globals({register})."
+            if registrable
+            else ""
+        )
+        + f" If you trust everyone who can write this checkpoint, opt in: {TRUST_PICKLES_HINT}."
     )
 
 
@@ -136,3 +143,55 @@ def _unpickler_reason(message: str) -> str:
     paragraphs = [p.strip() for p in message.split("\n\n") if p.strip()]
     kept = [p.removeprefix("WeightsUnpickler error:").strip() for p in paragraphs if not p.startswith(boilerplate)]
     return " ".join(kept).rstrip(".") or "the unpickler gave no reason"
+
+
+# What torch DCP's ``.metadata`` pickle names (torch.distributed.checkpoint.metadata and the
+# filesystem reader's storage records); DCP itself reads it with a plain ``pickle.load``.
+_DCP_CLASSES = {
+    "torch.distributed.checkpoint.metadata": {
+        "Metadata", "TensorStorageMetadata", "BytesStorageMetadata", "ChunkStorageMetadata",
+        "TensorProperties", "MetadataIndex", "StorageMeta", "_MEM_FORMAT_ENCODING",
+    },
+    "torch.distributed.checkpoint.filesystem": {"_StorageInfo"},
+    "torch.serialization": {"_get_layout"},
+    "torch": {"Size"},
+    "pathlib": {"PosixPath", "PurePosixPath"},
+    "collections": {"OrderedDict"},
+}  # fmt: skip
+
+
+class _DcpMetadataUnpickler(pickle.Unpickler):
+    """Builds only DCP's metadata records: a pickle can call nothing it cannot name, and every name
+    goes through :meth:`find_class`."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if name in _DCP_CLASSES.get(module, ()):
+            return super().find_class(module, name)
+        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            return getattr(torch, name)
+        raise pickle.UnpicklingError(f"Unsupported global: GLOBAL {module}.{name} is not part of DCP's metadata")
+
+
+def check_dcp_metadata(path: os.PathLike[str], listed: Iterable[str], trust_pickles: bool) -> None:
+    """Before DCP unpickles ``path`` (a sharded checkpoint's ``.metadata``): it must build from DCP's
+    own record types alone, and every file it points reads at must be one the manifest lists
+    (``listed``), so hashed, and a plain name inside the checkpoint.
+
+    Raises:
+        UnsafeCheckpointError: naming the file and what it holds or points at.
+    """
+    if trust_pickles:
+        return
+    try:
+        with open(path, "rb") as raw:
+            metadata = _DcpMetadataUnpickler(raw).load()
+    except (pickle.UnpicklingError, EOFError, AttributeError, TypeError, ValueError) as err:
+        raise UnsafeCheckpointError(refusal(path, pickle.UnpicklingError(str(err)), registrable=False)) from None
+    known = set(listed)
+    for info in dict(getattr(metadata, "storage_data", None) or {}).values():
+        name = getattr(info, "relative_path", None)
+        if member_name_problem(name) is not None or name not in known:
+            raise UnsafeCheckpointError(
+                f"{path} points reads at {name!r}, which is not a file of this checkpoint's manifest:"
+                " a forged .metadata could make DCP read outside the verified files"
+            )

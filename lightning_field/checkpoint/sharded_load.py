@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from lightning_field.checkpoint.io import LOCAL_FILES, attach_rank_state, rank_files_to_load
-from lightning_field.checkpoint.safe_load import load_untrusted
+from lightning_field.checkpoint.safe_load import check_dcp_metadata, load_untrusted
 from lightning_field.checkpoint.sharded import DCP_METADATA, SHARDED_SHARED_FILE
 from lightning_field.checkpoint.stores import (
     CheckpointReader,
@@ -89,6 +89,7 @@ def load_from_store(
         if problems:
             raise CheckpointCorruptError(f"checkpoint {checkpoint} failed verification:\n  " + "\n  ".join(problems))
         assert local is not None
+        check_dcp_metadata(local / DCP_METADATA, manifest.files, trust_pickles)  # same bytes, same outcome, every rank
         loaded = load_through_strategy(load, local, trust_pickles)
         return attach_rank_state(loaded, manifest, local, checkpoint, start, trust_pickles)
 

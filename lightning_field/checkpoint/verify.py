@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from lightning_field.checkpoint.stores import CheckpointReader, read_manifest, store_for
 from lightning_field.core.manifest import Manifest, ManifestError
+from lightning_field.core.member_paths import UnsafeMemberError
 from lightning_field.core.storage import Location, StorageOptions, as_location
 
 
@@ -74,9 +75,14 @@ def verify_against(
     for name in names:
         entry = manifest.files.get(name)
         where = reader.describe(location, name)
+        try:
+            actual = reader.size(location, name) if entry is not None else None
+        except UnsafeMemberError as err:  # a symlink out of the checkpoint, a device: never read
+            report.problems.append(str(err))
+            continue
         if entry is None:
             report.problems.append(f"{where}: not listed in the manifest")
-        elif (actual := reader.size(location, name)) is None:
+        elif actual is None:
             report.problems.append(f"{where}: missing")
         elif actual != entry.size:
             report.problems.append(f"{where}: size {actual} bytes, manifest says {entry.size} (truncated or extended)")

@@ -17,6 +17,7 @@ from typing import Any
 from lightning_field.core.documents import DocumentFormat, check_envelope, parse_document
 from lightning_field.core.fsio import atomic_write_bytes
 from lightning_field.core.hashing import HASH_ALGORITHM
+from lightning_field.core.member_paths import member_name_problem
 from lightning_field.core.storage import Location, StorageOptions
 
 FORMAT = "lightning_field.checkpoint/2"
@@ -121,6 +122,7 @@ def manifest_from_bytes(raw: bytes | None, where: Location, drill: bytes | None,
     if raw is None:
         raise ManifestError(f"{where}: no manifest, so this is not a committed checkpoint")
     data = parse_document(raw, MANIFEST_DOCUMENT, where, ManifestError)
+    _check_file_entries(data["files"], where)
     try:
         manifest = Manifest.from_dict(data)
     except (KeyError, TypeError) as err:
@@ -134,6 +136,26 @@ def manifest_from_bytes(raw: bytes | None, where: Location, drill: bytes | None,
         if recorded["record"].get("created_unix") == manifest.created_unix:
             manifest.restore_tested, manifest.restore_drill = recorded["restore_tested"], recorded["record"]
     return manifest
+
+
+def _check_file_entries(files: Any, where: Location) -> None:
+    """Every file entry well-typed and every name a plain relative path inside the checkpoint, before
+    any of them reaches a store (:mod:`lightning_field.core.member_paths`)."""
+    if not isinstance(files, dict):
+        raise ManifestError(f"{where}: 'files' is not an object of file entries")
+    for name, entry in files.items():
+        if (problem := member_name_problem(name)) is not None:
+            raise ManifestError(f"{where}: names {problem}, which would leave the checkpoint directory")
+        if not isinstance(entry, dict):
+            raise ManifestError(f"{where}: the entry of {name!r} is not an object")
+        size, digest, rank = entry.get("size"), entry.get("hash"), entry.get("rank")
+        if not (type(size) is int and size >= 0 and isinstance(digest, str) and type(rank) is int and rank >= 0):
+            raise ManifestError(
+                f"{where}: the entry of {name!r} needs a size (bytes, >= 0), a hash (text) and a rank (>= 0);"
+                f" got size={size!r}, hash={digest!r}, rank={rank!r}"
+            )
+        if not isinstance(entry.get("contents", []), list):
+            raise ManifestError(f"{where}: the contents of {name!r} are not a list")
 
 
 def drill_record_bytes(record: dict[str, Any], passed: bool) -> bytes:

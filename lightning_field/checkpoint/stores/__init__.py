@@ -29,6 +29,7 @@ from lightning_field.core.manifest import (
     drill_record_bytes,
     manifest_from_bytes,
 )
+from lightning_field.core.member_paths import UnsafeMemberError
 from lightning_field.core.storage import Location, StorageOptions, as_location, is_url, join
 
 __all__ = [
@@ -91,6 +92,8 @@ def read_manifest(
         drill = reader.read(location, DRILL_RECORD_NAME) if raw is not None else None
     except OSError as err:
         raise ManifestError(f"{join(location, MANIFEST_NAME)}: cannot be read ({err})") from err
+    except UnsafeMemberError as err:
+        raise ManifestError(str(err)) from None
     return manifest_from_bytes(raw, join(location, MANIFEST_NAME), drill, join(location, DRILL_RECORD_NAME))
 
 

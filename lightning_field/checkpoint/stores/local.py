@@ -21,6 +21,7 @@ from lightning_field.checkpoint.stores.base import RankOutcome, write_rank_files
 from lightning_field.core.fsio import atomic_write_bytes, exchange_or_replace_dir, fsync_dir, remove_dir_unseen
 from lightning_field.core.hashing import hash_file
 from lightning_field.core.manifest import MANIFEST_NAME, Manifest
+from lightning_field.core.member_paths import resolve_member
 
 LAST_POINTER = "LAST"
 TEMP_PREFIXES = (".tmp-", ".trash-")
@@ -73,22 +74,27 @@ class LocalStore:
             if not child.name.startswith(".") and child.is_dir() and (child / MANIFEST_NAME).is_file()
         ]
 
+    # Reads go through resolve_member: whoever can write the directory chooses what a name reaches.
     def read(self, checkpoint: Path, name: str) -> bytes | None:
         try:
-            return (checkpoint / name).read_bytes()
-        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):  # NotADirectory: a file given as one
+            path = resolve_member(checkpoint, name)
+            return None if path is None else path.read_bytes()
+        except FileNotFoundError:  # removed between the check and the read
             return None
 
     def put(self, checkpoint: Path, name: str, data: bytes) -> None:
         atomic_write_bytes(checkpoint / name, data)
 
     def size(self, checkpoint: Path, name: str) -> int | None:
-        path = checkpoint / name
-        return path.stat().st_size if path.is_file() else None
+        path = resolve_member(checkpoint, name)
+        return None if path is None else path.stat().st_size
 
     def digest(self, checkpoint: Path, name: str, on_chunk: Callable[[int], None], algorithm: str) -> str:
+        path = resolve_member(checkpoint, name)
+        if path is None:
+            raise FileNotFoundError(f"{checkpoint / name}: no such file")
         # All cores: verification runs before training resumes, with nothing else to do.
-        return hash_file(checkpoint / name, progress=on_chunk, algorithm=algorithm, threads=True)[1]
+        return hash_file(path, progress=on_chunk, algorithm=algorithm, threads=True)[1]
 
     def describe(self, checkpoint: Path, name: str) -> str:
         return str(checkpoint / name)
