@@ -39,6 +39,7 @@ from lightning_field.checkpoint.stores.base import (
 from lightning_field.checkpoint.stores.local import LocalStore, clean_leftovers, publish, write_last_pointer
 from lightning_field.core.distributed import all_gather_objects, broadcast_object
 from lightning_field.core.manifest import SHARED_STATE_FILE, FileEntry, Manifest, rank_state_file
+from lightning_field.core.signing import keys_from_environment
 from lightning_field.core.storage import Location, StorageOptions, basename, parent
 from lightning_field.state import provenance
 
@@ -191,6 +192,7 @@ def commit_save(job: SaveJob, group: Any = None) -> str | None:
             manifest.data_restore = restore_all
             manifest.stream_positions = positions_all
             manifest.save_seconds = time.perf_counter() - job.start
+            manifest.sign(keys_from_environment())
             store.publish(final, token, manifest)
         except Exception as err:
             error = f"rank 0 (commit): {describe_error(err)}"

@@ -25,6 +25,7 @@ from lightning_field.core.distributed import broadcast_object
 from lightning_field.core.errors import ResumeMismatchError
 from lightning_field.core.launcher_env import env_global_rank
 from lightning_field.core.manifest import Manifest
+from lightning_field.core.signing import keys_from_environment
 from lightning_field.core.storage import Location, as_location, basename, is_url
 from lightning_field.state import provenance, reshard
 from lightning_field.state.provenance_compare import diff_provenance
@@ -222,7 +223,8 @@ class ResumeGuard:
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, config: Mapping[str, Any] | None, code_dir: Any
     ) -> None:
         """This run's code, resolved config (secrets redacted; by default the module's and the
-        datamodule's hparams) and environment."""
+        datamodule's hparams) and environment; a malformed checkpoint key fails here, before the first step."""
+        keys_from_environment()
         if config is None:
             config = {"model": dict(pl_module.hparams)}
             datamodule = internals.trainer_datamodule(trainer)

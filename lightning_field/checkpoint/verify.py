@@ -7,8 +7,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from lightning_field.checkpoint.stores import CheckpointReader, read_manifest, store_for
-from lightning_field.core.manifest import Manifest, ManifestError
+from lightning_field.core.manifest import MANIFEST_NAME, Manifest, ManifestError
 from lightning_field.core.member_paths import UnsafeMemberError
+from lightning_field.core.signing import keys_from_environment
 from lightning_field.core.storage import Location, StorageOptions, as_location
 
 
@@ -68,6 +69,9 @@ def verify_against(
     ``manifest``: also used on a local copy of remote objects, so that what is loaded is exactly
     what was verified."""
     report = VerifyReport(location, manifest)
+    keys = keys_from_environment()
+    if keys is not None and (unsigned := keys.check(manifest.signed_content(), manifest.signature)) is not None:
+        report.problems.append(f"{reader.describe(location, MANIFEST_NAME)}: {unsigned}")
     names = list(manifest.files) if files is None else list(files)
     total = sum(manifest.files[n].size for n in names if n in manifest.files)
     done = 0

@@ -23,6 +23,7 @@ from rich.progress import (
 from lightning_field.checkpoint.resolver import committed_checkpoints, latest_recoverable
 from lightning_field.checkpoint.verify import VerifyReport, verify_checkpoint
 from lightning_field.core.manifest import MANIFEST_NAME, Manifest, ManifestError, read_manifest
+from lightning_field.core.signing import keys_from_environment
 from lightning_field.core.storage import Location, StorageOptions, as_location, basename, is_url, open_fs, parent
 
 _PROGRESS_MIN_BYTES = 64 << 20
@@ -165,9 +166,19 @@ def cmd_verify(args: argparse.Namespace) -> int:
     total = sum(f.size for f in m.files.values())
     print(
         f"OK  {args.path}: recoverable, {len(m.files)} files, {_human_bytes(total)}, step {m.step},"
-        f" world size {m.world_size}"
+        f" world size {m.world_size}; {signature_status(m)}"
     )
     return 0
+
+
+def signature_status(m: Manifest) -> str:
+    """How far the manifest's signature vouches for it under the configured key (core/signing.py)."""
+    keys = keys_from_environment()
+    key_id = (m.signature or {}).get("key_id") if isinstance(m.signature, dict) else None
+    if keys is None:
+        return f"signed with key {key_id!r}, not checked: no key configured" if m.signature else "unsigned"
+    problem = keys.check(m.signed_content(), m.signature)
+    return f"REFUSED: {problem}" if problem else f"signature valid (key {key_id!r})"
 
 
 def _drill_mark(m: Manifest) -> str:
@@ -246,6 +257,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     print(f"checkpoint   {args.path}")
     print(f"format       {m.format} (hashes: {m.hash_algorithm})")
     print(f"kind         {m.kind}; recoverable: {'yes' if m.recoverable else 'NO'}")
+    print(f"signature    {signature_status(m)}")
     for missing in m.missing:
         print(f"  missing    {missing}")
     print(f"step/epoch   {m.step} / {m.epoch}; world size {m.world_size}")

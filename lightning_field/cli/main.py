@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from lightning_field.cli import ckpt, evidence, plan, probe, record, scale, wandb
+from lightning_field.core.signing import SigningKeyError
 
 PREFLIGHT_HELP = "data and label checks, a tiny overfit, a one-device baseline and the fit (Hydra overrides follow)"
 PREFLIGHT_USAGE = """usage: field preflight [--config-dir DIR] [--config-name NAME] [--cfg {job,hydra,all}]
@@ -56,7 +57,11 @@ def main(argv: list[str] | None = None) -> int:
         # `--config-dir DIR`) as unrecognized before Hydra, whose options they are, could see it.
         return _preflight(argv[1:])
     args = build_parser().parse_args(argv)
-    return int(args.func(args))
+    try:
+        return int(args.func(args))
+    except SigningKeyError as err:  # the environment's key, malformed: a clean refusal, whatever the command
+        print(f"field: {err}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from lightning_field.core.documents import DocumentFormat, check_envelope, parse
 from lightning_field.core.fsio import atomic_write_bytes
 from lightning_field.core.hashing import HASH_ALGORITHM
 from lightning_field.core.member_paths import member_name_problem
+from lightning_field.core.signing import ManifestKeys, canonical_bytes
 from lightning_field.core.storage import Location, StorageOptions
 
 FORMAT = "lightning_field.checkpoint/2"
@@ -84,14 +85,32 @@ class Manifest:
     stream_positions: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     format: str = FORMAT
     hash_algorithm: str = HASH_ALGORITHM
+    # A keyed MAC over the rest, set by the commit when a checkpoint key is configured (core/signing.py).
+    signature: dict[str, str] | None = None
+    # The canonical bytes the signature covers, as read (never written): see ``signed_content``.
+    read_content: bytes | None = field(default=None, repr=False, compare=False)
     # Keys of a readable format that this version does not know (a later writer's): kept as read, and
     # written back unchanged when the manifest is rewritten, never dropped.
     unknown_fields: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def to_json(self) -> str:
         data = asdict(self)
+        data.pop("read_content")
         data.update(data.pop("unknown_fields"))
+        if data["signature"] is None:
+            del data["signature"]  # an unsigned manifest reads exactly as earlier versions wrote it
         return json.dumps(data, indent=2, sort_keys=True, default=str)
+
+    def signed_content(self) -> bytes:
+        """What a signature covers: the manifest as it was read (unknown keys included), else as it
+        would be written."""
+        return self.read_content if self.read_content is not None else canonical_bytes(json.loads(self.to_json()))
+
+    def sign(self, keys: ManifestKeys | None) -> None:
+        """Sign, at the commit, with the configured key; nothing without one."""
+        self.signature, self.read_content = None, None  # what is signed is what will be written
+        if keys is not None:
+            self.signature = keys.sign(self.signed_content())
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Manifest:
@@ -103,7 +122,7 @@ class Manifest:
             )
         payload = dict(data)
         payload["files"] = {name: FileEntry(**entry) for name, entry in data["files"].items()}
-        known = set(cls.__dataclass_fields__) - {"unknown_fields"}
+        known = set(cls.__dataclass_fields__) - {"unknown_fields", "read_content"}
         unknown = {k: v for k, v in payload.items() if k not in known}
         return cls(**{k: v for k, v in payload.items() if k in known}, unknown_fields=unknown)
 
@@ -127,6 +146,7 @@ def manifest_from_bytes(raw: bytes | None, where: Location, drill: bytes | None,
         manifest = Manifest.from_dict(data)
     except (KeyError, TypeError) as err:
         raise ManifestError(f"{where}: manifest lacks a required field ({err})") from err
+    manifest.read_content = canonical_bytes(data)
     if drill is not None:
         recorded = parse_document(drill, DRILL_RECORD_DOCUMENT, drill_where, ManifestError)
         if not isinstance(recorded["restore_tested"], bool) or not isinstance(recorded["record"], dict):
