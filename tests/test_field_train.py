@@ -120,3 +120,24 @@ def test_wandb_offline_keeps_one_run_across_a_kill_and_the_automatic_resume(tmp_
     assert manifests and all("recoverable" in a["metadata"] and "step" in a["metadata"] for a in manifests)
     assert any(a["metadata"]["step"] == 60 for a in manifests)
     assert final["config"]["model"]["_target_"] == "lightning_field.workloads.demo.DemoRegressor"
+
+
+def test_an_api_key_on_the_command_line_is_in_no_file_of_the_run_directory_and_the_rerun_resumes(
+    tmp_path: Path,
+) -> None:
+    key, token = "0123456789abcdef0123456789abcdef01234567", "hf_AbCdEfGhIjKlMnOpQrStUvWxYz01234567"
+    secrets = [f"+wandb_api_key={key}", f"+data_source=https://user:{token}@example.com/data", "trainer.max_steps=4"]
+    first = field_train(tmp_path, *secrets)
+    assert first.returncode == 0, first.stdout[-3000:]
+    run_dir = tmp_path / "outputs" / "field-train" / "demo"
+    files = [p for p in run_dir.rglob("*") if p.is_file()]
+    assert any(p.name == "overrides.yaml" for p in files) and any(p.name == "hydra.yaml" for p in files)
+    holding = [str(p) for p in files if key.encode() in p.read_bytes() or token.encode() in p.read_bytes()]
+    assert not holding, f"the secret is written in {holding}"
+    assert "+wandb_api_key=<redacted:pbkdf2:" in (run_dir / ".hydra" / "overrides.yaml").read_text()
+    assert "max_steps: 4" in (run_dir / ".hydra" / "config.yaml").read_text()  # the rest in full
+
+    again = field_train(tmp_path, *secrets[:2], "trainer.max_steps=6")
+    assert again.returncode == 0, again.stdout[-3000:]
+    assert "resuming from" in again.stdout and key not in again.stdout + first.stdout
+    assert read_manifest(latest_recoverable(run_dir / "checkpoints")).step == 6

@@ -158,3 +158,20 @@ def test_a_secret_recorded_by_an_older_checkpoint_as_the_bare_marker_does_not_re
     current = {"config": {"resolved": scrub_secrets({"wandb": {"api_key": "abc"}, "data": {"tokenizer": "gpt2"}})}}
     # The secret matches; the wrongly redacted tokenizer is still a visible difference.
     assert list(diff_provenance(saved, current)) == ["config.resolved.data.tokenizer"]
+
+
+def test_an_override_with_a_secret_key_or_a_credential_value_is_redacted_and_the_others_kept() -> None:
+    from lightning_field.state.secrets import replace_secrets, scrub_override, secret_values
+
+    overrides = [f"+logger.api_key={WANDB_KEY}", "data.url='https://u:hunter2hunter2@host/x'", "trainer.max_steps=4",
+                 "+data.tokenizer=gpt2", "~callbacks.drill", "db_password=short"]  # fmt: skip
+    scrubbed = [scrub_override(o) for o in overrides]
+    assert scrubbed[0].startswith("+logger.api_key=<redacted:pbkdf2:") and scrubbed[1].startswith("data.url=<redacted")
+    assert scrubbed[2:5] == overrides[2:5] and scrubbed[5].startswith("db_password=<redacted")
+    assert [scrub_override(o) for o in scrubbed] == scrubbed  # idempotent
+
+    found = secret_values({"wandb": {"api_key": WANDB_KEY}, "seed": 12345678}, overrides)
+    assert WANDB_KEY in found and "short" not in found and "12345678" not in found  # too short to search for
+    dirname = {"job": {"override_dirname": f"+logger.api_key={WANDB_KEY},trainer.max_steps=4"}}
+    shown = str(replace_secrets(dirname, found))
+    assert WANDB_KEY not in shown and "max_steps=4" in shown

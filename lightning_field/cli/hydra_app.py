@@ -16,12 +16,14 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from lightning_field.conf import CONFIG_DIR, compose_config
+from lightning_field.core.fsio import atomic_write_bytes
 from lightning_field.integrations.hydra_configs import (
     TargetConfigError,
     apply_target_swaps,
     prepare_target_overrides,
     register_configs,
 )
+from lightning_field.state.secrets import replace_secrets, scrub_override, scrub_secrets, secret_values
 
 EXIT_BAD_CONFIG = 2
 
@@ -71,13 +73,25 @@ def hydra_main(
 
 
 def _rewrite_saved_config(cfg: DictConfig) -> None:
-    """Hydra saved the composed config (``.hydra/config.yaml``) before the target swap: save what runs."""
+    """Hydra saved the composed config, its own config and the overrides (``.hydra/``) before the
+    target swap, secrets and all: save what runs, with every secret redacted
+    (:mod:`lightning_field.state.secrets`), before the run starts. ``cfg`` itself keeps them."""
     hydra_cfg = HydraConfig.get()
     if hydra_cfg.output_subdir is None:
         return
-    saved = Path(hydra_cfg.runtime.output_dir) / str(hydra_cfg.output_subdir) / "config.yaml"
-    if saved.is_file():
-        saved.write_text(OmegaConf.to_yaml(cfg))
+    saved = Path(hydra_cfg.runtime.output_dir) / str(hydra_cfg.output_subdir)
+    overrides = [str(o) for o in hydra_cfg.overrides.task]
+    composed = OmegaConf.to_container(cfg, resolve=False)
+    secrets = secret_values(composed, overrides)
+    documents = {
+        "config.yaml": replace_secrets(scrub_secrets(composed), secrets),
+        "overrides.yaml": [scrub_override(o) for o in overrides],
+    }
+    if (saved / "hydra.yaml").is_file():
+        documents["hydra.yaml"] = replace_secrets(OmegaConf.to_container(OmegaConf.load(saved / "hydra.yaml")), secrets)
+    for name, document in documents.items():
+        if (saved / name).is_file():
+            atomic_write_bytes(saved / name, OmegaConf.to_yaml(OmegaConf.create(document)).encode())
 
 
 def composition_problem(

@@ -123,3 +123,55 @@ def scrub_secrets(value: Any) -> Any:
 
 def is_redacted(value: Any) -> bool:
     return isinstance(value, str) and bool(_MARKER.match(value))
+
+
+# Below this length a secret is redacted where its key says it is one, but not searched for inside
+# other text: replacing every "1234" in a Hydra file would garble it and protect nothing.
+_MIN_SEARCHED_SECRET = 8
+
+
+def scrub_override(override: str) -> str:
+    """A Hydra command-line override (``key=value``, ``+key=value``, ``~key``) with a secret value
+    redacted: the key names a secret, or the value looks like a credential."""
+    key, sep, value = override.partition("=")
+    if not sep:
+        return override
+    bare = value.strip().strip("'\"")
+    secret = is_secret_key(key.lstrip("+~").split(".")[-1]) or is_secret_value(bare)
+    return f"{key}={redact(bare)}" if secret and bare and not is_redacted(bare) else override
+
+
+def secret_values(config: Any, overrides: list[str]) -> set[str]:
+    """The secrets in ``config`` (values under secret keys, credential-looking values) and in the
+    ``overrides``, as text, long enough to be searched for in other text (:func:`replace_secrets`)."""
+    found: set[str] = set()
+
+    def visit(value: Any, under_secret_key: bool) -> None:
+        if isinstance(value, Mapping):
+            for k, v in value.items():
+                visit(v, under_secret_key or is_secret_key(str(k)))
+        elif isinstance(value, (list, tuple)):
+            for v in value:
+                visit(v, under_secret_key)
+        elif isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            text = str(value)
+            if (under_secret_key or is_secret_value(text)) and not is_redacted(text):
+                found.add(text)
+
+    visit(config, False)
+    for override in overrides:
+        if scrub_override(override) != override:
+            found.add(override.partition("=")[2].strip().strip("'\""))
+    return {s for s in found if len(s) >= _MIN_SEARCHED_SECRET}
+
+
+def replace_secrets(value: Any, secrets: set[str]) -> Any:
+    """A copy of ``value`` where each of ``secrets`` inside any string is replaced by its marker."""
+    if isinstance(value, Mapping):
+        return {k: replace_secrets(v, secrets) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [replace_secrets(v, secrets) for v in value]
+    if isinstance(value, str):
+        for secret in sorted(secrets, key=len, reverse=True):
+            value = value.replace(secret, redact(secret))
+    return value
