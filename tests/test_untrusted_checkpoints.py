@@ -217,3 +217,18 @@ def test_dcp_metadata_is_built_from_dcp_records_only_and_may_point_only_at_liste
         check_dcp_metadata(metadata, shards, trust_pickles=False)
     assert "add_safe_globals" not in str(refused.value)  # torch's allow-list does not reach DCP's pickle
     assert not marker.exists()
+
+
+def test_a_manifest_declaring_a_10_gb_file_is_refused_by_its_size_without_reading_it(tmp_path: Path) -> None:
+    _fit(tmp_path, 2)
+    checkpoint = tmp_path / "ckpts" / "epoch=0-step=2"
+    document = json.loads((checkpoint / MANIFEST_NAME).read_text())
+    document["files"][SHARED_STATE_FILE]["size"] = 10 * 1024**3
+    (checkpoint / MANIFEST_NAME).write_text(json.dumps(document))
+    read: list[int] = []
+    problems = verify_checkpoint(checkpoint, progress=lambda done, total: read.append(done)).problems
+    assert any("manifest says 10737418240 (truncated or extended)" in p for p in problems), problems
+    only_the_rank_file = (checkpoint / "rank-00000.pt").stat().st_size
+    assert read and read[-1] == only_the_rank_file, "a file whose size is wrong was hashed anyway"
+    with pytest.raises(CheckpointCorruptError, match="10737418240"):
+        _fit(tmp_path, 4, ckpt_path=str(checkpoint))

@@ -14,14 +14,15 @@ are the document's meaning, not its envelope.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DocumentError", "DocumentFormat", "check_envelope", "parse_document", "read_document"]
+__all__ = ["DocumentError", "DocumentFormat", "check_envelope", "interpreting", "parse_document", "read_document"]
 
 
 class DocumentError(ValueError):
@@ -108,3 +109,28 @@ def read_document(
     except OSError as err:
         raise error(f"{path}: {spec.title} is unreadable ({err})") from None
     return parse_document(text, spec, path, error)
+
+
+@contextlib.contextmanager
+def interpreting(where: str | os.PathLike[str], error: ErrorFactory = DocumentError) -> Iterator[None]:
+    """Reading the fields of a document whose envelope checked: a field of the wrong shape (a list
+    where an object belongs, a missing key, text where a number belongs) is a refusal naming the file,
+    not a traceback from deep inside the reader. Errors that already name their cause pass through.
+
+    Raises:
+        The exception ``error`` builds, naming ``where`` and the field's problem.
+    """
+    try:
+        yield
+    except (KeyError, TypeError, AttributeError, IndexError, OverflowError) as err:
+        raise error(f"{where}: malformed ({_shape_problem(err)})") from None
+    except ValueError as err:
+        if type(err) is not ValueError:  # one of the readers' own, named errors
+            raise
+        raise error(f"{where}: malformed ({_shape_problem(err)})") from None
+
+
+def _shape_problem(err: BaseException) -> str:
+    if isinstance(err, KeyError):
+        return f"a required field {err} is missing"
+    return f"{type(err).__name__}: {str(err)[:200]}"

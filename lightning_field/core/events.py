@@ -7,6 +7,7 @@ leaves no ``attempt_end``; the next process's ``attempt_start`` marks the interr
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from pathlib import Path
@@ -50,9 +51,64 @@ def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     return records
 
 
+class EventLogError(ValueError):
+    """The event log holds a line that is JSON but not an event: it was written by something else."""
+
+
 def read_events(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """All complete events of the run."""
-    return read_jsonl(Path(run_dir) / EVENTS_RELPATH)
+    """All complete events of the run, each checked for the shape :class:`EventLog` writes (a torn
+    last line, from a crash mid-append, is skipped as :func:`read_jsonl` does).
+
+    Raises:
+        EventLogError: naming the file and line, for a line that parses but is not an event.
+    """
+    path = Path(run_dir) / EVENTS_RELPATH
+    events = read_jsonl(path)
+    for number, event in enumerate(events, start=1):
+        if (problem := _event_problem(event)) is not None:
+            raise EventLogError(f"{path}: event {number} is not an event this library writes ({problem})")
+    return events
+
+
+# Payload fields the accounting reads as numbers (quality/ledger.py): one of another type would
+# otherwise surface as a TypeError deep inside the ledger, long after the log was read.
+NUMERIC_PAYLOAD_KEYS = frozenset({
+    "attempt", "step", "commit_step", "batches", "devices", "world_size", "seconds", "blocking_s", "data_wait_s",
+    "eval_s", "first_step_unix", "last_beat_unix", "process_start_unix",
+})  # fmt: skip
+
+
+def _is_finite_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**53
+
+
+def _event_problem(event: Any) -> str | None:
+    """Why ``event`` is not of the shape :meth:`EventLog.emit` writes, or None."""
+    if not isinstance(event, dict):
+        return "not a JSON object"
+    if not isinstance(event.get("event"), str):
+        return "no event name"
+    if not _is_finite_number(event.get("wall_time")):
+        return "wall_time is not a finite number"
+    if event.get("monotonic") is not None and not _is_finite_number(event["monotonic"]):
+        return "monotonic is not a finite number"
+    if not _is_count(event.get("attempt")):
+        return "attempt is not a count"
+    if event.get("step") is not None and not _is_count(event["step"]):
+        return "step is not a count"
+    payload = event.get("payload")
+    if not isinstance(payload, dict):
+        return "its payload is not an object"
+    for key in NUMERIC_PAYLOAD_KEYS & set(payload):
+        if payload[key] is not None and not _is_finite_number(payload[key]):
+            return f"payload.{key} is not a finite number"
+    if "status" in payload and not isinstance(payload["status"], str):
+        return "payload.status is not text"
+    return None
 
 
 class EventLog:

@@ -142,10 +142,13 @@ def manifest_from_bytes(raw: bytes | None, where: Location, drill: bytes | None,
         raise ManifestError(f"{where}: no manifest, so this is not a committed checkpoint")
     data = parse_document(raw, MANIFEST_DOCUMENT, where, ManifestError)
     _check_file_entries(data["files"], where)
+    _check_fields(data, where)
     try:
         manifest = Manifest.from_dict(data)
     except (KeyError, TypeError) as err:
         raise ManifestError(f"{where}: manifest lacks a required field ({err})") from err
+    except ManifestError as err:
+        raise ManifestError(f"{where}: {err}") from None
     manifest.read_content = canonical_bytes(data)
     if drill is not None:
         recorded = parse_document(drill, DRILL_RECORD_DOCUMENT, drill_where, ManifestError)
@@ -176,6 +179,35 @@ def _check_file_entries(files: Any, where: Location) -> None:
             )
         if not isinstance(entry.get("contents", []), list):
             raise ManifestError(f"{where}: the contents of {name!r} are not a list")
+
+
+_FIELD_TYPES: dict[str, tuple[type, ...]] = {
+    "name": (str,), "step": (int,), "epoch": (int,), "world_size": (int,), "components": (dict,),
+    "recoverable": (bool,), "missing": (list,), "kind": (str,), "provenance": (dict,), "created_unix": (int, float),
+    "save_seconds": (int, float, type(None)), "restore_tested": (bool,), "restore_drill": (dict, type(None)),
+    "data_restore": (dict,), "stream_positions": (dict,), "hash_algorithm": (str,), "signature": (dict, type(None)),
+}  # fmt: skip
+
+
+def _check_fields(data: dict[str, Any], where: Location) -> None:
+    """Every field this version reads of the type its readers expect: a forged manifest is refused
+    here, naming the field, not by a TypeError in whatever reads the field first."""
+    for key, types in _FIELD_TYPES.items():
+        if key not in data:
+            continue
+        value = data[key]
+        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+            raise ManifestError(f"{where}: field {key!r} is {type(value).__name__}, not {types[0].__name__}")
+    for key in ("step", "epoch", "world_size"):
+        if not 0 <= data[key] < 2**53:
+            raise ManifestError(f"{where}: field {key!r} is {data[key]}, out of range")
+    if data["world_size"] < 1:
+        raise ManifestError(f"{where}: field 'world_size' is {data['world_size']}, below 1")
+    if not all(isinstance(m, str) for m in data["missing"]):
+        raise ManifestError(f"{where}: field 'missing' is not a list of texts")
+    for component, ranks in data["components"].items():
+        if not isinstance(ranks, list) or not all(type(r) is int and r >= 0 for r in ranks):
+            raise ManifestError(f"{where}: component {component!r} does not list ranks")
 
 
 def drill_record_bytes(record: dict[str, Any], passed: bool) -> bytes:

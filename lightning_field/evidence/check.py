@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from lightning_field.checkpoint.verify import verify_checkpoint
-from lightning_field.core.documents import DocumentError, read_document
+from lightning_field.core.documents import DocumentError, interpreting, read_document
 from lightning_field.core.hashing import file_matches, recorded_digest
 from lightning_field.core.manifest import ManifestError, read_manifest
+from lightning_field.core.member_paths import UnsafeMemberError, check_member_name
 from lightning_field.evidence.bundle_format import EVIDENCE_DOCUMENT, EVIDENCE_JSON
 from lightning_field.evidence.identity import identity_differences, identity_of
 from lightning_field.state.provenance_compare import diff_provenance
@@ -90,23 +91,34 @@ def check_bundle(bundle_dir: Path, checkpoint: Path | None) -> tuple[bool, list[
         evidence = read_document(path, EVIDENCE_DOCUMENT)
     except DocumentError as err:
         return False, [f"evidence {'unreadable' if path.is_file() else 'missing'}: {err}"]
+    try:
+        with interpreting(path):
+            problems = _bundle_problems(evidence, bundle_dir, checkpoint)
+    except (DocumentError, UnsafeMemberError) as err:
+        return False, [f"evidence unreadable: {err}"]
+    return not problems, problems
+
+
+def _bundle_problems(evidence: Mapping[str, Any], bundle_dir: Path, checkpoint: Path | None) -> list[str]:
+    """What keeps the read bundle from supporting the claim; a path it names outside the bundle is refused."""
+    where = bundle_dir / EVIDENCE_JSON
     problems = []
     if not evidence["gate"]["passed"]:
         problems.append(
             f"the evidence's own gate failed ({', '.join(evidence['gate']['failed'])}): {evidence['summary']}"
         )
     for entry in evidence["tested_configuration"]["manifests"]:
-        copy = bundle_dir / entry["manifest"]
+        copy = bundle_dir / check_member_name(entry["manifest"], where)
         if not copy.is_file():
             problems.append(f"evidence incomplete: {entry['manifest']} is missing")
         elif not file_matches(copy, recorded_digest(entry, "manifest_digest", "manifest_sha256")):
             problems.append(f"evidence altered: {entry['manifest']} does not match its recorded hash")
     for run in evidence["artifacts"]["runs"].values():
         for rel in run["traces"]:
-            if not (bundle_dir / rel).is_file():
+            if not (bundle_dir / check_member_name(rel, where)).is_file():
                 problems.append(f"evidence incomplete: {rel} is missing")
     if checkpoint is not None:
         problems += claim_problems(
             evidence["tested_configuration"]["identity"], checkpoint, _evidence_config(evidence, bundle_dir)
         )
-    return not problems, problems
+    return problems

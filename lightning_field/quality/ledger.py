@@ -128,7 +128,7 @@ def _accounts(
                 end_unix=float(end),
                 first_step_unix=progress.get("first_step_unix"),
                 last_step=progress.get("step"),
-                resumed_from_step=int(loads[-1]["step"]) if loads else None,
+                resumed_from_step=int(loads[-1]["step"]) if loads and loads[-1].get("step") is not None else None,
                 devices=devices[-1] if devices else 1,
                 seconds={"load": sum(float(e["payload"].get("seconds") or 0.0) for e in loads)},
             )
@@ -147,7 +147,7 @@ def _kept_step(
         if other.first_step_unix is not None:
             return 0  # trained without loading anything: everything before it was thrown away
     if account.status in INTERRUPTED:
-        return max((int(e["step"]) for e in own_commits), default=0)  # pending a restart
+        return max((int(e["step"]) for e in own_commits if e.get("step") is not None), default=0)  # pending a restart
     return None
 
 
@@ -171,6 +171,8 @@ def goodput_ledger(events: Iterable[Mapping[str, Any]], now: float | None = None
     run_start = float(run_starts[0]) if run_starts else accounts[0].start_unix
     # The clock starts at run_start: attempts entirely before it are not part of this run's account.
     accounts = [a for a in accounts if a.end_unix > run_start]
+    if not accounts:
+        raise ValueError("the event log holds no attempt that ends after the run started: nothing to account for")
     for a in accounts:
         a.start_unix = max(a.start_unix, run_start)
         if a.first_step_unix is not None:
@@ -243,7 +245,7 @@ def _split_training(
         tail = account.end_unix - useful_end
         idle["tail_after_last_step"] += tail
     else:
-        kept = [e for e in own_commits if int(e["step"]) == kept_step]
+        kept = [e for e in own_commits if e.get("step") == kept_step]
         # Nothing this attempt did survives unless the kept checkpoint was committed by it.
         useful_end = min(kept[-1]["wall_time"], account.end_unix) if kept else first
         waits = _data_wait(own, kept_step) if kept else 0.0

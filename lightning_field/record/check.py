@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lightning_field.core.documents import read_document
+from lightning_field.core.documents import interpreting, read_document
 from lightning_field.core.hashing import file_matches
+from lightning_field.core.member_paths import UnsafeMemberError, check_member_name
 from lightning_field.record.conditions import GO, decide, evaluate_conditions
 from lightning_field.record.config import parse_record_config
 from lightning_field.record.document import RECORD_DOCUMENT, RECORD_JSON, cited_digest
@@ -53,7 +54,8 @@ def _source_problems(record: Mapping[str, Any], record_dir: Path) -> dict[str, s
     """source id -> why it no longer matches what the record cites."""
     problems = {}
     for source in record["sources"]:
-        path = record_dir / source["copied_to"] if source.get("copied_to") else Path(source["path"])
+        copied = source.get("copied_to")
+        path = record_dir / check_member_name(copied, record_dir / RECORD_JSON) if copied else Path(source["path"])
         if not path.is_file():
             problems[source["id"]] = f"source {source['id']} ({source['kind']}) is gone: {path}"
         elif not file_matches(path, cited_digest(source)):
@@ -69,6 +71,14 @@ def check_record(record_dir: Path, now: float | None = None) -> CheckResult:
     """Exit-status logic of ``field record check``, as data."""
     now = time.time() if now is None else now
     record = load_record(record_dir)
+    with interpreting(record_dir / RECORD_JSON, RecordUnreadableError):
+        try:
+            return _check_loaded(record, record_dir, now)
+        except UnsafeMemberError as err:
+            raise RecordUnreadableError(str(err)) from None
+
+
+def _check_loaded(record: Mapping[str, Any], record_dir: Path, now: float) -> CheckResult:
     problems: list[str] = []
     warnings: list[str] = []
     if record.get(CONTENT_SHA256) != content_sha256(record):

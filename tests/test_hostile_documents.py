@@ -1,0 +1,172 @@
+"""Every reader of a document others can write, fed generated malformed and hostile documents.
+
+The only outcome allowed is a clean refusal naming the file (the reader's own error type, whose
+message names the path) or a normal answer: never a traceback from deep inside, never a hang.
+Over 10,000 documents in all under ``FIELD_FUZZ=full`` (the ``max_examples`` below); the envelope
+(format, required keys) is usually right, so the generated values reach the code that interprets
+the fields.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from lightning_field.checkpoint.resolver import read_last_pointer
+from lightning_field.checkpoint.verify import verify_checkpoint
+from lightning_field.cli.main import main as field_main
+from lightning_field.core.events import EventLogError, read_events
+from lightning_field.core.layout import EVENTS_RELPATH
+from lightning_field.core.manifest import MANIFEST_DOCUMENT, MANIFEST_NAME, ManifestError, read_manifest
+from lightning_field.evidence.bundle_format import EVIDENCE_DOCUMENT, EVIDENCE_JSON
+from lightning_field.evidence.check import check_bundle
+from lightning_field.quality.ledger import goodput_ledger
+from lightning_field.record.check import check_record
+from lightning_field.record.document import RECORD_DOCUMENT, RECORD_JSON
+from lightning_field.record.errors import RecordConfigError
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats() | st.text(max_size=12),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=12,
+)
+pytestmark = pytest.mark.slow
+
+# The whole suite feeds a tenth of the documents (about 1,100, a dozen seconds); `.ci/run` then runs
+# this file alone with FIELD_FUZZ=full, all 10,900 of them, timed apart from the suite's budget.
+FULL = os.environ.get("FIELD_FUZZ") == "full"
+
+
+def fuzz(examples: int) -> settings:
+    return settings(max_examples=examples if FULL else max(40, examples // 10), deadline=None, database=None,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])  # fmt: skip
+
+
+def documents(spec: Any, fields: dict[str, st.SearchStrategy[Any]] | None = None) -> st.SearchStrategy[bytes]:
+    """Documents of ``spec``'s format with every required key, each holding generated JSON (or a
+    plausible value from ``fields``), plus extra keys; now and then raw bytes or another format."""
+    values = {key: (fields or {}).get(key, JSON) | JSON for key in spec.required}
+    shaped = st.fixed_dictionaries({"format": st.just(spec.current), **values}, optional={"extra": JSON}).map(
+        lambda d: json.dumps(d, default=str).encode()
+    )
+    return st.one_of(shaped, shaped, shaped, st.binary(max_size=64), JSON.map(lambda v: json.dumps(v).encode()))
+
+
+@pytest.fixture(scope="module")
+def scratch() -> Iterator[Path]:
+    with tempfile.TemporaryDirectory(prefix="hostile-") as directory:
+        yield Path(directory)
+
+
+def _names_the_file(message: str, path: Path) -> None:
+    assert str(path) in message, f"the refusal does not name {path}: {message}"
+
+
+FILE_ENTRY = st.fixed_dictionaries(
+    {"size": st.integers(0, 2**40) | JSON, "hash": st.text(max_size=8) | JSON, "rank": st.integers(0, 3) | JSON}
+)
+MANIFEST_FIELDS = {
+    "files": st.dictionaries(st.sampled_from(["state.pt", "../x", "/etc/passwd", "a/b", ""]), FILE_ENTRY, max_size=3),
+    "step": st.integers(-5, 2**63),
+    "world_size": st.integers(-1, 8),
+    "components": st.dictionaries(st.text(max_size=6), st.lists(st.integers(-1, 3) | JSON, max_size=3)),
+    "recoverable": st.booleans(),
+    "missing": st.lists(st.text(max_size=6) | JSON, max_size=3),
+}
+
+
+@fuzz(3000)
+@given(raw=documents(MANIFEST_DOCUMENT, MANIFEST_FIELDS))
+def test_a_hostile_manifest_is_refused_naming_it_by_every_reader(scratch: Path, raw: bytes) -> None:
+    checkpoint = scratch / "checkpoint"
+    checkpoint.mkdir(exist_ok=True)
+    (checkpoint / MANIFEST_NAME).write_bytes(raw)
+    try:
+        read_manifest(checkpoint)
+    except ManifestError as err:
+        _names_the_file(str(err), checkpoint)
+    report = verify_checkpoint(checkpoint)
+    assert report.manifest is not None or report.problems
+
+
+@fuzz(400)
+@given(raw=documents(MANIFEST_DOCUMENT, MANIFEST_FIELDS))
+def test_field_ckpt_inspect_and_verify_answer_a_hostile_manifest_with_a_status(
+    scratch: Path, raw: bytes, capsys: pytest.CaptureFixture[str]
+) -> None:
+    checkpoint = scratch / "shown"
+    checkpoint.mkdir(exist_ok=True)
+    (checkpoint / MANIFEST_NAME).write_bytes(raw)
+    assert field_main(["ckpt", "inspect", str(checkpoint)]) in (0, 1)
+    assert field_main(["ckpt", "verify", "--quiet", str(checkpoint)]) in (0, 1)
+    capsys.readouterr()
+
+
+@fuzz(1000)
+@given(raw=st.binary(max_size=40) | st.sampled_from([b"../../etc\n", b"/\n", b"a/b\n", b"..\n", b"x\x00y\n"]))
+def test_a_hostile_last_pointer_names_a_checkpoint_in_its_directory_or_nothing(scratch: Path, raw: bytes) -> None:
+    (scratch / "LAST").write_bytes(raw)
+    found = read_last_pointer(scratch)
+    assert found is None or Path(found).parent == scratch
+
+
+@fuzz(2000)
+@given(raw=documents(EVIDENCE_DOCUMENT))
+def test_a_hostile_evidence_bundle_is_a_reason_naming_it_never_a_crash(scratch: Path, raw: bytes) -> None:
+    bundle = scratch / "bundle"
+    bundle.mkdir(exist_ok=True)
+    (bundle / EVIDENCE_JSON).write_bytes(raw)
+    ok, reasons = check_bundle(bundle, None)
+    assert ok is not True or not reasons
+    for reason in reasons:
+        if reason.startswith("evidence unreadable"):
+            _names_the_file(reason, bundle)
+
+
+@fuzz(2000)
+@given(raw=documents(RECORD_DOCUMENT))
+def test_a_hostile_release_record_is_refused_naming_it(scratch: Path, raw: bytes) -> None:
+    record = scratch / "record"
+    record.mkdir(exist_ok=True)
+    (record / RECORD_JSON).write_bytes(raw)
+    try:
+        check_record(record)
+    except RecordConfigError:
+        pass  # the record's own config section, refused with its field named
+    except ValueError as err:  # RecordUnreadableError
+        _names_the_file(str(err), record)
+
+
+EVENT = st.fixed_dictionaries(
+    {"event": st.sampled_from(["attempt_start", "attempt_end", "progress", "ckpt_load", "run_start"]) | JSON,
+     "wall_time": st.floats(0, 2e9) | JSON, "attempt": st.integers(0, 3) | JSON},
+    optional={"payload": st.dictionaries(st.sampled_from(["world_size", "seconds", "attempt", "step"]), JSON)
+              | JSON, "step": st.integers(0, 100) | JSON},
+)  # fmt: skip
+
+
+@fuzz(2500)
+@given(lines=st.lists(EVENT.map(lambda e: json.dumps(e, default=str)) | st.text(max_size=20), min_size=1, max_size=6))
+def test_a_hostile_event_log_is_refused_naming_it_and_the_ledger_never_crashes(scratch: Path, lines: list[str]) -> None:
+    log = scratch / EVENTS_RELPATH
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text("\n".join(line.replace("\n", " ") for line in lines) + "\n")
+    try:
+        events = read_events(scratch)
+    except EventLogError as err:
+        _names_the_file(str(err), log)
+        return
+    try:
+        goodput_ledger(events, now=2e9)
+    except EventLogError as err:
+        _names_the_file(str(err), log)
+    except ValueError as err:
+        assert "nothing to account for" in str(err)
