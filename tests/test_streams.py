@@ -192,7 +192,9 @@ def test_a_rank_files_malformed_fetched_ahead_entry_is_refused_by_name_not_crash
 
 
 @pytest.mark.slow
-def test_field_ckpt_inspect_prints_a_manifests_malformed_data_positions_instead_of_crashing(tmp_path: Path) -> None:
+def test_field_ckpt_inspect_refuses_a_manifests_malformed_data_positions_naming_the_field_instead_of_crashing(
+    tmp_path: Path,
+) -> None:
     import json
     import subprocess
 
@@ -209,6 +211,13 @@ def test_field_ckpt_inspect_prints_a_manifests_malformed_data_positions_instead_
     manifest_file.write_text(json.dumps(document))
     shown = subprocess.run([python_program(), "-m", "lightning_field.cli.main", "ckpt", "inspect", str(checkpoint)],
                            capture_output=True, text=True, timeout=120)  # fmt: skip
-    assert shown.returncode == 0, shown.stderr
-    assert "rank 0  loader 0: a string, not a list" in shown.stdout
-    assert "rank ?  stream 0" in shown.stdout and "Traceback" not in shown.stderr
+    # A manifest is untrusted input: one whose fields are not of the shape the commit writes is refused
+    # at read (by the resume as by inspect), naming the file and the field.
+    assert shown.returncode == 1, shown.stdout
+    assert f"{manifest_file}: field 'stream_positions' is list, not dict" in shown.stderr
+    assert "Traceback" not in shown.stderr
+    document["stream_positions"] = {}
+    manifest_file.write_text(json.dumps(document))
+    shown = subprocess.run([python_program(), "-m", "lightning_field.cli.main", "ckpt", "inspect", str(checkpoint)],
+                           capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert shown.returncode == 0 and "rank 0  loader 0: a string, not a list" in shown.stdout, shown.stderr
