@@ -8,7 +8,7 @@ import signal
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -47,6 +47,24 @@ def make_trainer(root: Path, max_steps: int, dirpath: Path | None = None, **chec
         limit_val_batches=0,
         callbacks=[callback],
     )
+
+
+def rewrite_shared_state(checkpoint: Path, change: Callable[[dict], object], keys: object = None) -> None:
+    """Rewrite a committed checkpoint's ``state.pt`` with ``change`` applied and its manifest to match
+    (size and hash; signed with ``keys``, a ``ManifestKeys``, or unsigned), as anyone who can write
+    the directory could: every hash verifies afterwards."""
+    from lightning_field.core.hashing import hash_file  # imported here: most tests never forge
+    from lightning_field.core.manifest import SHARED_STATE_FILE, read_manifest
+
+    state = torch.load(checkpoint / SHARED_STATE_FILE, weights_only=False)  # the test's own file
+    change(state)
+    (checkpoint / SHARED_STATE_FILE).unlink()
+    torch.save(state, checkpoint / SHARED_STATE_FILE)
+    manifest = read_manifest(checkpoint)
+    entry = manifest.files[SHARED_STATE_FILE]
+    entry.size, entry.hash = hash_file(checkpoint / SHARED_STATE_FILE)
+    manifest.sign(keys)  # type: ignore[arg-type]
+    manifest.write(checkpoint)
 
 
 def run_in_session(

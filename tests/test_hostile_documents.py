@@ -29,7 +29,7 @@ from lightning_field.core.manifest import MANIFEST_DOCUMENT, MANIFEST_NAME, Mani
 from lightning_field.evidence.bundle_format import EVIDENCE_DOCUMENT, EVIDENCE_JSON
 from lightning_field.evidence.check import check_bundle
 from lightning_field.quality.ledger import goodput_ledger
-from lightning_field.record.check import check_record
+from lightning_field.record.check import RecordUnreadableError, check_record
 from lightning_field.record.document import RECORD_DOCUMENT, RECORD_JSON
 from lightning_field.record.errors import RecordConfigError
 
@@ -66,6 +66,14 @@ def scratch() -> Iterator[Path]:
         yield Path(directory)
 
 
+def _written(scratch: Path, folder: str, name: str, raw: bytes) -> Path:
+    """``raw`` as ``folder/name`` under ``scratch`` (reused from example to example); the folder."""
+    directory = scratch / folder
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / name).write_bytes(raw)
+    return directory
+
+
 def _names_the_file(message: str, path: Path) -> None:
     assert str(path) in message, f"the refusal does not name {path}: {message}"
 
@@ -86,9 +94,7 @@ MANIFEST_FIELDS = {
 @fuzz(3000)
 @given(raw=documents(MANIFEST_DOCUMENT, MANIFEST_FIELDS))
 def test_a_hostile_manifest_is_refused_naming_it_by_every_reader(scratch: Path, raw: bytes) -> None:
-    checkpoint = scratch / "checkpoint"
-    checkpoint.mkdir(exist_ok=True)
-    (checkpoint / MANIFEST_NAME).write_bytes(raw)
+    checkpoint = _written(scratch, "checkpoint", MANIFEST_NAME, raw)
     try:
         read_manifest(checkpoint)
     except ManifestError as err:
@@ -102,9 +108,7 @@ def test_a_hostile_manifest_is_refused_naming_it_by_every_reader(scratch: Path, 
 def test_field_ckpt_inspect_and_verify_answer_a_hostile_manifest_with_a_status(
     scratch: Path, raw: bytes, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    checkpoint = scratch / "shown"
-    checkpoint.mkdir(exist_ok=True)
-    (checkpoint / MANIFEST_NAME).write_bytes(raw)
+    checkpoint = _written(scratch, "shown", MANIFEST_NAME, raw)
     assert field_main(["ckpt", "inspect", str(checkpoint)]) in (0, 1)
     assert field_main(["ckpt", "verify", "--quiet", str(checkpoint)]) in (0, 1)
     capsys.readouterr()
@@ -121,9 +125,7 @@ def test_a_hostile_last_pointer_names_a_checkpoint_in_its_directory_or_nothing(s
 @fuzz(2000)
 @given(raw=documents(EVIDENCE_DOCUMENT))
 def test_a_hostile_evidence_bundle_is_a_reason_naming_it_never_a_crash(scratch: Path, raw: bytes) -> None:
-    bundle = scratch / "bundle"
-    bundle.mkdir(exist_ok=True)
-    (bundle / EVIDENCE_JSON).write_bytes(raw)
+    bundle = _written(scratch, "bundle", EVIDENCE_JSON, raw)
     ok, reasons = check_bundle(bundle, None)
     assert ok is not True or not reasons
     for reason in reasons:
@@ -134,14 +136,12 @@ def test_a_hostile_evidence_bundle_is_a_reason_naming_it_never_a_crash(scratch: 
 @fuzz(2000)
 @given(raw=documents(RECORD_DOCUMENT))
 def test_a_hostile_release_record_is_refused_naming_it(scratch: Path, raw: bytes) -> None:
-    record = scratch / "record"
-    record.mkdir(exist_ok=True)
-    (record / RECORD_JSON).write_bytes(raw)
+    record = _written(scratch, "record", RECORD_JSON, raw)
     try:
         check_record(record)
     except RecordConfigError:
         pass  # the record's own config section, refused with its field named
-    except ValueError as err:  # RecordUnreadableError
+    except RecordUnreadableError as err:
         _names_the_file(str(err), record)
 
 

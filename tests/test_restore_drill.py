@@ -13,7 +13,7 @@ from pathlib import Path
 import fsspec
 import lightning.pytorch as pl
 import pytest
-import torch
+from conftest import rewrite_shared_state
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import CSVLogger
 
@@ -28,8 +28,6 @@ from lightning_field import (
 )
 from lightning_field.checkpoint.resolver import committed_checkpoints
 from lightning_field.cli.main import main as field_main
-from lightning_field.core.hashing import hash_file
-from lightning_field.core.manifest import SHARED_STATE_FILE
 from lightning_field.evidence import RestoreDrillError
 from lightning_field.workloads.demo import DemoDataModule, DemoRegressor
 
@@ -47,16 +45,12 @@ class OptimizerSaboteur(Callback):
         if self.done or committed is None or committed[1] != self.step:
             return
         self.done = True
-        directory = Path(committed[0])
-        state = torch.load(directory / SHARED_STATE_FILE, weights_only=False)
-        for moments in state["optimizer_states"][0]["state"].values():
-            moments["exp_avg"].mul_(3.0)
-        (directory / SHARED_STATE_FILE).unlink()
-        torch.save(state, directory / SHARED_STATE_FILE)
-        manifest = read_manifest(directory)
-        entry = manifest.files[SHARED_STATE_FILE]
-        entry.size, entry.hash = hash_file(directory / SHARED_STATE_FILE)
-        manifest.write(directory)
+
+        def triple_moments(state: dict) -> None:
+            for moments in state["optimizer_states"][0]["state"].values():
+                moments["exp_avg"].mul_(3.0)
+
+        rewrite_shared_state(Path(committed[0]), triple_moments)
 
 
 @pytest.mark.slow

@@ -6,14 +6,11 @@ from pathlib import Path
 
 import lightning.pytorch as pl
 import pytest
-import torch
-from conftest import assert_bitwise_equal, make_trainer
+from conftest import assert_bitwise_equal, make_trainer, rewrite_shared_state
 from lightning.pytorch.demos.boring_classes import BoringModel
 
 from lightning_field import CheckpointCorruptError, latest_recoverable, read_manifest, verify_checkpoint
 from lightning_field.cli.main import main as field_main
-from lightning_field.core.hashing import hash_file
-from lightning_field.core.manifest import SHARED_STATE_FILE
 from lightning_field.core.signing import KEY_ENV, KEY_FILE_ENV, SigningKeyError, keys_from_environment
 
 SECRET = "correct-horse-battery-staple-2026"
@@ -30,15 +27,11 @@ def _fit(root: Path, steps: int, ckpt_path: str | None = None) -> BoringModel:
 def _forge(checkpoint: Path, signer: str | None) -> None:
     """A writer of the bucket doubles the weights, rehashes the manifest and signs it with ``signer``
     (``id:secret``), or leaves it unsigned (None)."""
-    state = torch.load(checkpoint / SHARED_STATE_FILE, weights_only=True)
-    state["state_dict"] = {k: v * 2 for k, v in state["state_dict"].items()}
-    (checkpoint / SHARED_STATE_FILE).unlink()
-    torch.save(state, checkpoint / SHARED_STATE_FILE)
-    manifest = read_manifest(checkpoint)
-    entry = manifest.files[SHARED_STATE_FILE]
-    entry.size, entry.hash = hash_file(checkpoint / SHARED_STATE_FILE)
-    manifest.sign(keys_from_environment({KEY_ENV: signer}) if signer else None)
-    manifest.write(checkpoint)
+
+    def double(state: dict) -> None:
+        state["state_dict"] = {k: v * 2 for k, v in state["state_dict"].items()}
+
+    rewrite_shared_state(checkpoint, double, keys_from_environment({KEY_ENV: signer}) if signer else None)
 
 
 @pytest.mark.parametrize(

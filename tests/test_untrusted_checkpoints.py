@@ -17,7 +17,7 @@ from typing import Any
 import lightning.pytorch as pl
 import pytest
 import torch
-from conftest import assert_bitwise_equal, make_trainer
+from conftest import assert_bitwise_equal, make_trainer, rewrite_shared_state
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.demos.boring_classes import BoringModel
 from omegaconf import DictConfig, OmegaConf
@@ -33,7 +33,6 @@ from lightning_field import (
 from lightning_field.checkpoint import read_last_pointer
 from lightning_field.checkpoint.safe_load import check_dcp_metadata
 from lightning_field.cli.main import main as field_main
-from lightning_field.core.hashing import hash_file
 from lightning_field.core.manifest import MANIFEST_NAME, SHARED_STATE_FILE, ManifestError
 
 
@@ -87,19 +86,6 @@ def _fit(root: Path, steps: int, ckpt_path: str | None = None, callbacks: list[C
     return trainer, model
 
 
-def _forge(checkpoint: Path, change: Any) -> None:
-    """Rewrite ``state.pt`` with ``change`` applied, and its manifest to match, as a writer of the
-    bucket could: every hash verifies afterwards."""
-    state = torch.load(checkpoint / SHARED_STATE_FILE, weights_only=False)  # the test's own file
-    change(state)
-    (checkpoint / SHARED_STATE_FILE).unlink()
-    torch.save(state, checkpoint / SHARED_STATE_FILE)
-    manifest = read_manifest(checkpoint)
-    entry = manifest.files[SHARED_STATE_FILE]
-    entry.size, entry.hash = hash_file(checkpoint / SHARED_STATE_FILE)
-    manifest.write(checkpoint)
-
-
 def test_a_module_with_omegaconf_hparams_resumes_exactly_under_weights_only_where_plain_lightning_refuses(
     tmp_path: Path,
 ) -> None:
@@ -123,7 +109,7 @@ def test_a_forged_checkpoint_whose_pickle_calls_os_system_is_refused_naming_it_a
     marker = tmp_path / "the-forgers-command-ran"
     _fit(tmp_path, 2)
     checkpoint = tmp_path / "ckpts" / "epoch=0-step=2"
-    _forge(checkpoint, lambda state: state["callbacks"].update(forged=RunsAShellCommand(marker)))
+    rewrite_shared_state(checkpoint, lambda state: state["callbacks"].update(forged=RunsAShellCommand(marker)))
     assert verify_checkpoint(checkpoint).intact  # the hashes cannot tell: the manifest was forged too
 
     with pytest.raises(UnsafeCheckpointError, match=r"epoch=0-step=2/state\.pt .*GLOBAL posix\.system") as refused:

@@ -64,13 +64,6 @@ class UnsafeCheckpointError(RuntimeError):
     """A checkpoint file needs full unpickling, which could run code that whoever wrote it chose."""
 
 
-def unsafe_globals(path: str | os.PathLike[str]) -> list[str]:
-    """The classes and functions ``path`` names that a weights-only load would refuse, found by
-    reading its pickle's opcodes, never by unpickling; ``[]`` where it needs none."""
-    with allowed_types():
-        return list(torch.serialization.get_unsafe_globals_in_checkpoint(os.fspath(path)))
-
-
 @contextlib.contextmanager
 def allowed_types() -> Iterator[None]:
     """:data:`CHECKPOINT_SAFE_TYPES` allowed for a weights-only load, only while the context lasts
