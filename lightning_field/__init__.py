@@ -21,6 +21,7 @@ _EXPORTS: dict[str, str] = {
     "tiny_overfit": "lightning_field.baseline",
     "PREEMPTED_EXIT_CODE": "lightning_field.checkpoint",
     "CheckpointCorruptError": "lightning_field.checkpoint",
+    "Checkpointer": "lightning_field.checkpoint",
     "CheckpointSaveError": "lightning_field.checkpoint",
     "ManifestCheckpoint": "lightning_field.checkpoint",
     "NoRecoverableCheckpointError": "lightning_field.checkpoint",
@@ -61,6 +62,7 @@ __all__ = [
     "CheckpointCadence",
     "CheckpointCorruptError",
     "CheckpointSaveError",
+    "Checkpointer",
     "EventLog",
     "EvidenceSettings",
     "FieldWandbLogger",
@@ -117,6 +119,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
     from lightning_field.checkpoint import (
         PREEMPTED_EXIT_CODE,
         CheckpointCorruptError,
+        Checkpointer,
         CheckpointSaveError,
         ManifestCheckpoint,
         NoRecoverableCheckpointError,

@@ -1,4 +1,5 @@
-"""Manifest-complete checkpoints: commit protocol, resolver, verification and the Lightning callback."""
+"""Manifest-complete checkpoints: the Lightning-free ``Checkpointer`` (commit protocol, resolver,
+verification, retention) and the Lightning callback that drives it."""
 
 from __future__ import annotations
 
@@ -12,6 +13,10 @@ from lightning_field.core.manifest import SHARED_STATE_FILE, read_manifest
 # Imported on first use (PEP 562), as the package's top level does: `field ckpt list/verify/inspect`
 # read manifests and hashes, and must not pay ~4 s for Lightning, which the callback needs.
 _EXPORTS: dict[str, str] = {
+    "Checkpointer": "lightning_field.checkpoint.checkpointer",
+    "NothingToRestoreError": "lightning_field.checkpoint.checkpointer",
+    "Restored": "lightning_field.checkpoint.checkpointer",
+    "Stateful": "lightning_field.checkpoint.checkpointer",
     "CheckpointSaveError": "lightning_field.checkpoint.commit",
     "ManifestCheckpointIO": "lightning_field.checkpoint.io",
     "ManifestCheckpoint": "lightning_field.checkpoint.manifest_checkpoint",
@@ -34,6 +39,7 @@ __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
 
 
 if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerly
+    from lightning_field.checkpoint.checkpointer import Checkpointer, NothingToRestoreError, Restored, Stateful
     from lightning_field.checkpoint.commit import CheckpointSaveError
     from lightning_field.checkpoint.io import ManifestCheckpointIO
     from lightning_field.checkpoint.manifest_checkpoint import ManifestCheckpoint
@@ -75,10 +81,14 @@ __all__ = [
     "PREEMPTED_EXIT_CODE",
     "CheckpointCorruptError",
     "CheckpointSaveError",
+    "Checkpointer",
     "ManifestCheckpoint",
     "ManifestCheckpointIO",
     "NoRecoverableCheckpointError",
+    "NothingToRestoreError",
+    "Restored",
     "ResumeMismatchError",
+    "Stateful",
     "TrainingPreempted",
     "UnsafeCheckpointError",
     "VerifyReport",

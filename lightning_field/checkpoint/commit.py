@@ -61,6 +61,13 @@ __all__ = [
 ]
 
 
+RANK_COMPONENTS = ("rng", "data_position")
+"""The components every rank holds its own of, in its rank file (the others are rank 0's, or DCP's)."""
+
+RankReport = tuple[RankOutcome, list[str], list[str], list[dict[str, Any]]]
+"""What each rank reports to the commit: its outcome, what it lacks, its data restore, its stream positions."""
+
+
 class CheckpointSaveError(RuntimeError):
     """A save failed on some rank; nothing was committed and earlier checkpoints are untouched."""
 
@@ -173,13 +180,10 @@ def commit_save(job: SaveJob, group: Any = None) -> str | None:
         outcome, referenced = _write_sharded(job, token, group)
     else:
         outcome = store.write(final, token, job.rank, job.files)
-    gathered: list[tuple[RankOutcome, list[str], list[str], list[dict[str, Any]]]] = all_gather_objects(
+    gathered: list[RankReport] = all_gather_objects(
         (outcome, job.rank_missing, job.data_restore, job.stream_positions), group=group
     )
     outcomes = [o for o, _, _, _ in gathered]
-    missing_all = [m for _, m, _, _ in gathered]
-    restore_all = {str(o.rank): r for o, _, r, _ in gathered}
-    positions_all = {str(o.rank): p for o, _, _, p in gathered if p}
     error = None
     failed = [o for o in outcomes if o.error]
     if failed:
@@ -188,10 +192,7 @@ def commit_save(job: SaveJob, group: Any = None) -> str | None:
         error = f"rank 0 (commit): DCP metadata references files no rank reported: {', '.join(unreported)}"
     elif job.is_global_zero:
         try:
-            manifest = build_manifest(job, outcomes, missing_all)
-            manifest.data_restore = restore_all
-            manifest.stream_positions = positions_all
-            manifest.save_seconds = time.perf_counter() - job.start
+            manifest = build_manifest(job, gathered)
             manifest.sign(keys_from_environment())
             store.publish(final, token, manifest)
         except Exception as err:
@@ -218,17 +219,24 @@ def _write_sharded(job: SaveJob, token: str, group: Any) -> tuple[RankOutcome, l
         return outcome, referenced
 
 
-def build_manifest(job: SaveJob, outcomes: list[RankOutcome], missing_all: list[list[str]]) -> Manifest:
-    """The manifest of a save every rank wrote: which rank holds which component, what is missing
-    on any rank (so whether it is recoverable), and the provenance a resume is checked against."""
+def build_manifest(job: SaveJob, gathered: list[RankReport]) -> Manifest:
+    """The manifest of a save every rank wrote, complete at once (nothing is added after it is
+    built): which rank holds which component, as each rank's receipts say its files hold them;
+    what is missing on any rank (so whether it is recoverable); each rank's data position; and the
+    provenance a resume is checked against."""
+    outcomes = [o for o, _, _, _ in gathered]
     components: dict[str, list[int]] = {c: [0] for c in job.shared_components}
-    components["rng"] = sorted(o.rank for o in outcomes)
-    components["data_position"] = sorted(
-        o.rank
-        for o, missing in zip(outcomes, missing_all, strict=True)
-        if not any(m.startswith("data_position") for m in missing)
-    )
-    missing = sorted({m for ranks in missing_all for m in ranks})
+    for component in RANK_COMPONENTS:
+        declared, holders = False, []
+        for outcome, lacking, _, _ in gathered:
+            if any(component in receipt.contents for receipt in outcome.receipts):
+                declared = True
+                # A rank that could not capture it (its data position, say) does not hold it.
+                if not any(m.startswith(component) for m in lacking):
+                    holders.append(outcome.rank)
+        if declared:
+            components[component] = sorted(holders)
+    missing = sorted({m for _, ranks, _, _ in gathered for m in ranks})
     missing += job.shared_missing
     if job.shards is not None:
         holders = sorted({r.rank for o in outcomes for r in o.receipts if r.file.endswith(".distcp")})
@@ -244,6 +252,9 @@ def build_manifest(job: SaveJob, outcomes: list[RankOutcome], missing_all: list[
         missing=missing,
         kind=job.kind,
         provenance={**(job.provenance or {}), "model": provenance.model_provenance(job.model_state)},
+        save_seconds=time.perf_counter() - job.start,
+        data_restore={str(o.rank): restore for o, _, restore, _ in gathered},
+        stream_positions={str(o.rank): positions for o, _, _, positions in gathered if positions},
     )
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 from weakref import proxy
 
@@ -26,20 +25,17 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from typing_extensions import override
 
 from lightning_field.checkpoint.async_controller import AsyncSaves, SaveErrorPolicy
-from lightning_field.checkpoint.commit import CheckpointSaveError, SaveJob, commit_save, not_saved_message
-from lightning_field.checkpoint.resolver import committed_checkpoints
-from lightning_field.checkpoint.resume_policy import same_location
+from lightning_field.checkpoint.checkpointer import Checkpointer
+from lightning_field.checkpoint.commit import SaveJob
 from lightning_field.checkpoint.stores import (
     DEFAULT_CONCURRENCY,
     DEFAULT_PART_BYTES,
     CheckpointStore,
     CheckpointWriter,
-    ObjectStore,
-    store_for,
 )
 from lightning_field.core.distributed import broadcast_object
 from lightning_field.core.events import EventLog
-from lightning_field.core.storage import Location, as_location, fs_options, parent
+from lightning_field.core.storage import Location, as_location, fs_options
 
 __all__ = ["CommittedCheckpoint"]
 
@@ -68,15 +64,15 @@ class CommittedCheckpoint(ModelCheckpoint):
         store: CheckpointStore | None = None,
         **model_checkpoint_args: Any,
     ) -> None:
-        if store is not None and not isinstance(store, CheckpointWriter):
-            raise TypeError(
-                "store must implement lightning_field.checkpoint.stores.CheckpointStore (at least its writing half,"
-                f" CheckpointWriter: prepare, write, staging, upload, publish, ...); got {type(store).__name__}"
-            )
-        # Set before ModelCheckpoint's __init__, whose first filesystem handle already needs them.
-        self.storage_options = dict(storage_options or {})
-        self._object_store = ObjectStore(self.storage_options, upload_part_bytes, upload_concurrency)
-        self._given_store = store
+        # Before ModelCheckpoint's __init__, which sets dirpath on it and whose first filesystem
+        # handle already needs the storage options.
+        self._checkpointer = Checkpointer(
+            store=store,
+            storage_options=storage_options,
+            upload_part_bytes=upload_part_bytes,
+            upload_concurrency=upload_concurrency,
+        )
+        self.storage_options = self._checkpointer.storage_options
         super().__init__(**model_checkpoint_args)
         self._configured_every_n_train_steps = self._every_n_train_steps
         self.async_save = async_save
@@ -87,7 +83,7 @@ class CommittedCheckpoint(ModelCheckpoint):
             on_save_error,
             advertise=self._advertise,
             remove=self._remove_checkpoint,
-            not_saved_message=lambda final, error: not_saved_message(final, error, store=self.store_at(final)),
+            not_saved_message=self._checkpointer.not_saved_message,
             events=lambda: self._events,
             agreement_step=lambda trainer: self._is_agreement_step(trainer),
         )
@@ -178,15 +174,29 @@ class CommittedCheckpoint(ModelCheckpoint):
 
     # ------------------------------------------------------------------ where saves go
     @property
+    def checkpointer(self) -> Checkpointer:
+        """The Lightning-free core this callback drives: store, commit, retention, resolution, verification."""
+        return self._checkpointer
+
+    @property
+    def dirpath(self) -> Any:
+        return self._checkpointer.dirpath
+
+    @dirpath.setter
+    def dirpath(self, dirpath: Any) -> None:
+        # ModelCheckpoint sets it in __init__ and again when setup resolves it: one source of truth.
+        self._checkpointer.dirpath = dirpath
+
+    @property
     def _store(self) -> CheckpointWriter:
         """How this callback's ``dirpath`` commits: the store given, else a rename on a local disk
         and a manifest PUT under a URL."""
-        return self._given_store or self.store_at(self.dirpath or "")
+        return self._checkpointer.store
 
     def store_at(self, location: str | os.PathLike[str]) -> CheckpointStore:
         """What reads (and removes) the checkpoints at ``location``: the store given, where it reads,
         else the default one for its kind, with this callback's storage options."""
-        return store_for(location, self.storage_options, self._given_store, self._object_store)
+        return self._checkpointer.store_at(location)
 
     @property
     def _fs(self) -> Any:
@@ -285,9 +295,7 @@ class CommittedCheckpoint(ModelCheckpoint):
         # ModelCheckpoint's own bookkeeping (no double save of a step, "last" as an alias of this
         # step's save). What others see (events, loggers, last_committed, pruning) waits for the commit.
         if not self.async_save or self._force_sync:
-            error = commit_save(job)
-            if error is not None:
-                raise CheckpointSaveError(not_saved_message(job.final, error, store=self.store_at(job.final)))
+            self._checkpointer.commit(job)
             self._last_global_step_saved = job.step
             self._last_checkpoint_saved = str(final)
             self._advertise(trainer, job, time.perf_counter() - start)
@@ -357,25 +365,14 @@ class CommittedCheckpoint(ModelCheckpoint):
         if state_dict.get("dirpath", self.dirpath) == self.dirpath and isinstance(points, list):
             # Read back from storage others can write: only names of checkpoints in this dirpath are
             # ever removed, whatever the saved list says.
-            self._resume_points = [p for p in points if isinstance(p, str) and self._is_own_checkpoint(p)]
+            self._resume_points = [p for p in points if isinstance(p, str) and self._checkpointer.is_own(p)]
 
     @override
     def _should_remove_checkpoint(self, trainer: pl.Trainer, previous: str, current: str) -> bool:
         # ModelCheckpoint keeps the checkpoint a run resumed from forever, lest a crash before the
         # next save leave nothing; retention here runs only once ``current`` committed, and never
         # removes the last recoverable checkpoint (``protection_reason``), so save_top_k counts it.
-        return previous != current and self._is_own_checkpoint(previous)
-
-    def _is_own_checkpoint(self, path: str) -> bool:
-        """Whether ``path`` names a checkpoint directly in this callback's ``dirpath`` (``..`` resolved),
-        the only places retention may remove."""
-        if self.dirpath is None:
-            return False
-        location, root = as_location(path), as_location(self.dirpath)
-        if isinstance(location, Path) and isinstance(root, Path):
-            return location.resolve().parent == root.resolve()
-        head, _, name = str(location).rpartition("/")
-        return head == str(root) and name not in ("", ".", "..")
+        return previous != current and self._checkpointer.is_own(previous)
 
     @override
     def _remove_checkpoint(self, trainer: pl.Trainer, filepath: str) -> None:
@@ -392,9 +389,4 @@ class CommittedCheckpoint(ModelCheckpoint):
 
     def protection_reason(self, filepath: str) -> str | None:
         """Why retention must keep ``filepath`` (it is the only recoverable checkpoint), else None."""
-        entries = committed_checkpoints(parent(filepath), store=self.store_at(filepath))
-        recoverable = [e for e in entries if e.manifest is not None and e.manifest.recoverable]
-        if len(recoverable) == 1 and same_location(recoverable[0].path, filepath):
-            return "it is the only recoverable checkpoint"
-        return None
-
+        return self._checkpointer.protection_reason(filepath)

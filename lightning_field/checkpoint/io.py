@@ -26,7 +26,7 @@ from lightning_field.checkpoint.stores import (
     store_for,
 )
 from lightning_field.checkpoint.stores.base import describe_error
-from lightning_field.checkpoint.verify import CheckpointCorruptError, verify_against
+from lightning_field.checkpoint.verify import CheckpointCorruptError, VerifyReport, verify_against
 from lightning_field.core.distributed import all_gather_objects, global_rank, world_size
 from lightning_field.core.manifest import SHARED_STATE_FILE, Manifest, rank_state_file
 from lightning_field.core.storage import Location, as_location
@@ -51,6 +51,8 @@ class ManifestCheckpointIO(CheckpointIO):
     trust_pickles: load a manifest checkpoint's files with a full unpickle where they need one
         (:mod:`~lightning_field.checkpoint.safe_load`); Lightning's ``weights_only`` applies to
         plain ``.ckpt`` files only.
+    verified: this process's verification of a checkpoint, if any (the one the resolver picked),
+        so that the load hashes nothing the resolver already hashed.
     """
 
     def __init__(
@@ -59,11 +61,13 @@ class ManifestCheckpointIO(CheckpointIO):
         on_manifest: Callable[[Manifest, Location], None] | None = None,
         store_at: Callable[[Location], CheckpointStore] | None = None,
         trust_pickles: bool = False,
+        verified: Callable[[Location], VerifyReport | None] | None = None,
     ) -> None:
         self.inner = inner
         self.on_manifest = on_manifest
         self.store_at = store_at or store_for
         self.trust_pickles = trust_pickles
+        self.verified = verified
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
         # ``trainer.save_checkpoint("x.ckpt")`` by the user keeps working as a plain export.
@@ -74,8 +78,9 @@ class ManifestCheckpointIO(CheckpointIO):
         store = self.store_at(location)
         if not is_checkpoint(location, store=store):
             return self.inner.load_checkpoint(path, map_location=map_location, weights_only=weights_only)
+        earlier = self.verified(location) if self.verified is not None else None
         return _on_every_rank(
-            path, lambda: load_from_store(store, location, map_location, self.on_manifest, self.trust_pickles)
+            path, lambda: load_from_store(store, location, map_location, self.on_manifest, self.trust_pickles, earlier)
         )
 
     def remove_checkpoint(self, path: Any) -> None:
@@ -119,18 +124,22 @@ def load_from_store(
     map_location: Any = None,
     on_manifest: Callable[[Manifest, Location], None] | None = None,
     trust_pickles: bool = False,
+    verified: VerifyReport | None = None,
 ) -> dict[str, Any]:
     """Read the manifest, check compatibility (``on_manifest`` may raise), take a local copy of this
     rank's files (the checkpoint itself on a local disk; parallel multipart downloads from an object
     store), verify that copy against the manifest, and load exactly those verified bytes, as
-    untrusted input (:func:`~lightning_field.checkpoint.safe_load.torch_load_untrusted`)."""
+    untrusted input (:func:`~lightning_field.checkpoint.safe_load.torch_load_untrusted`).
+
+    ``verified``: the resolver's verification of this checkpoint; a local file it hashed and that
+    is unchanged since is not hashed again (:func:`~lightning_field.checkpoint.verify.verify_against`)."""
     start = time.perf_counter()
     manifest = read_manifest(checkpoint, store=store)
     if on_manifest is not None:
         on_manifest(manifest, checkpoint)
     wanted = _wanted_files(manifest)
     with store.local_copy(checkpoint, wanted) as local:
-        report = verify_against(manifest, LOCAL_FILES, local, wanted)
+        report = verify_against(manifest, LOCAL_FILES, local, wanted, earlier=verified)
         if not report.intact:
             problems = "\n  ".join(report.problems)
             raise CheckpointCorruptError(f"checkpoint {checkpoint} failed verification:\n  {problems}")

@@ -6,8 +6,7 @@ checkpoint *is*: a directory with the complete Lightning state, each rank's own 
 position, and a manifest written last that makes it visible. Only checkpoints that hold everything
 needed for an exact continuation are marked recoverable, and only those are resumed from.
 
-This module decides *when* and captures a ``SaveJob``; docs/layout.md follows a save and a resume
-through the modules it delegates to.
+This module decides *when* and captures a ``SaveJob``; the Lightning-free ``Checkpointer`` does the rest.
 """
 
 from __future__ import annotations
@@ -37,7 +36,7 @@ from lightning_field.compat import lightning as internals
 from lightning_field.core.distributed import all_gather_objects, elastic_restart_hazard
 from lightning_field.core.events import EventLog
 from lightning_field.core.manifest import Manifest
-from lightning_field.core.storage import Location, as_location, unusable_local_dir
+from lightning_field.core.storage import Location, unusable_local_dir
 from lightning_field.state.rank_tracking import RankStateTracker
 
 __all__ = ["ManifestCheckpoint", "NoRecoverableCheckpointError"]
@@ -242,13 +241,13 @@ class ManifestCheckpoint(CommittedCheckpoint):
         if self.async_save:
             self._saves.setup(trainer, self.state_key)
         if not isinstance(trainer.strategy.checkpoint_io, ManifestCheckpointIO):
+            inner, core = trainer.strategy.checkpoint_io, self.checkpointer
             trainer.strategy.checkpoint_io = ManifestCheckpointIO(
-                trainer.strategy.checkpoint_io, self._check_resume, self.store_at, self.trust_pickles
+                inner, self._check_resume, core.store_at, self.trust_pickles, core.verified
             )
         self._guard.record(trainer, pl_module, self.config, self.code_dir)
         if trainer.is_global_zero:
-            assert self.dirpath is not None  # ModelCheckpoint.setup resolved it
-            for leftover in self._store.clean_leftovers(as_location(self.dirpath)):
+            for leftover in self.checkpointer.clean_leftovers():  # ModelCheckpoint.setup resolved dirpath
                 log.info("Removed leftover from an interrupted save: %s", leftover)
             self._events = EventLog(trainer.default_root_dir, world_size=trainer.world_size)
         if stage == "fit":
@@ -366,7 +365,8 @@ class ManifestCheckpoint(CommittedCheckpoint):
     @override
     def _find_last_checkpoints(self, trainer: pl.Trainer) -> set[str]:
         where = internals.checkpoint_dir(self, trainer)
-        found = resume_policy.resolve_last(where, self._guard if self.resume_inexact else None, self.store_at(where))
+        guard = self._guard if self.resume_inexact else None  # its verifications go to the load: no second hash
+        found = resume_policy.resolve_last(where, guard, self.store_at(where), self.checkpointer.verifications)
         if found is None:
             self._show_hint_again = internals.hide_no_last_checkpoint_hint()
             return set()

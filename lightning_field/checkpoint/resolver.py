@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import MutableMapping
 from dataclasses import dataclass
 
 from lightning_field.checkpoint.stores import CheckpointReader, read_manifest, store_for
@@ -62,7 +62,7 @@ def _newest_first(entries: list[CheckpointEntry]) -> list[CheckpointEntry]:
 def latest_recoverable(
     dirpath: str | os.PathLike[str],
     storage_options: StorageOptions | None = None,
-    reports: Mapping[Location, VerifyReport] | None = None,
+    reports: MutableMapping[Location, VerifyReport] | None = None,
     skipped: dict[Location, str] | None = None,
     log_skips: bool = True,
     store: CheckpointReader | None = None,
@@ -74,7 +74,8 @@ def latest_recoverable(
     failed: it verifiably does not continue the run it came from.
 
     ``reports``: verifications already made, by checkpoint path (``field ckpt list --verify`` has
-    hashed every file once; the pick must not hash them again, nor differ from what it showed).
+    hashed every file once; the pick must not hash them again, nor differ from what it showed);
+    the ones this call makes are added to it, for the load of the one it picks.
     ``skipped``, when given, is filled with each recoverable-marked checkpoint passed over and why;
     ``log_skips=False`` keeps the warnings out of the log (every rank resolves ``ckpt_path="last"``,
     and only one should say it). ``store``: what reads them (see :func:`committed_checkpoints`).
@@ -95,6 +96,8 @@ def latest_recoverable(
             why = f"its restore drill failed ({(entry.manifest.restore_drill or {}).get('log')})"
         else:
             report = (reports or {}).get(entry.path) or verify_checkpoint(entry.path, store=reader)
+            if reports is not None:
+                reports[entry.path] = report  # the load hands it on and hashes none of it again
             if report.recoverable:
                 tested = "restore-tested by a drill" if entry.manifest.restore_tested else "not restore-tested"
                 log.info("Latest recoverable checkpoint: %s (step %d, %s)", entry.path, entry.manifest.step, tested)

@@ -10,8 +10,7 @@ side (its provenance, the checkpoint it resumed from) for ``ManifestCheckpoint``
 from __future__ import annotations
 
 import logging
-import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, MutableMapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,13 +19,14 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
 from lightning_field.checkpoint.resolver import committed_checkpoints, latest_recoverable
 from lightning_field.checkpoint.stores import CheckpointReader
+from lightning_field.checkpoint.verify import VerifyReport
 from lightning_field.compat import lightning as internals
 from lightning_field.core.distributed import broadcast_object
 from lightning_field.core.errors import ResumeMismatchError
 from lightning_field.core.launcher_env import env_global_rank
 from lightning_field.core.manifest import Manifest
 from lightning_field.core.signing import keys_from_environment
-from lightning_field.core.storage import Location, as_location, basename, is_url
+from lightning_field.core.storage import Location, basename, is_url, same_location
 from lightning_field.state import provenance, reshard
 from lightning_field.state.provenance_compare import diff_provenance
 
@@ -293,21 +293,15 @@ class ResumeGuard:
         }
 
 
-def same_location(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
-    """Whether two paths (resolved) or URLs name the same checkpoint."""
-
-    def identity(location: str | os.PathLike[str]) -> str:
-        loc = as_location(location)
-        return str(loc.resolve()) if isinstance(loc, Path) else loc
-
-    return identity(a) == identity(b)
-
-
 def resolve_last(
-    where: Location, inexact_guard: ResumeGuard | None = None, store: CheckpointReader | None = None
+    where: Location,
+    inexact_guard: ResumeGuard | None = None,
+    store: CheckpointReader | None = None,
+    reports: MutableMapping[Location, VerifyReport] | None = None,
 ) -> str | None:
     """``ckpt_path="last"``: the newest recoverable checkpoint under a local ``where``, or None when
     there is no committed checkpoint at all (training starts at step 0, and says so).
+    ``reports`` receives the verifications made, for the load to hand on.
 
     With ``inexact_guard`` (``resume_inexact=True``), the newest unrecoverable recovery checkpoint
     is chosen when no recoverable one exists, and the guard records it for every later manifest.
@@ -324,7 +318,7 @@ def resolve_last(
             f" ckpt_path=lightning_field.latest_recoverable({str(where)!r}, storage_options) instead."
         )
     skipped: dict[Location, str] = {}
-    found = latest_recoverable(where, skipped=skipped, log_skips=env_global_rank() == 0, store=store)
+    found = latest_recoverable(where, reports=reports, skipped=skipped, log_skips=env_global_rank() == 0, store=store)
     if found is not None and not Path(found).exists():
         # Lightning drops a "last" it cannot see on the filesystem and starts over: never silently.
         raise ValueError(

@@ -72,9 +72,7 @@ def allowed_types() -> Iterator[None]:
         yield
 
 
-def load_untrusted(
-    load: Callable[..., Any], shown: str | os.PathLike[str], trust_pickles: bool, **kwargs: Any
-) -> Any:
+def load_untrusted(load: Callable[..., Any], shown: str | os.PathLike[str], trust_pickles: bool, **kwargs: Any) -> Any:
     """``load(weights_only=True, **kwargs)`` (``torch.load`` or a strategy's load) with the
     checkpoint types allowed; ``shown`` names the file in a refusal.
 

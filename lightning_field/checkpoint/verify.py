@@ -5,10 +5,11 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 
-from lightning_field.checkpoint.stores import CheckpointReader, read_manifest, store_for
+from lightning_field.checkpoint.stores import CheckpointReader, LocalStore, read_manifest, store_for
 from lightning_field.core.manifest import MANIFEST_NAME, Manifest, ManifestError
-from lightning_field.core.member_paths import UnsafeMemberError
+from lightning_field.core.member_paths import UnsafeMemberError, resolve_member
 from lightning_field.core.signing import keys_from_environment
 from lightning_field.core.storage import Location, StorageOptions, as_location
 
@@ -22,6 +23,9 @@ class VerifyReport:
     path: Location
     manifest: Manifest | None
     problems: list[str] = field(default_factory=list)
+    # Per file of a local checkpoint, the stat identity it had while it was hashed, unchanged over
+    # the hash: a later check of the same bytes trusts this hash instead of reading them again.
+    fingerprints: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
     @property
     def intact(self) -> bool:
@@ -64,10 +68,17 @@ def verify_against(
     location: Location,
     files: Iterable[str] | None = None,
     progress: ProgressFn | None = None,
+    earlier: VerifyReport | None = None,
 ) -> VerifyReport:
     """Check the files of the checkpoint at ``location``, as ``reader`` reads them, against
     ``manifest``: also used on a local copy of remote objects, so that what is loaded is exactly
-    what was verified."""
+    what was verified.
+
+    ``earlier``: this process's verification of the same local checkpoint (the resolver's, handed
+    to the load). A file it hashed is not hashed again when its manifest entry and its stat
+    identity (device, inode, size, modification and change times) are unchanged since; any
+    difference, or a remote checkpoint, is hashed again.
+    """
     report = VerifyReport(location, manifest)
     keys = keys_from_environment()
     if keys is not None and (unsigned := keys.check(manifest.signed_content(), manifest.signature)) is not None:
@@ -99,12 +110,39 @@ def verify_against(
         if progress is not None:
             progress(done, total)
 
+    local = isinstance(reader, LocalStore) and isinstance(location, Path)
     for name, entry in to_hash:
+        before = _fingerprint(location, name) if local else None
+        if before is not None and _still_verified(earlier, location, manifest, name, before):
+            report.fingerprints[name] = before
+            on_chunk(entry.size)
+            continue
         digest = reader.digest(location, name, on_chunk, manifest.hash_algorithm)  # the one its format names
+        if before is not None and digest == entry.hash and _fingerprint(location, name) == before:
+            report.fingerprints[name] = before
         if digest != entry.hash:
             where, recorded = reader.describe(location, name), entry.hash[:16]
             report.problems.append(f"{where}: content hash {digest[:16]}… does not match the manifest's {recorded}…")
     return report
+
+
+def _fingerprint(location: Location, name: str) -> tuple[int, ...] | None:
+    path = resolve_member(Path(location), name)
+    if path is None:
+        return None
+    st = os.stat(path)
+    # The change time cannot be set back by a writer, unlike the modification time.
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _still_verified(
+    earlier: VerifyReport | None, location: Location, manifest: Manifest, name: str, now: tuple[int, ...]
+) -> bool:
+    if earlier is None or not earlier.intact or earlier.manifest is None or not isinstance(earlier.path, Path):
+        return False
+    same_place = earlier.path.resolve() == Path(location).resolve()
+    same_entry = earlier.manifest.files.get(name) == manifest.files.get(name)
+    return same_place and same_entry and earlier.fingerprints.get(name) == now
 
 
 def require_intact(

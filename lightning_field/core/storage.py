@@ -93,3 +93,13 @@ def unusable_local_dir(dirpath: str | os.PathLike[str] | None) -> str | None:
     if existing is not None and not os.access(existing, os.W_OK | os.X_OK):
         return f"{existing} is not writable by this process"
     return None
+
+
+def same_location(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
+    """Whether two paths (resolved) or URLs name the same checkpoint."""
+
+    def identity(location: str | os.PathLike[str]) -> str:
+        loc = as_location(location)
+        return str(loc.resolve()) if isinstance(loc, Path) else loc
+
+    return identity(a) == identity(b)

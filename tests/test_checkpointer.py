@@ -1,0 +1,199 @@
+"""The checkpoint core without Lightning: ``Checkpointer`` commits, resolves, verifies, retains and
+restores a plain PyTorch loop, and the resolver's verification is the load's (no file hashed twice)."""
+
+from __future__ import annotations
+
+import sys
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from conftest import make_trainer
+from lightning.pytorch.demos.boring_classes import BoringModel
+from torch import nn
+
+from lightning_field import Checkpointer
+from lightning_field.checkpoint import CheckpointCorruptError, NothingToRestoreError
+from lightning_field.checkpoint.stores import LocalStore
+from lightning_field.core.manifest import SHARED_STATE_FILE, read_manifest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+from memory_store import MemoryStore
+
+TOTAL_STEPS = 8
+
+
+def make_loop() -> tuple[nn.Module, torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
+    torch.manual_seed(0)
+    # Dropout draws from the global RNG every step: a continuation is exact only if it is restored.
+    model = nn.Sequential(nn.Linear(6, 16), nn.Dropout(0.3), nn.Linear(16, 1))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.05)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=3, gamma=0.5)
+    return model, optimizer, scheduler
+
+
+def train(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, steps: range) -> None:
+    for step in steps:
+        batch = torch.arange(6 * 4, dtype=torch.float32).reshape(4, 6) / (step + 1)
+        loss = model(batch).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        scheduler.step()
+
+
+def uninterrupted() -> dict[str, torch.Tensor]:
+    model, optimizer, scheduler = make_loop()
+    train(model, optimizer, scheduler, range(TOTAL_STEPS))
+    return model.state_dict()
+
+
+def states_of(loop: tuple[Any, ...]) -> dict[str, Any]:
+    return dict(zip(["model", "optimizer", "scheduler"], loop, strict=True))
+
+
+def bitwise_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def interrupted_with(save: Callable[[dict[str, Any], int], None], restore: Callable[[dict[str, Any]], None]) -> Any:
+    """Train half, save, scramble the process's RNG (a new process would start elsewhere), restore
+    into fresh objects, train the rest."""
+    loop = make_loop()
+    train(*loop, range(TOTAL_STEPS // 2))
+    save(states_of(loop), TOTAL_STEPS // 2)
+    torch.manual_seed(12345)
+    fresh = make_loop()
+    torch.manual_seed(999)
+    restore(states_of(fresh))
+    train(*fresh, range(TOTAL_STEPS // 2, TOTAL_STEPS))
+    return fresh[0].state_dict()
+
+
+def test_a_plain_loop_restored_by_the_checkpointer_continues_bitwise_where_torch_save_of_its_state_dicts_does_not(
+    tmp_path: Path,
+) -> None:
+    expected = uninterrupted()
+    checkpointer = Checkpointer(tmp_path / "ckpts")
+    ours = interrupted_with(
+        lambda states, step: checkpointer.save(states, step=step),
+        lambda states: checkpointer.restore(states),
+    )
+    plain_file = tmp_path / "plain.pt"
+    plain = interrupted_with(
+        lambda states, step: torch.save({k: v.state_dict() for k, v in states.items()}, plain_file),
+        lambda states: [v.load_state_dict(torch.load(plain_file)[k]) for k, v in states.items()],
+    )
+    assert bitwise_equal(ours, expected)
+    assert not bitwise_equal(plain, expected)  # the comparison can fail: the RNG was not restored
+    manifest = read_manifest(tmp_path / "ckpts" / f"step={TOTAL_STEPS // 2}")
+    assert manifest.recoverable and set(manifest.components) == {"model", "optimizer", "scheduler", "rng"}
+
+
+def test_restore_refuses_to_start_over_silently_and_names_what_a_checkpoint_lacks(tmp_path: Path) -> None:
+    checkpointer = Checkpointer(tmp_path / "ckpts")
+    model, optimizer, _ = make_loop()
+    with pytest.raises(NothingToRestoreError, match="no recoverable checkpoint"):
+        checkpointer.restore({"model": model})
+    assert checkpointer.restore({"model": model}, missing_ok=True) is None
+    checkpointer.save({"model": model}, step=1)
+    with pytest.raises(ValueError, match="holds no optimizer"):
+        checkpointer.restore({"model": model, "optimizer": optimizer})
+
+
+def test_retention_keeps_the_newest_and_never_removes_the_only_recoverable_checkpoint(tmp_path: Path) -> None:
+    checkpointer = Checkpointer(tmp_path / "ckpts", keep=2)
+    model, _, _ = make_loop()
+    for step in (1, 2, 3, 4):
+        checkpointer.save({"model": model}, step=step)
+    assert [e.manifest.step for e in checkpointer.committed() if e.manifest] == [4, 3]
+    alone = Checkpointer(tmp_path / "alone")
+    only = alone.save({"model": model}, step=1)
+    assert alone.remove(only) == "it is the only recoverable checkpoint"
+    assert alone.remove(tmp_path / "ckpts" / "step=4") is not None  # not in its dirpath: never removed
+    assert [e.path for e in alone.committed()] == [only] and (tmp_path / "ckpts" / "step=4").is_dir()
+    with pytest.raises(ValueError, match="keep must be >= 1"):
+        Checkpointer(tmp_path, keep=0)
+
+
+def test_restore_skips_a_corrupt_newest_checkpoint_for_the_older_intact_one(tmp_path: Path) -> None:
+    checkpointer = Checkpointer(tmp_path / "ckpts")
+    model, _, _ = make_loop()
+    checkpointer.save({"model": model}, step=1)
+    newest = checkpointer.save({"model": model}, step=2)
+    shared = Path(newest) / SHARED_STATE_FILE
+    data = bytearray(shared.read_bytes())
+    data[-10] ^= 0xFF
+    shared.write_bytes(bytes(data))
+    restored = checkpointer.restore({"model": model})
+    assert restored is not None and restored.step == 1
+
+
+def test_a_users_own_store_serves_every_save_read_and_restore_of_a_checkpointer() -> None:
+    store = MemoryStore()
+    checkpointer = Checkpointer("users/ckpts", store=store)  # type: ignore[arg-type]
+    model, optimizer, scheduler = make_loop()
+    checkpointer.save(states_of((model, optimizer, scheduler)), step=3)
+    assert list(store.objects) == ["users/ckpts/step=3"]
+    fresh = make_loop()
+    restored = checkpointer.restore(states_of(fresh))
+    assert restored is not None and restored.step == 3
+    assert bitwise_equal(fresh[0].state_dict(), model.state_dict())
+    assert checkpointer.verify(restored.path).intact
+
+
+def counted_digests(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
+    hashed: Counter[str] = Counter()
+    real = LocalStore.digest
+
+    def digest(self: LocalStore, checkpoint: Path, name: str, *args: Any) -> str:
+        hashed[name] += 1
+        return real(self, checkpoint, name, *args)
+
+    monkeypatch.setattr(LocalStore, "digest", digest)
+    return hashed
+
+
+def test_a_restore_hashes_each_file_once_because_the_resolvers_verification_is_handed_to_the_load(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    checkpointer = Checkpointer(tmp_path / "ckpts")
+    model, optimizer, scheduler = make_loop()
+    checkpointer.save(states_of((model, optimizer, scheduler)), step=1)
+    hashed = counted_digests(monkeypatch)
+    assert checkpointer.restore(states_of(make_loop())) is not None
+    assert hashed == {SHARED_STATE_FILE: 1, "rank-00000.pt": 1}
+    # A second Checkpointer has made no verification: its load hashes what it loads.
+    hashed.clear()
+    Checkpointer(tmp_path / "ckpts").restore(states_of(make_loop()), checkpoint=tmp_path / "ckpts" / "step=1")
+    assert hashed == {SHARED_STATE_FILE: 1, "rank-00000.pt": 1}
+
+
+def test_a_file_rewritten_between_resolution_and_load_is_hashed_again_and_refused(tmp_path: Path) -> None:
+    checkpointer = Checkpointer(tmp_path / "ckpts")
+    model, _, _ = make_loop()
+    path = checkpointer.save({"model": model}, step=1)
+    assert checkpointer.latest_recoverable() == path
+    assert checkpointer.verified(path) is not None
+    shared = Path(path) / SHARED_STATE_FILE
+    data = bytearray(shared.read_bytes())
+    data[-10] ^= 0xFF  # same size: only the hash can tell
+    shared.write_bytes(bytes(data))
+    with pytest.raises(CheckpointCorruptError, match="content hash"):
+        checkpointer.restore({"model": model}, checkpoint=path)
+
+
+def test_a_lightning_resume_from_last_hashes_each_file_of_the_checkpoint_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    torch.manual_seed(0)  # BoringModel draws its dataset: the same seed, the same data
+    make_trainer(tmp_path, max_steps=4).fit(BoringModel())
+    hashed = counted_digests(monkeypatch)
+    resumed = make_trainer(tmp_path, max_steps=6)
+    torch.manual_seed(0)
+    resumed.fit(BoringModel(), ckpt_path="last")
+    assert resumed.global_step == 6
+    assert hashed == {SHARED_STATE_FILE: 1, "rank-00000.pt": 1}
