@@ -17,6 +17,7 @@ from conftest import TESTS_DIR, assert_bitwise_equal, make_trainer
 from lightning.pytorch.demos.boring_classes import BoringModel
 
 from lightning_field import latest_recoverable, verify_checkpoint
+from lightning_field.checkpoint.checkpointer import Checkpointer
 from lightning_field.checkpoint.commit import manifest_files
 from lightning_field.checkpoint.resolver import committed_checkpoints
 from lightning_field.checkpoint.stores import (
@@ -24,6 +25,7 @@ from lightning_field.checkpoint.stores import (
     LocalStore,
     ObjectStore,
     is_checkpoint,
+    location_exists,
     read_manifest,
     store_for,
 )
@@ -188,3 +190,20 @@ def test_a_trainer_saves_into_and_resumes_from_a_users_store_exactly_as_from_a_l
     assert_bitwise_equal(plain.state_dict(), resumed.state_dict(), "weights after the resume")
     step4 = join(dirpath, "epoch=0-step=4")
     assert read_manifest(step4, store=users).step == 4 and verify_checkpoint(step4, store=users).intact  # type: ignore[arg-type]
+
+
+def test_a_checkpointer_saves_restores_and_retains_through_every_store(store_and_dir: Any) -> None:
+    store, dirpath = store_and_dir
+    checkpointer = Checkpointer(dirpath, store=store, keep=1)
+    assert not location_exists(dirpath, store=store)
+    model = torch.nn.Linear(3, 2)
+    checkpointer.save({"model": model}, step=1)
+    with torch.no_grad():
+        model.weight.add_(1.0)
+    newest = checkpointer.save({"model": model}, step=2)
+    assert [str(e.path) for e in checkpointer.committed()] == [str(newest)]  # keep=1 removed step 1
+    assert location_exists(dirpath, store=store) and not location_exists(join(dirpath, "never"), store=store)
+    fresh = torch.nn.Linear(3, 2)
+    restored = checkpointer.restore({"model": fresh})
+    assert restored is not None and restored.step == 2
+    assert_bitwise_equal(model.state_dict(), fresh.state_dict(), "model")

@@ -26,7 +26,7 @@ from lightning_field.core.errors import ResumeMismatchError
 from lightning_field.core.launcher_env import env_global_rank
 from lightning_field.core.manifest import Manifest
 from lightning_field.core.signing import keys_from_environment
-from lightning_field.core.storage import Location, basename, is_url, same_location
+from lightning_field.core.storage import Location, basename, same_location
 from lightning_field.state import provenance, reshard
 from lightning_field.state.provenance_compare import diff_provenance
 
@@ -310,7 +310,7 @@ def resolve_last(
         ValueError: ``where`` is a URL, which ``ckpt_path="last"`` cannot resolve through Lightning.
         NoRecoverableCheckpointError: checkpoints exist, but none may be resumed.
     """
-    if is_url(where):
+    if not isinstance(where, Path):  # a URL (a local location is a Path)
         # Lightning would re-open the found URL without the storage options and read a prefix's
         # modification time, which object stores do not have: resolve it explicitly instead.
         raise ValueError(

@@ -21,10 +21,11 @@ from rich.progress import (
 )
 
 from lightning_field.checkpoint.resolver import committed_checkpoints, latest_recoverable
+from lightning_field.checkpoint.stores import location_exists
 from lightning_field.checkpoint.verify import VerifyReport, verify_checkpoint
 from lightning_field.core.manifest import MANIFEST_NAME, Manifest, ManifestError, read_manifest
 from lightning_field.core.signing import keys_from_environment
-from lightning_field.core.storage import Location, StorageOptions, as_location, basename, is_url, open_fs, parent
+from lightning_field.core.storage import Location, StorageOptions, as_location, basename, open_fs, parent
 
 _PROGRESS_MIN_BYTES = 64 << 20
 
@@ -188,17 +189,10 @@ def _drill_mark(m: Manifest) -> str:
     return {"mismatch": "FAILED", "error": "error"}.get(outcome, "-")
 
 
-def _exists(location: str, storage_options: StorageOptions | None) -> bool:
-    if not is_url(location):
-        return Path(location).is_dir()
-    fs, prefix = open_fs(location, storage_options)
-    return bool(fs.exists(prefix))
-
-
 def cmd_list(args: argparse.Namespace) -> int:
     options = _storage_options(args)
     root = args.dir
-    if not _exists(root, options):
+    if not location_exists(root, options):
         print(f"field ckpt list: {root} is not a directory or an existing prefix", file=sys.stderr)
         return 2
     entries = committed_checkpoints(root, options)

@@ -43,7 +43,7 @@ from lightning_field.checkpoint.observe import CommitWatcher, find_manifest_chec
 from lightning_field.compat import lightning as internals
 from lightning_field.core.layout import DRILLS_RELPATH
 from lightning_field.core.manifest import ManifestError, read_manifest
-from lightning_field.core.storage import is_url
+from lightning_field.core.storage import as_location, basename
 from lightning_field.evidence.digest import batch_digest, parameter_norms, weights_digest
 from lightning_field.evidence.drill_runs import (
     ERROR,
@@ -204,8 +204,9 @@ class RestoreDrill(Callback):
         self._drill_dir = Path(trainer.default_root_dir) / DRILLS_RELPATH
         self._unprotected_warned = False
         dirpath = self._checkpoint.dirpath
-        if dirpath is not None and is_url(dirpath) and self._checkpoint.save_top_k != -1:
-            self._warn_unprotected(f"{dirpath} is in an object store, where a checkpoint cannot be hard-linked")
+        store = self._checkpoint.store_at(dirpath) if dirpath is not None else None
+        if store is not None and not hasattr(store, "linked_copy") and self._checkpoint.save_top_k != -1:
+            self._warn_unprotected(f"the store of {dirpath} ({type(store).__name__}) cannot make linked copies")
 
     # ------------------------------------------------------------------ the live side of a drill
     @override
@@ -239,18 +240,18 @@ class RestoreDrill(Callback):
 
     def _protect(self, checkpoint: str, token: str) -> Path | None:
         """A private hard-linked copy of ``checkpoint`` for its drill, or None (warned) if none can be made."""
-        if is_url(checkpoint):
-            self._warn_unprotected(f"{checkpoint} is in an object store, where it cannot be hard-linked")
+        assert self._checkpoint is not None
+        store = self._checkpoint.store_at(checkpoint)
+        linked_copy = getattr(store, "linked_copy", None)
+        if linked_copy is None:
+            self._warn_unprotected(f"the store of {checkpoint} ({type(store).__name__}) cannot make linked copies")
             return None
-        source = Path(checkpoint)
-        copy = source.parent / f"{PROTECTED_PREFIX}{source.name}-{token}"
+        location = as_location(checkpoint)
         try:
-            shutil.copytree(source, copy, copy_function=os.link)
-        except OSError as err:  # shutil.Error, which gathers copytree's per-file errors, is one too
-            shutil.rmtree(copy, ignore_errors=True)
+            return Path(linked_copy(location, f"{PROTECTED_PREFIX}{basename(location)}-{token}"))
+        except OSError as err:
             self._warn_unprotected(f"hard-linking {checkpoint} failed ({err})")
             return None
-        return copy
 
     def _warn_unprotected(self, why: str) -> None:
         if self._unprotected_warned:

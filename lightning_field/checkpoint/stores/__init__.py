@@ -44,6 +44,7 @@ __all__ = [
     "Receipt",
     "describe_error",
     "is_checkpoint",
+    "location_exists",
     "read_manifest",
     "store_for",
     "write_drill_record",
@@ -71,6 +72,19 @@ def store_for(
     if is_url(location):
         return cast(CheckpointStore, object_store or ObjectStore(storage_options))
     return cast(CheckpointStore, LocalStore())
+
+
+def location_exists(
+    location: str | os.PathLike[str],
+    storage_options: StorageOptions | None = None,
+    store: CheckpointStore | None = None,
+) -> bool:
+    """Whether ``location`` is an existing directory or prefix, as its store sees it; a store of
+    your own without the optional ``exists`` says so by listing at least one checkpoint there."""
+    reader = store_for(location, storage_options, store)
+    where = as_location(location)
+    exists = getattr(reader, "exists", None)
+    return bool(exists(where)) if callable(exists) else bool(reader.checkpoints(where))
 
 
 def read_manifest(

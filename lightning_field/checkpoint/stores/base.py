@@ -147,7 +147,13 @@ class CheckpointStore(CheckpointWriter, CheckpointReader, Protocol):
     """A reader and a writer of one kind of storage: what :func:`~lightning_field.checkpoint.stores.store_for`
     returns, and what ``ManifestCheckpoint(store=...)`` takes. A store that only writes (this
     protocol's writing half, as earlier versions defined it) is still taken, and read through the
-    default store of its ``dirpath``."""
+    default store of its ``dirpath``.
+
+    Two optional methods, used where a store has them and done without where it does not:
+    ``exists(dirpath) -> bool`` (``field ckpt list`` tells an absent location from an empty one;
+    without it, one with no checkpoint counts as absent) and ``linked_copy(checkpoint, name)``
+    (a copy sharing the files' bytes, which keeps a checkpoint a restore drill is loading whole
+    through retention; without it, a drill may find its checkpoint removed, and says so)."""
 
 
 def save_durably(obj: Any, path: Path, durable: bool = True) -> tuple[int, str]:

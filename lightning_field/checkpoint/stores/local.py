@@ -103,6 +103,28 @@ class LocalStore:
     def local_copy(self, checkpoint: Path, names: list[str]) -> Iterator[Path]:
         yield checkpoint  # already local: what is verified and loaded is the checkpoint itself
 
+    # ------------------------------------------------------------------ optional capabilities
+    def exists(self, dirpath: Path) -> bool:
+        """Whether ``dirpath`` is an existing directory (``field ckpt list`` tells absent from empty)."""
+        return dirpath.is_dir()
+
+    def linked_copy(self, checkpoint: Path, name: str) -> Path:
+        """A copy of ``checkpoint`` beside it, named ``name``, whose files are hard links: no byte is
+        copied, and the removal of ``checkpoint`` by retention leaves the copy whole (a restore
+        drill loads from it). ``name`` should be hidden (``.tmp-...``), which readers never list and
+        :meth:`clean_leftovers` removes.
+
+        Raises:
+            OSError: the filesystem cannot link (the partial copy is removed).
+        """
+        copy = checkpoint.parent / name
+        try:
+            shutil.copytree(checkpoint, copy, copy_function=os.link)
+        except OSError:  # shutil.Error, which gathers copytree's per-file errors, is one too
+            shutil.rmtree(copy, ignore_errors=True)
+            raise
+        return copy
+
 
 def clean_leftovers(dirpath: Path) -> list[Path]:
     """Delete the hidden directories interrupted saves and removals left behind."""

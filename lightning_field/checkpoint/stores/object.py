@@ -160,6 +160,11 @@ class ObjectStore:
         return removed
 
     # ------------------------------------------------------------------ reading
+    def exists(self, dirpath: str) -> bool:
+        """Whether any object lies under ``dirpath`` (``field ckpt list`` tells absent from empty)."""
+        fs, prefix = self._fs(dirpath)
+        return bool(fs.exists(prefix))
+
     def checkpoints(self, dirpath: str) -> list[str]:
         # One listing of the committed manifests, never a pointer object: a pointer would be a second,
         # separately written truth that a crash could leave naming a checkpoint that does not exist.
