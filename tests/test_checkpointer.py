@@ -16,7 +16,7 @@ from lightning.pytorch.demos.boring_classes import BoringModel
 from torch import nn
 
 from lightning_field import Checkpointer
-from lightning_field.checkpoint import CheckpointCorruptError, NothingToRestoreError
+from lightning_field.checkpoint import CheckpointCorruptError, NothingToRestoreError, components
 from lightning_field.checkpoint.stores import LocalStore
 from lightning_field.core.manifest import SHARED_STATE_FILE, read_manifest
 
@@ -197,3 +197,30 @@ def test_a_lightning_resume_from_last_hashes_each_file_of_the_checkpoint_once(
     resumed.fit(BoringModel(), ckpt_path="last")
     assert resumed.global_step == 6
     assert hashed == {SHARED_STATE_FILE: 1, "rank-00000.pt": 1}
+
+
+def test_a_manifests_components_and_missing_lists_follow_the_one_registry_of_components(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    class StreamCursor(components.Component):  # a component this Lightning checkpoint never holds
+        name = "stream_cursor"
+
+        def present(self, checkpoint: dict[str, Any], trainer: Any) -> bool:
+            return "stream_cursor" in checkpoint
+
+        def required(self, trainer: Any) -> bool:
+            return True
+
+    def manifest_of(root: Path) -> Any:
+        torch.manual_seed(0)
+        make_trainer(root, max_steps=2).fit(BoringModel())
+        return read_manifest(root / "ckpts" / "epoch=0-step=2")
+
+    plain = manifest_of(tmp_path / "plain")
+    assert set(plain.components) <= {c.name for c in components.COMPONENTS}
+    expected = {"model", "optimizer", "lr_schedulers", "loops", "callbacks", "rng", "data_position"}
+    assert expected <= set(plain.components)
+    assert plain.recoverable and plain.missing == []
+    monkeypatch.setattr(components, "COMPONENTS", (*components.COMPONENTS, StreamCursor()))
+    extended = manifest_of(tmp_path / "extended")
+    assert extended.missing == ["stream_cursor"] and not extended.recoverable

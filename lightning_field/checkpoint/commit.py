@@ -26,7 +26,7 @@ from typing import Any
 import lightning.pytorch as pl
 
 from lightning_field.checkpoint import sharded
-from lightning_field.checkpoint.components import missing_components, present_components
+from lightning_field.checkpoint.components import RANK_COMPONENTS, missing_components, present_components
 from lightning_field.checkpoint.resolver import committed_checkpoints
 from lightning_field.checkpoint.stores.base import (
     CheckpointReader,
@@ -60,9 +60,6 @@ __all__ = [
     "write_rank_files",
 ]
 
-
-RANK_COMPONENTS = ("rng", "data_position")
-"""The components every rank holds its own of, in its rank file (the others are rank 0's, or DCP's)."""
 
 RankReport = tuple[RankOutcome, list[str], list[str], list[dict[str, Any]]]
 """What each rank reports to the commit: its outcome, what it lacks, its data restore, its stream positions."""
@@ -116,7 +113,7 @@ class SaveJob:
         ``rank_state``: every rank writes its rank file; rank 0 also the shared state, whose
         components it lists; under a sharding strategy the model and optimizer go through DCP."""
         rank = trainer.global_rank
-        files: dict[str, tuple[Any, list[str]]] = {rank_state_file(rank): (rank_state, ["rng", "data_position"])}
+        files: dict[str, tuple[Any, list[str]]] = {rank_state_file(rank): (rank_state, list(RANK_COMPONENTS))}
         shared_components: list[str] = []
         shared_missing: list[str] = []
         if trainer.is_global_zero:
