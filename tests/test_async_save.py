@@ -17,7 +17,7 @@ from lightning.pytorch.loggers import CSVLogger
 
 from lightning_field import CheckpointSaveError, ManifestCheckpoint, latest_recoverable, read_events, verify_checkpoint
 from lightning_field.checkpoint import committed_checkpoints
-from lightning_field.checkpoint.async_save import DeferredCopies, HostSnapshot
+from lightning_field.checkpoint.async_save import DeferredCopies, HostSnapshot, Stager
 from lightning_field.checkpoint.commit import LocalStore, RankOutcome
 from lightning_field.core.manifest import SHARED_STATE_FILE
 from lightning_field.workloads.demo import DemoDataModule, DemoRegressor
@@ -339,3 +339,42 @@ def test_a_fit_sets_the_checkpoint_up_once_and_leaves_the_users_module_as_plain_
     )
     assert ours.keys() == plain.keys(), "attributes the fit left on the module that plain Lightning does not leave"
     assert setups == ["fit"]
+
+
+class CloningStager:
+    """A stager of a user's own: every tensor cloned before the save returns, nothing deferred."""
+
+    def __init__(self) -> None:
+        self.takes = 0
+        self.released = False
+
+    def take(self, obj: Any, deferrable: Any = None, label: Any = None) -> tuple[Any, DeferredCopies]:
+        self.takes += 1
+        copies = DeferredCopies()  # empty: its run() only marks it done
+        return torch.utils._pytree.tree_map(lambda x: x.clone() if isinstance(x, torch.Tensor) else x, obj), copies
+
+    @property
+    def nbytes(self) -> int:
+        return 0
+
+    def release(self) -> None:
+        self.released = True
+
+
+def test_a_stager_of_ones_own_makes_every_async_copy_and_the_checkpoints_equal_plain_lightnings(
+    tmp_path: Path, quiet_lightning: None
+) -> None:
+    stager = CloningStager()
+
+    class OwnStaging(ManifestCheckpoint):
+        def make_stager(self) -> Stager:
+            return stager
+
+    ours = OwnStaging(dirpath=tmp_path / "ours", every_n_train_steps=2, save_top_k=-1, async_save=True)
+    plain = ModelCheckpoint(dirpath=tmp_path / "plain", every_n_train_steps=2, save_top_k=-1, filename="{step}")
+    trainer = pl.Trainer(default_root_dir=tmp_path, max_steps=6, accelerator="cpu", logger=False,
+                         enable_progress_bar=False, enable_model_summary=False, callbacks=[ours, plain])  # fmt: skip
+    trainer.fit(AdamBoring())
+    assert isinstance(stager, Stager) and stager.takes == 3 and stager.released
+    assert ours.save_failures == 0
+    _assert_same_as_plain(tmp_path, [2, 4, 6])

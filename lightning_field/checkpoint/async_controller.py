@@ -30,9 +30,10 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
 from lightning_field.checkpoint.async_save import (
     BackgroundSave,
-    DeferredCopies,
     HostSnapshot,
+    PendingCopies,
     SaveOutcome,
+    Stager,
     optimizer_written_storages,
 )
 from lightning_field.checkpoint.commit import CheckpointSaveError, SaveJob, commit_save
@@ -64,7 +65,7 @@ class _PendingSave:
     """A background save not yet settled, with the removals that wait for its commit."""
 
     job: SaveJob
-    copies: DeferredCopies | None = None
+    copies: PendingCopies | None = None
     outcome: SaveOutcome | None = None
     removals: list[str] = field(default_factory=list)
 
@@ -80,6 +81,8 @@ class AsyncSaves:
         not_saved_message: ``(final, error)`` to the message a failure is reported with.
         events: the run's event log, when this rank writes one.
         agreement_step: whether ranks agree on a failure at this step (one small all-reduce).
+        stager: the host copy of each save's state (default: a :class:`HostSnapshot`, made at the
+            first save).
 
     Raises:
         ValueError: ``on_save_error`` is not ``"stop"`` or ``"warn"``.
@@ -93,6 +96,7 @@ class AsyncSaves:
         not_saved_message: Callable[[Location, str], str],
         events: Callable[[], EventLog | None],
         agreement_step: Callable[[pl.Trainer], bool],
+        stager: Stager | None = None,
     ) -> None:
         self.on_save_error = on_save_error
         self.save_failures = 0
@@ -103,12 +107,13 @@ class AsyncSaves:
         self._events = events
         self._agreement_step = agreement_step
         self._background = BackgroundSave()
-        self._snapshot: HostSnapshot | None = None
+        self._snapshot: Stager | None = stager
         self._pending: _PendingSave | None = None
         self._host_group: Any = None
         self._gate: _SnapshotCopyGate | None = None
         self._step_hooks: dict[int, Any] = {}
         self.copies_everything_first = False
+        """Set once a deferred copy saw its state written in place: every later save copies first."""
 
     @property
     def on_save_error(self) -> SaveErrorPolicy:
@@ -117,11 +122,10 @@ class AsyncSaves:
     @on_save_error.setter
     def on_save_error(self, policy: SaveErrorPolicy) -> None:
         self._on_save_error = save_error_policy(policy)
-        """Set once a deferred copy saw its state written in place: every later save copies first."""
 
     @property
-    def snapshot(self) -> HostSnapshot | None:
-        """The reusable host buffers (None before the first async save)."""
+    def snapshot(self) -> Stager | None:
+        """The stager and its reusable host buffers (None before the first async save, unless one was given)."""
         return self._snapshot
 
     @property
@@ -293,6 +297,8 @@ class AsyncSaves:
             self.collect(trainer, block=True)
             self._pending = None
         self._remove_step_hooks()
+        if self._snapshot is not None:
+            self._snapshot.release()  # a state-sized host copy is not held past fit
 
     def interrupt(self, trainer: pl.Trainer) -> None:
         """An exception ends fit. Alone, the pending save's snapshot is consistent: let it commit.

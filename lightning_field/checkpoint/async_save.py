@@ -2,9 +2,10 @@
 
 Three pieces, each with one job:
 
-* :class:`HostSnapshot` copies a nested checkpoint structure into host buffers that are reused from
-  one save to the next (pinned when CUDA is present, so device-to-host copies run asynchronously and
-  the step waits for one synchronisation, not one per tensor). Containers, small leaves, buffers and
+* :class:`HostSnapshot` (the :class:`Stager` that ships) copies a nested checkpoint structure into
+  host buffers that are reused from one save to the next (pinned when CUDA is present, so
+  device-to-host copies run asynchronously and the step waits for one synchronisation, not one per
+  tensor). Containers, small leaves, buffers and
   device tensors are copied before the save returns.
 * :class:`DeferredCopies`: the bulk of a CPU checkpoint is the parameters and the optimizer's state,
   and nothing changes those until the next ``optimizer.step()`` updates them. Their copies are
@@ -30,7 +31,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
@@ -44,6 +45,45 @@ _IMMUTABLE = (str, bytes, int, float, bool, complex, type(None), torch.dtype, to
 def cuda_present() -> bool:
     """Whether pinned host buffers can help: only with a CUDA device to copy from."""
     return torch.cuda.is_available()
+
+
+class PendingCopies(Protocol):
+    """The copies a :class:`Stager` left for the writer thread, and the training thread's wait for them."""
+
+    waited_seconds: float
+
+    @property
+    def done(self) -> bool: ...
+
+    def run(self) -> str | None:
+        """Make the copies (writer thread, once); the reason the snapshot is unusable, else None."""
+        ...
+
+    def wait(self) -> None:
+        """Block until :meth:`run` finished (training thread, any number of times)."""
+        ...
+
+
+@runtime_checkable
+class Stager(Protocol):
+    """The host copy of one save's state, apart from writing it (as torch DCP's ``AsyncStager`` is):
+    :meth:`take` copies now what cannot wait and returns the copies left for the writer thread,
+    which training waits for before it may write their sources. It calls nothing of its owner's.
+    :class:`HostSnapshot` is the one that ships (reused buffers, pinned with CUDA, the parameters'
+    and optimizer state's copies deferred on CPU)."""
+
+    def take(
+        self, obj: Any, deferrable: set[int] | None = None, label: Callable[[tuple[Any, ...]], str] | None = None
+    ) -> tuple[Any, PendingCopies]: ...
+
+    @property
+    def nbytes(self) -> int:
+        """Host memory its buffers hold between saves."""
+        ...
+
+    def release(self) -> None:
+        """Let go of every buffer (the end of fit)."""
+        ...
 
 
 class DeferredCopies:
@@ -147,6 +187,9 @@ class HostSnapshot:
     @property
     def nbytes(self) -> int:
         return sum(b.untyped_storage().nbytes() for b in self._buffers.values())
+
+    def release(self) -> None:
+        self._buffers.clear()
 
     def _copy(self, obj: Any, path: tuple[Any, ...], memo: dict[int, Any], used: set[tuple[Any, ...]]) -> Any:
         if isinstance(obj, torch.Tensor):

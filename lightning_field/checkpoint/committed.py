@@ -25,6 +25,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from typing_extensions import override
 
 from lightning_field.checkpoint.async_controller import AsyncSaves, SaveErrorPolicy
+from lightning_field.checkpoint.async_save import Stager
 from lightning_field.checkpoint.checkpointer import Checkpointer
 from lightning_field.checkpoint.commit import SaveJob
 from lightning_field.checkpoint.stores import (
@@ -86,12 +87,18 @@ class CommittedCheckpoint(ModelCheckpoint):
             not_saved_message=self._checkpointer.not_saved_message,
             events=lambda: self._events,
             agreement_step=lambda trainer: self._is_agreement_step(trainer),
+            stager=self.make_stager(),
         )
         self._last_copy: str | None = None
         self._force_sync = False
         # save_now's resume points (a stop, the end, a preemption) of this run and the attempts it
         # resumed: retention retires them once a newer checkpoint commits (kept in this callback's state).
         self._resume_points: list[str] = []
+
+    def make_stager(self) -> Stager | None:
+        """The host copy of each async save's state; a subclass may substitute its own
+        :class:`~lightning_field.checkpoint.async_save.Stager` (None: a ``HostSnapshot`` at the first save)."""
+        return None
 
     def _prepare_save(self, trainer: pl.Trainer, final: Location, start: float) -> SaveJob:
         """Everything one save's commit needs, captured on the training thread (the subclass's)."""
