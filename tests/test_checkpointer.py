@@ -224,3 +224,13 @@ def test_a_manifests_components_and_missing_lists_follow_the_one_registry_of_com
     monkeypatch.setattr(components, "COMPONENTS", (*components.COMPONENTS, StreamCursor()))
     extended = manifest_of(tmp_path / "extended")
     assert extended.missing == ["stream_cursor"] and not extended.recoverable
+
+
+def test_the_plain_loop_example_run_twice_ends_bitwise_where_one_uninterrupted_run_ends(tmp_path: Path) -> None:
+    from plain_loop import train  # examples/ is on the path (above)
+
+    assert train(str(tmp_path / "twice"), 12)[0] == 0
+    started, twice = train(str(tmp_path / "twice"), 23)
+    assert started == 12  # it continued: it did not start over
+    assert bitwise_equal(twice, train(str(tmp_path / "once"), 23)[1])
+    assert [e.manifest.step for e in Checkpointer(tmp_path / "twice").committed() if e.manifest] == [23, 20]

@@ -34,8 +34,9 @@ from lightning_field.core.storage import join
 
 sys.path.insert(0, str(TESTS_DIR.parent / "examples"))
 from memory_store import MemoryStore
+from sqlite_store import SqliteStore
 
-BACKENDS = ["local", "s3", "fsspec-memory", "users-own"]
+BACKENDS = ["local", "s3", "fsspec-memory", "users-own", "users-key-value"]
 
 
 @pytest.fixture(params=BACKENDS)
@@ -53,8 +54,10 @@ def store_and_dir(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tu
         url = f"memory://{root}/ckpts"
         yield store_for(url), url
         fsspec.filesystem("memory").rm(root, recursive=True)
-    else:
+    elif request.param == "users-own":
         yield MemoryStore(), "users/ckpts"  # type: ignore[misc]
+    else:
+        yield SqliteStore(str(tmp_path / "checkpoints.db")), "runs/a/ckpts"  # type: ignore[misc]
 
 
 def _save(store: CheckpointStore, dirpath: Any, name: str, step: int, publish: bool = True) -> tuple[Any, dict]:
@@ -162,8 +165,9 @@ def test_store_for_picks_one_store_per_kind_of_location_and_keeps_a_given_reader
 
 # ------------------------------------------------------------------ a Trainer through a user's store
 @pytest.mark.slow
+@pytest.mark.parametrize("users_store", ["memory", "sqlite"])
 def test_a_trainer_saves_into_and_resumes_from_a_users_store_exactly_as_from_a_local_folder(
-    tmp_path: Path, quiet_lightning: None
+    tmp_path: Path, quiet_lightning: None, users_store: str
 ) -> None:
     """The same fit (4 steps, resumed from step 2 to 4) with plain local checkpoints and with the
     user's store: every write and every read goes through the store, and both end bitwise alike."""
@@ -178,7 +182,7 @@ def test_a_trainer_saves_into_and_resumes_from_a_users_store_exactly_as_from_a_l
     fit(tmp_path / "local", None, local_dir, 2)
     plain = fit(tmp_path / "local", None, local_dir, 4, ckpt_path=local_dir / "epoch=0-step=2")
 
-    users = MemoryStore()
+    users = MemoryStore() if users_store == "memory" else SqliteStore(str(tmp_path / "checkpoints.db"))
     dirpath = tmp_path / "users" / "ckpts"  # a name the store keys by: nothing is written there
     fit(tmp_path / "users", users, dirpath, 2)
     assert [Path(c).name for c in users.checkpoints(dirpath)] == ["epoch=0-step=2"]

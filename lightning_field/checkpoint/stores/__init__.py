@@ -19,6 +19,7 @@ from lightning_field.checkpoint.stores.base import (
     Receipt,
     describe_error,
 )
+from lightning_field.checkpoint.stores.key_value import KeyValueStore
 from lightning_field.checkpoint.stores.local import LocalStore
 from lightning_field.checkpoint.stores.object import DEFAULT_CONCURRENCY, DEFAULT_PART_BYTES, ObjectStore
 from lightning_field.core.manifest import (
@@ -38,6 +39,7 @@ __all__ = [
     "CheckpointReader",
     "CheckpointStore",
     "CheckpointWriter",
+    "KeyValueStore",
     "LocalStore",
     "ObjectStore",
     "RankOutcome",
