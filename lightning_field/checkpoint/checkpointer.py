@@ -33,7 +33,7 @@ from lightning_field.checkpoint.stores import (
 )
 from lightning_field.checkpoint.verify import VerifyReport, verify_checkpoint
 from lightning_field.core.distributed import global_rank, world_size
-from lightning_field.core.manifest import SHARED_STATE_FILE, Manifest, rank_state_file
+from lightning_field.core.manifest import SHARED_STATE_FILE, Manifest, Provenance, rank_state_file
 from lightning_field.core.storage import Location, as_location, join, parent, same_location
 from lightning_field.state.rng import capture_rng_state, restore_rng_state
 
@@ -168,7 +168,7 @@ class Checkpointer:
         epoch: int = 0,
         name: str | None = None,
         generators: Mapping[str, torch.Generator] | None = None,
-        provenance: Mapping[str, Any] | None = None,
+        provenance: Provenance | None = None,
     ) -> Location:
         """Commit ``states`` (each one's ``state_dict()``, from rank 0) and every rank's RNG streams
         as a checkpoint named ``name`` (default ``step=<step>``); then retention.
@@ -194,7 +194,7 @@ class Checkpointer:
             final=final, store=self.store, rank=rank, is_global_zero=zero, step=step, epoch=epoch,
             world_size=world_size(), files=files, rank_missing=[], data_restore=[], stream_positions=[],
             shared_components=sorted(shared), shared_missing=[], start=start,
-            provenance=dict(provenance or {}), model_state=model if isinstance(model, Mapping) else {},
+            provenance=Provenance(**(provenance or {})), model_state=model if isinstance(model, Mapping) else {},
         )  # fmt: skip
         self.commit(job)
         if zero and self.keep is not None:

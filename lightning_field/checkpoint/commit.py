@@ -38,7 +38,7 @@ from lightning_field.checkpoint.stores.base import (
 )
 from lightning_field.checkpoint.stores.local import LocalStore, clean_leftovers, publish, write_last_pointer
 from lightning_field.core.distributed import all_gather_objects, broadcast_object
-from lightning_field.core.manifest import SHARED_STATE_FILE, FileEntry, Manifest, rank_state_file
+from lightning_field.core.manifest import SHARED_STATE_FILE, FileEntry, Manifest, Provenance, rank_state_file
 from lightning_field.core.signing import keys_from_environment
 from lightning_field.core.storage import Location, StorageOptions, basename, parent
 from lightning_field.state import provenance
@@ -88,7 +88,7 @@ class SaveJob:
     shared_missing: list[str]
     start: float
     kind: str = "recovery"
-    provenance: dict[str, Any] | None = None  # all but the model's, which is hashed at commit time
+    provenance: Provenance | None = None  # all but the model's, which is hashed at commit time
     blocking_seconds: float = 0.0
     snapshot_error: str | None = None  # this rank's deferred copy saw its state written in place
     shared_file: str = SHARED_STATE_FILE
@@ -107,7 +107,7 @@ class SaveJob:
         rank_state: dict[str, Any],
         rank_missing: list[str],
         weights_only: bool,
-        provenance: dict[str, Any],
+        provenance: Provenance,
     ) -> SaveJob:
         """This rank's part of a save, from Lightning's dumped ``checkpoint`` and its own
         ``rank_state``: every rank writes its rank file; rank 0 also the shared state, whose
@@ -248,7 +248,7 @@ def build_manifest(job: SaveJob, gathered: list[RankReport]) -> Manifest:
         recoverable=not missing,
         missing=missing,
         kind=job.kind,
-        provenance={**(job.provenance or {}), "model": provenance.model_provenance(job.model_state)},
+        provenance={**(job.provenance or Provenance()), "model": provenance.model_provenance(job.model_state)},
         save_seconds=time.perf_counter() - job.start,
         data_restore={str(o.rank): restore for o, _, restore, _ in gathered},
         stream_positions={str(o.rank): positions for o, _, _, positions in gathered if positions},

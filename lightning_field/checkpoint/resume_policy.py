@@ -24,7 +24,7 @@ from lightning_field.compat import lightning as internals
 from lightning_field.core.distributed import broadcast_object
 from lightning_field.core.errors import ResumeMismatchError
 from lightning_field.core.launcher_env import env_global_rank
-from lightning_field.core.manifest import Manifest
+from lightning_field.core.manifest import DataProvenance, Manifest, Provenance
 from lightning_field.core.signing import keys_from_environment
 from lightning_field.core.storage import Location, basename, same_location
 from lightning_field.state import provenance, reshard
@@ -216,8 +216,8 @@ class ResumeGuard:
         self.resumed: Manifest | None = None
         self.resharded_from: dict[str, Any] | None = None
         self.inexact: dict[str, Any] | None = None
-        self._static: dict[str, Any] = {}
-        self._data: dict[str, Any] | None = None
+        self._static: Provenance = {}
+        self._data: DataProvenance | None = None
 
     def record(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, config: Mapping[str, Any] | None, code_dir: Any
@@ -282,15 +282,14 @@ class ResumeGuard:
             for warning in reshard.order_warnings(list(loaders), old, new):
                 log.warning("Resharded resume from %s: %s", self.resharded_from["checkpoint"], warning)
 
-    def manifest_provenance(self, world_size: int) -> dict[str, Any]:
+    def manifest_provenance(self, world_size: int) -> Provenance:
         """What a manifest records about this run (all but the model's, hashed at commit time)."""
-        return {
-            **self._static,
-            "data": self._data,
-            "world_size": world_size,
-            **({"resharded_from": self.resharded_from} if self.resharded_from else {}),
-            **({"inexact_resume": self.inexact} if self.inexact else {}),
-        }
+        recorded: Provenance = {**self._static, "data": self._data, "world_size": world_size}
+        if self.resharded_from:
+            recorded["resharded_from"] = self.resharded_from
+        if self.inexact:
+            recorded["inexact_resume"] = self.inexact
+        return recorded
 
 
 def resolve_last(

@@ -12,7 +12,7 @@ import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from lightning_field.core.documents import DocumentFormat, check_envelope, parse_document
 from lightning_field.core.fsio import atomic_write_bytes
@@ -46,6 +46,58 @@ DRILL_RECORD_DOCUMENT = DocumentFormat(
 versions carry it in the manifest itself (``restore_tested``, ``restore_drill``), still read there."""
 
 
+class CodeProvenance(TypedDict, total=False):
+    """The stack's versions and, when the user's code is in git, its commit and a hash of its diff."""
+
+    python: str
+    torch: str
+    lightning: str
+    lightning_field: str
+    git_commit: str
+    git_dirty: bool
+    git_diff_hash: str | None
+
+
+class ConfigProvenance(TypedDict, total=False):
+    resolved: Any  # the run's resolved configuration, secrets redacted
+    hash: str
+
+
+class DataProvenance(TypedDict, total=False):
+    source: str  # "datamodule.fingerprint", "sampled" or "none"
+    fingerprint: str | None
+    type: str
+    length: int | None
+    sample_hash: str | None
+    sample_error: str
+    stream: dict[str, Any]  # a streamed dataset's shards, library and workers
+
+
+class ModelProvenance(TypedDict, total=False):
+    parameters: int
+    dtypes: list[str]
+    architecture_hash: str
+    shapes: dict[str, list[int]]
+
+
+class Provenance(TypedDict, total=False):
+    """Which code, config, data, model and environment produced a checkpoint (``manifest.provenance``).
+
+    A JSON document that several versions write and read: every key is optional (an earlier
+    version may lack one), a key this version does not know is kept as read, and the type checker
+    checks every reader's keys against this schema.
+    """
+
+    code: CodeProvenance
+    config: ConfigProvenance
+    data: DataProvenance | None
+    model: ModelProvenance
+    environment: dict[str, Any]
+    world_size: int
+    resharded_from: dict[str, Any]
+    inexact_resume: dict[str, Any]
+
+
 def rank_state_file(rank: int) -> str:
     return f"rank-{rank:05d}.pt"
 
@@ -73,7 +125,7 @@ class Manifest:
     recoverable: bool
     missing: list[str]
     kind: str = "recovery"
-    provenance: dict[str, Any] = field(default_factory=dict)
+    provenance: Provenance = field(default_factory=lambda: Provenance())
     created_unix: float = field(default_factory=time.time)
     save_seconds: float | None = None
     # Set by a passing restore drill (lightning_field.evidence.RestoreDrill), with the drill's record.

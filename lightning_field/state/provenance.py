@@ -23,6 +23,7 @@ import torch
 
 from lightning_field._version import __version__
 from lightning_field.core.hashing import IDENTITY_ALGORITHM, new_hasher
+from lightning_field.core.manifest import CodeProvenance, ConfigProvenance, DataProvenance, ModelProvenance
 from lightning_field.state.provenance_compare import stable_hash
 from lightning_field.state.rng import capture_rng_state, restore_rng_state
 from lightning_field.state.secrets import scrub_secrets
@@ -62,7 +63,7 @@ def source_dir(obj: Any) -> str | None:
         return None
 
 
-def code_provenance(source: str | os.PathLike[str] | None = None, model: Any = None) -> dict[str, Any]:
+def code_provenance(source: str | os.PathLike[str] | None = None, model: Any = None) -> CodeProvenance:
     """Versions of the stack and, when the user's code is in git, the commit and a hash of its diff.
 
     The code is found in this order: ``source`` if given; else the git repository of the folder that
@@ -71,7 +72,7 @@ def code_provenance(source: str | os.PathLike[str] | None = None, model: Any = N
     ``python -m``, the user's own script or Hydra app) names the same code for the same model.
     """
 
-    info: dict[str, Any] = {
+    info: CodeProvenance = {
         "python": platform.python_version(),
         "torch": torch.__version__,
         "lightning": lightning.__version__,
@@ -128,7 +129,7 @@ def trajectory_config(resolved: Mapping[str, Any]) -> dict[str, Any]:
     return view
 
 
-def config_provenance(config: Any) -> dict[str, Any]:
+def config_provenance(config: Any) -> ConfigProvenance:
     resolved = scrub_secrets(config if config is not None else {})
     return {"resolved": resolved, "hash": stable_hash(resolved)}
 
@@ -145,7 +146,7 @@ def _sample_bytes(sample: Any) -> bytes:
     return repr(sample).encode()
 
 
-def data_provenance(datamodule: Any, train_loader: Any) -> dict[str, Any]:
+def data_provenance(datamodule: Any, train_loader: Any) -> DataProvenance:
     """The datamodule's own ``fingerprint()`` if it has one, else the dataset's type, length and a few
     samples; for a stream also what it reads (``streams.stream_manifest``: shards, library, workers).
 
@@ -159,7 +160,7 @@ def data_provenance(datamodule: Any, train_loader: Any) -> dict[str, Any]:
     dataset = getattr(train_loader, "dataset", None)
     if dataset is None:
         return {"source": "none", "fingerprint": None}
-    info: dict[str, Any] = {"source": "sampled", "type": f"{type(dataset).__module__}.{type(dataset).__qualname__}"}
+    info: DataProvenance = {"source": "sampled", "type": f"{type(dataset).__module__}.{type(dataset).__qualname__}"}
     try:
         length = len(dataset)
     except TypeError:
@@ -199,12 +200,12 @@ def architecture_shapes(state_dict: Mapping[str, Any]) -> dict[str, list[int]]:
     return {k: list(v.shape) for k, v in state_dict.items() if isinstance(v, torch.Tensor)}
 
 
-def model_provenance(state_dict: Mapping[str, Any]) -> dict[str, Any]:
+def model_provenance(state_dict: Mapping[str, Any]) -> ModelProvenance:
     """Parameter count, dtypes, and an architecture hash from state-dict keys and shapes (not values)."""
     shapes = architecture_shapes(state_dict)
     dtypes = sorted({str(v.dtype) for v in state_dict.values() if isinstance(v, torch.Tensor)})
     count = sum(int(v.numel()) for v in state_dict.values() if isinstance(v, torch.Tensor))
-    info: dict[str, Any] = {"parameters": count, "dtypes": dtypes, "architecture_hash": stable_hash(shapes)}
+    info: ModelProvenance = {"parameters": count, "dtypes": dtypes, "architecture_hash": stable_hash(shapes)}
     if len(shapes) <= MAX_LISTED_SHAPES:
         info["shapes"] = shapes
     return info
