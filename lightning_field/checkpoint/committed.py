@@ -96,12 +96,13 @@ class CommittedCheckpoint(ModelCheckpoint):
         self._resume_points: list[str] = []
 
     def make_stager(self) -> Stager | None:
-        """The host copy of each async save's state; a subclass may substitute its own
-        :class:`~lightning_field.checkpoint.async_save.Stager` (None: a ``HostSnapshot`` at the first save)."""
+        """The async saves' host copy: a subclass may return its own ``Stager`` (None: a ``HostSnapshot``)."""
         return None
 
-    def _prepare_save(self, trainer: pl.Trainer, final: Location, start: float) -> SaveJob:
-        """Everything one save's commit needs, captured on the training thread (the subclass's)."""
+    def _prepare_save(
+        self, trainer: pl.Trainer, final: Location, start: float, store: CheckpointWriter | None = None
+    ) -> SaveJob:
+        """All a save's commit through ``store`` (default: this callback's) needs, taken on the training thread."""
         raise NotImplementedError
 
     def _is_agreement_step(self, trainer: pl.Trainer) -> bool:

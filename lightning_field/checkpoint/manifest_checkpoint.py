@@ -30,8 +30,9 @@ from lightning_field.checkpoint.committed import CommittedCheckpoint
 from lightning_field.checkpoint.io import FIELD_KEY, ManifestCheckpointIO
 from lightning_field.checkpoint.preemption import DEFAULT_SIGNALS, PreemptionSave, TrainingPreempted
 from lightning_field.checkpoint.resume_policy import NoRecoverableCheckpointError, ResumeGuard
+from lightning_field.checkpoint.snapshots import StepSnapshots
 from lightning_field.checkpoint.stop_points import StopPointSave
-from lightning_field.checkpoint.stores import DEFAULT_CONCURRENCY, DEFAULT_PART_BYTES, CheckpointStore
+from lightning_field.checkpoint.stores import DEFAULT_CONCURRENCY, DEFAULT_PART_BYTES, CheckpointStore, CheckpointWriter
 from lightning_field.compat import lightning as internals
 from lightning_field.core.distributed import all_gather_objects, elastic_restart_hazard
 from lightning_field.core.events import EventLog
@@ -57,45 +58,42 @@ class ManifestCheckpoint(CommittedCheckpoint):
             attempt ends with :class:`TrainingPreempted` (exit status 75 when uncaught). Under
             SLURM with Lightning's auto-requeue, its requeue signal is watched too, and global rank
             0 runs ``scontrol requeue`` once the checkpoint is committed.
-        preemption_check_every_n_steps: in multi-rank runs, how often ranks agree on a pending
-            signal with one small all-reduce. Default: every step on CPU (a host-side op), every 10
-            steps on accelerators, where reading the result synchronises the device. Single-process
-            runs check every step for free.
-        code_dir: where the user's code lives, for the git commit; defaults to the git repository of
-            the LightningModule's own source folder, then the main script's, then the working
-            directory's, so every entry point names the same code for the same model.
-        save_on_train_end: also commit the state training ends with at ``max_steps`` or
-            ``max_epochs``, unless that step is already saved. Step-interval checkpoints otherwise
-            leave the last steps unsaved, and a rerun with larger limits would redo them.
+        preemption_check_every_n_steps: in multi-rank runs, how often ranks agree on a pending signal
+            (one small all-reduce): by default every step on CPU, every 10 steps on accelerators, where
+            reading the result synchronises the device; single-process runs check every step for free.
+        code_dir: where the user's code lives, for the git commit; default: the git repository of the
+            LightningModule's folder, the main script's, then the working directory's.
+        save_on_train_end: also commit the state training ends with at ``max_steps`` or ``max_epochs``
+            (unless saved): a rerun with larger limits then redoes none of the last steps.
         save_on_stop: commit a recoverable checkpoint where ``trainer.should_stop`` ends fit
             before its limits (``max_time``, ``EarlyStopping``, any callback), so a rerun with
             larger limits continues exactly; see :mod:`lightning_field.checkpoint.stop_points`.
-        storage_options: fsspec options for a ``dirpath`` URL such as ``s3://bucket/run/ckpts``
-            (e.g. ``{"endpoint_url": ..., "key": ...}``). On object stores the manifest object is the
-            commit; see :mod:`lightning_field.checkpoint.stores.object`.
+        storage_options: fsspec options for a ``dirpath`` URL such as ``s3://bucket/run/ckpts`` (e.g.
+            ``{"endpoint_url": ..., "key": ...}``); the manifest object is the commit there.
         upload_part_bytes, upload_concurrency: multipart part size and parts in flight per file (object stores).
-        async_save: a background thread runs the commit; the save copies only what training may
-            change next into reusable host buffers (on CPU while the next forward and backward run,
-            waited for before the optimizer step). An in-place write to them before then is detected
-            and fails that save. At most one save is in flight; a checkpoint is advertised,
-            resolvable and counted for retention only once committed (docs/checkpoints.md).
-        on_save_error: what a failed background save does, once reported in the log, the
-            ``checkpoint/save_failures`` metric and the event log: ``"stop"`` (raise
-            :class:`CheckpointSaveError` on every rank) or ``"warn"`` (keep training).
-        store: where the checkpoints go, how a save commits there and how every read gets them back,
-            a :class:`~lightning_field.checkpoint.stores.CheckpointStore` (default: a ``LocalStore``
-            for a path, an ``ObjectStore`` for a URL); a test double or a backend of your own.
+        async_save: a background thread runs the commit; the save copies what training may change
+            next into reusable host buffers (on CPU while the next forward and backward run), and an
+            in-place write before the copy fails that save. One save is in flight at most, and a
+            checkpoint is advertised, resolvable and retained only once committed.
+        on_save_error: after a failed background save is reported (log, ``checkpoint/save_failures``,
+            event log), ``"stop"`` raises :class:`CheckpointSaveError` on every rank, ``"warn"`` trains on.
+        store: a :class:`~lightning_field.checkpoint.stores.CheckpointStore` for every write and read
+            (default: a ``LocalStore`` for a path, an ``ObjectStore`` for a URL), or your own backend.
         resume_inexact: when ``ckpt_path="last"`` finds checkpoints but none is recoverable, resume the
-            newest one's weights, optimizer and loops instead of raising :class:`NoRecoverableCheckpointError`.
-            Every later manifest then records ``provenance.inexact_resume`` (the checkpoint and what it
-            lacked): this continuation is not exact, and no evidence may say it is.
+            newest one's weights, optimizer and loops instead of raising :class:`NoRecoverableCheckpointError`;
+            every later manifest records ``provenance.inexact_resume``, and no evidence may call it exact.
         trust_pickles: fully unpickle files that need it; off, each loads ``weights_only`` and such a
             file is refused naming its type (:mod:`~lightning_field.checkpoint.safe_load` says why).
+        snapshot_every_n_train_steps: also commit a snapshot every this many steps into ``snapshot_dir``
+            (default ``/dev/shm``), in the background; ``ckpt_path="last"`` resumes from the newest
+            checkpoint or snapshot that verifies, so a crash redoes at most these steps
+            (:mod:`~lightning_field.checkpoint.snapshots`). Off by default; one machine only.
 
     Raises:
         ValueError: ``on_save_error`` is not ``"stop"`` or ``"warn"``, or
-            ``preemption_check_every_n_steps`` is below 1; at setup, ``dirpath`` is unusable on any
-            rank (under a file, not writable), which every rank raises alike.
+            ``preemption_check_every_n_steps`` or ``snapshot_every_n_train_steps`` is below 1; at
+            setup, ``dirpath`` is unusable on any rank (under a file, not writable), which every rank
+            raises alike, or snapshots are asked of a multi-node run.
         TypeError: ``store`` does not implement :class:`~lightning_field.checkpoint.stores.CheckpointStore`.
         NotImplementedError: at setup, a strategy other than single-device, DDP or ModelParallel.
         ResumeMismatchError: on ``fit(ckpt_path=...)``, the checkpoint is not recoverable or was
@@ -151,6 +149,8 @@ class ManifestCheckpoint(CommittedCheckpoint):
         resume_inexact: bool = False,
         store: CheckpointStore | None = None,
         trust_pickles: bool = False,
+        snapshot_every_n_train_steps: int | None = None,
+        snapshot_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         super().__init__(
             dirpath=dirpath,
@@ -183,6 +183,7 @@ class ManifestCheckpoint(CommittedCheckpoint):
         self.save_on_train_end = save_on_train_end
         self.save_on_stop = save_on_stop
         self._stops = StopPointSave(self)
+        self._snapshots = StepSnapshots(self, snapshot_every_n_train_steps, snapshot_dir)
         self.resume_inexact = resume_inexact
         self.trust_pickles = trust_pickles
         self._trainer: pl.Trainer | None = None
@@ -235,15 +236,14 @@ class ManifestCheckpoint(CommittedCheckpoint):
         if hazard is not None:
             rank_zero_warn(f"lightning_field: {hazard}")
         if sharded.check_strategy(trainer.strategy):
-            # It loads without the CheckpointIO: verification must sit in front of its own loader.
-            internals.wrap_strategy_load(trainer.strategy, self._load_sharded)
+            sharded_load.guard_strategy_load(trainer.strategy, self.store_at, self._check_resume, self.trust_pickles)
         self._trainer = trainer
         if self.async_save:
             self._saves.setup(trainer, self.state_key)
         if not isinstance(trainer.strategy.checkpoint_io, ManifestCheckpointIO):
-            inner, core = trainer.strategy.checkpoint_io, self.checkpointer
+            verified = self._snapshots.verified_here_or(self.checkpointer)  # by either tier's resolution
             trainer.strategy.checkpoint_io = ManifestCheckpointIO(
-                inner, self._check_resume, core.store_at, self.trust_pickles, core.verified
+                trainer.strategy.checkpoint_io, self._check_resume, self.store_at, self.trust_pickles, verified
             )
         self._guard.record(trainer, pl_module, self.config, self.code_dir)
         if trainer.is_global_zero:
@@ -252,6 +252,7 @@ class ManifestCheckpoint(CommittedCheckpoint):
             self._events = EventLog(trainer.default_root_dir, world_size=trainer.world_size)
         if stage == "fit":
             self._ranks.install(trainer)
+            self._snapshots.setup(trainer)
 
     @override
     def _is_agreement_step(self, trainer: pl.Trainer) -> bool:
@@ -287,12 +288,12 @@ class ManifestCheckpoint(CommittedCheckpoint):
         if self.async_save:
             self._saves.check(trainer)
         if internals.is_last_batch_of_epoch(trainer):
-            # Lightning 2.6 restores a checkpoint taken at the last batch's end as an unfinished
-            # epoch and then counts that epoch twice, which shifts every epoch-seeded sampler. The
-            # same step saved at the epoch's end restores cleanly, and nothing trains in between.
+            # Lightning 2.6 restores a save at the last batch's end as an unfinished epoch, then counts it
+            # twice (shifting epoch-seeded samplers); the same step saved at the epoch's end restores cleanly.
             self._deferred_batch_end = (outputs, batch, batch_idx)
             return
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        self._snapshots.after_step(trainer)
         self._preemption.after_step(trainer)
         self._stops.after_batch(trainer)
 
@@ -301,6 +302,7 @@ class ManifestCheckpoint(CommittedCheckpoint):
         deferred, self._deferred_batch_end = self._deferred_batch_end, None
         if deferred is not None:
             super().on_train_batch_end(trainer, pl_module, *deferred)
+            self._snapshots.after_step(trainer)
             self._preemption.after_step(trainer)
         if self._deferred_validation_end:
             self._deferred_validation_end = False
@@ -313,7 +315,7 @@ class ManifestCheckpoint(CommittedCheckpoint):
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # No save here: the end's own save was taken where fit ended (stop_points.py).
-        self._saves.settle(trainer)
+        self._saves.settle(trainer)  # the snapshots' last commit is waited for at teardown
         super().on_train_end(trainer, pl_module)
 
     @override
@@ -333,6 +335,7 @@ class ManifestCheckpoint(CommittedCheckpoint):
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         self._preemption.stop()
         self._saves.interrupt(trainer)
+        self._snapshots.interrupt(trainer)
         self._ranks.uninstall()
         if self._events is not None:
             status = "preempted" if isinstance(exception, TrainingPreempted) else f"failed: {type(exception).__name__}"
@@ -344,6 +347,7 @@ class ManifestCheckpoint(CommittedCheckpoint):
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._preemption.stop()
         self._saves.close(trainer)
+        self._snapshots.close(trainer)
         self._ranks.uninstall()
         if self._events is not None:
             self._events.end("finished", step=trainer.global_step)  # a preemption ends in on_exception
@@ -351,13 +355,15 @@ class ManifestCheckpoint(CommittedCheckpoint):
         super().teardown(trainer, pl_module, stage)
 
     # ------------------------------------------------------------------ saving
-    def _prepare_save(self, trainer: pl.Trainer, final: Location, start: float) -> SaveJob:
+    def _prepare_save(
+        self, trainer: pl.Trainer, final: Location, start: float, store: CheckpointWriter | None = None
+    ) -> SaveJob:
         """Everything a commit needs, captured on the training thread: after this, the commit reads
         nothing from the trainer, so it can run while training moves on."""
         checkpoint = internals.dump_checkpoint(trainer, self.save_weights_only)
         rank_state, rank_missing = self._ranks.capture(trainer, checkpoint, self.save_weights_only)
         return SaveJob.capture(
-            trainer, final, start, store=self._store, checkpoint=checkpoint, rank_state=rank_state,
+            trainer, final, start, store=store or self._store, checkpoint=checkpoint, rank_state=rank_state,
             rank_missing=rank_missing, weights_only=self.save_weights_only,
             provenance=self._guard.manifest_provenance(trainer.world_size),
         )  # fmt: skip
@@ -365,22 +371,16 @@ class ManifestCheckpoint(CommittedCheckpoint):
     @override
     def _find_last_checkpoints(self, trainer: pl.Trainer) -> set[str]:
         where = internals.checkpoint_dir(self, trainer)
-        guard = self._guard if self.resume_inexact else None  # its verifications go to the load: no second hash
-        found = resume_policy.resolve_last(where, guard, self.store_at(where), self.checkpointer.verifications)
+        guard = self._guard if self.resume_inexact else None
+        snapshot = self._snapshots.latest(where, log_skips=trainer.is_global_zero)
+        verified = self.checkpointer.verifications  # handed to the load: no second hash
+        found = resume_policy.resolve_last(where, guard, self.store_at(where), verified, snapshot)
         if found is None:
             self._show_hint_again = internals.hide_no_last_checkpoint_hint()
             return set()
         return {found}
 
     # ------------------------------------------------------------------ resuming
-    def _load_sharded(self, load: Any, path: Any, weights_only: bool | None) -> Any:
-        trainer = self._trainer
-        assert trainer is not None
-        return sharded_load.load_verified(
-            load, path, weights_only, strategy=trainer.strategy, store=self.store_at(path),
-            check_resume=self._check_resume, trust_pickles=self.trust_pickles,
-        )  # fmt: skip
-
     def _check_resume(self, manifest: Manifest, path: Location) -> None:
         """Called by the CheckpointIO before anything is unpickled (``resume_policy``)."""
         self._guard.check(manifest, path, self._trainer)

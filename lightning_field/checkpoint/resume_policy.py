@@ -18,7 +18,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
 from lightning_field.checkpoint.resolver import committed_checkpoints, latest_recoverable
-from lightning_field.checkpoint.stores import CheckpointReader
+from lightning_field.checkpoint.stores import CheckpointReader, read_manifest
 from lightning_field.checkpoint.verify import VerifyReport
 from lightning_field.compat import lightning as internals
 from lightning_field.core.distributed import broadcast_object
@@ -297,10 +297,13 @@ def resolve_last(
     inexact_guard: ResumeGuard | None = None,
     store: CheckpointReader | None = None,
     reports: MutableMapping[Location, VerifyReport] | None = None,
+    snapshot: tuple[Location, int] | None = None,
 ) -> str | None:
     """``ckpt_path="last"``: the newest recoverable checkpoint under a local ``where``, or None when
     there is no committed checkpoint at all (training starts at step 0, and says so).
-    ``reports`` receives the verifications made, for the load to hand on.
+    ``reports`` receives the verifications made, for the load to hand on. ``snapshot``: the newest
+    step snapshot that verifies, and its step, taken instead where it is newer (one resume rule
+    over the tiers: the newest verified step wins, a persistent checkpoint on a tie).
 
     With ``inexact_guard`` (``resume_inexact=True``), the newest unrecoverable recovery checkpoint
     is chosen when no recoverable one exists, and the guard records it for every later manifest.
@@ -316,6 +319,19 @@ def resolve_last(
             f'ckpt_path="last" cannot be resolved by Lightning for the object-store dirpath {where}. Pass'
             f" ckpt_path=lightning_field.latest_recoverable({str(where)!r}, storage_options) instead."
         )
+    if snapshot is not None:
+        snapshot_path, snapshot_step = snapshot
+        try:
+            persistent = resolve_last(where, inexact_guard, store, reports)
+        except NoRecoverableCheckpointError:
+            persistent = None  # none of them may be resumed; the snapshot, which verified, may
+        if persistent is not None and read_manifest(persistent, store=store).step >= snapshot_step:
+            return persistent
+        if inexact_guard is not None:
+            inexact_guard.inexact = None  # the snapshot is recoverable: this continuation is exact
+        rank_zero_info(f"lightning_field: resuming from the snapshot {snapshot_path} (step {snapshot_step}),"
+                       f" newer than every recoverable checkpoint under {where}.")  # fmt: skip
+        return str(snapshot_path)
     skipped: dict[Location, str] = {}
     found = latest_recoverable(where, reports=reports, skipped=skipped, log_skips=env_global_rank() == 0, store=store)
     if found is not None and not Path(found).exists():

@@ -102,6 +102,22 @@ def load_through_strategy(load: Callable[..., dict[str, Any]], path: Path, trust
     return load_untrusted(lambda **kw: load(path, **kw), path / SHARDED_SHARED_FILE, trust_pickles)
 
 
+def guard_strategy_load(
+    strategy: Any,
+    store_at: Callable[[Location], CheckpointStore],
+    check_resume: Callable[[Manifest, Location], None],
+    trust_pickles: bool,
+) -> None:
+    """Put :func:`load_verified` in front of a sharding strategy's own ``load_checkpoint``, which loads
+    without the CheckpointIO (so without its verification). Idempotent per strategy."""
+
+    def verified(load: Callable[..., dict[str, Any]], path: Any, weights_only: bool | None) -> Any:
+        return load_verified(load, path, weights_only, strategy=strategy, store=store_at(as_location(path)),
+                             check_resume=check_resume, trust_pickles=trust_pickles)  # fmt: skip
+
+    internals.wrap_strategy_load(strategy, verified)
+
+
 def load_verified(
     load: Callable[..., dict[str, Any]],
     path: Any,

@@ -347,6 +347,7 @@ class Config:
     shuffle: bool = True
     resumed_with: dict[str, Any] = field(default_factory=dict)  # Config fields the rerun changes
     cli: bool = False  # a user's LightningCLI script (jobs/cli_job.py), killed and rerun with --ckpt_path last
+    snapshot_every: int | None = None  # ManifestCheckpoint(snapshot_every_n_train_steps=...), into the run's folder
     what: str = ""
 
 
@@ -463,6 +464,15 @@ CONFIGS: dict[str, Config] = {
     # --- the launchers users have (item 8): torchrun restarts the group, the script resumes itself
     "torchrun-elastic-2-nodes": Config(kill_at=3, max_steps=10, nodes=2, every_n_train_steps=2,
                                        what="torchrun --max-restarts=1, 2 nodes (c10d), rank 1 SIGKILLed"),
+    # --- step snapshots (issue 28): a kill between persistent checkpoints redoes at most one step
+    "snapshots-sigkill": Config(kill_at=7, max_steps=12, every_n_train_steps=4, snapshot_every=1,
+                                what="snapshot_every_n_train_steps=1, killed 3 steps after a persistent save"),
+    "snapshots-accumulate": Config(kill_at=6, max_steps=10, every_n_train_steps=4, snapshot_every=1,
+                                   trainer={"accumulate_grad_batches": 3}, scheduler="step_step",
+                                   what="snapshots with accumulate_grad_batches=3"),
+    "snapshots-mid-epoch-validation": Config(kill_at=_EPOCH + 3, max_epochs=3, every_n_train_steps=5, snapshot_every=1,
+                                             validate=True, trainer={"val_check_interval": 3},
+                                             what="snapshots with a mid-epoch validation (val_check_interval=3)"),
     # --- runs that stop before their limits (issue 24): the stop is the resume point
     "max-time": Config(kill_at=0, max_steps=20, stop="max_time",
                        what="stopped by Trainer(max_time=...), rerun without the limit"),
@@ -601,10 +611,14 @@ def run(name: str, root: str, out: str, checkpoint: str, kill: bool, resume: boo
 
         stream_data.prepare_shards(config.dataset, classification_tensors(), shards)
     pl.seed_everything(1234)
+    snapshots: dict[str, Any] = {}
     if checkpoint == "field":
         from lightning_field import ManifestCheckpoint
 
         cls: type[ModelCheckpoint] = ManifestCheckpoint
+        if config.snapshot_every:
+            snapshots = {"snapshot_every_n_train_steps": config.snapshot_every,
+                         "snapshot_dir": os.path.join(root, "snapshots")}  # fmt: skip
     else:
         cls = ModelCheckpoint
     saver = cls(
@@ -613,6 +627,7 @@ def run(name: str, root: str, out: str, checkpoint: str, kill: bool, resume: boo
         every_n_epochs=config.every_n_epochs,
         save_top_k=-1,
         save_last=True,
+        **snapshots,
     )
     record = RecordRun()
     callbacks: list[Callback] = [saver, record, *_callbacks(config.callbacks)]

@@ -1,0 +1,89 @@
+"""Step snapshots (``snapshot_every_n_train_steps``): complete checkpoints in a node-local directory
+between the persistent ones, resumed from when newer, skipped when damaged, bounded in number, and
+kept in a directory only their user can write. The SIGKILL rows are in the conformance suite."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from conftest import assert_bitwise_equal, make_trainer
+from lightning.pytorch.demos.boring_classes import BoringModel
+
+from lightning_field.checkpoint.snapshots import KEEP, snapshot_dir_for
+from lightning_field.core.manifest import SHARED_STATE_FILE, read_manifest
+
+
+def fit(root: Path, max_steps: int, resume: bool = False, **options: Any) -> tuple[BoringModel, Any]:
+    torch.manual_seed(0)  # BoringModel draws its data: the same seed, the same data
+    model = BoringModel()
+    trainer = make_trainer(root, max_steps, every_n_train_steps=5, snapshot_every_n_train_steps=1,
+                           snapshot_dir=root / "shm", **options)  # fmt: skip
+    trainer.fit(model, ckpt_path="last" if resume else None)
+    return model, trainer
+
+
+def snapshots(root: Path) -> list[str]:
+    where = snapshot_dir_for(root / "ckpts", root / "shm")
+    return sorted(p.name for p in where.iterdir() if not p.name.startswith(".") and p.is_dir())
+
+
+def test_a_rerun_resumes_from_the_newest_snapshot_past_the_persistent_checkpoint_and_ends_bitwise_alike(
+    tmp_path: Path,
+) -> None:
+    fit(tmp_path / "run", 8)
+    assert snapshots(tmp_path / "run") == ["epoch=0-step=7", "epoch=0-step=8"]  # step 5 is persistent
+    assert sorted(p.name for p in (tmp_path / "run" / "ckpts").iterdir() if p.is_dir()) == ["epoch=0-step=5"]
+    resumed, trainer = fit(tmp_path / "run", 10, resume=True)
+    assert Path(trainer.ckpt_path).name == "epoch=0-step=8"
+    once, _ = fit(tmp_path / "once", 10)
+    assert_bitwise_equal(once.state_dict(), resumed.state_dict(), "weights")
+    assert len(snapshots(tmp_path / "run")) == KEEP
+
+
+def test_a_damaged_newest_snapshot_is_skipped_for_the_one_before_it(tmp_path: Path) -> None:
+    fit(tmp_path / "run", 8)
+    newest = snapshot_dir_for(tmp_path / "run" / "ckpts", tmp_path / "run" / "shm") / "epoch=0-step=8"
+    data = bytearray((newest / SHARED_STATE_FILE).read_bytes())
+    data[-20] ^= 0xFF
+    (newest / SHARED_STATE_FILE).write_bytes(bytes(data))
+    resumed, trainer = fit(tmp_path / "run", 10, resume=True)
+    assert Path(trainer.ckpt_path).name == "epoch=0-step=7"
+    once, _ = fit(tmp_path / "once", 10)
+    assert_bitwise_equal(once.state_dict(), resumed.state_dict(), "weights")
+
+
+def test_a_snapshot_is_a_complete_recoverable_checkpoint_with_the_runs_manifest(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.INFO):
+        fit(tmp_path, 3)
+    where = snapshot_dir_for(tmp_path / "ckpts", tmp_path / "shm")
+    manifest = read_manifest(where / "epoch=0-step=3")
+    assert manifest.recoverable and manifest.step == 3 and {"model", "optimizer", "rng", "data_position"} <= set(
+        manifest.components
+    )
+    assert stat_mode(where) == stat_mode(where.parent) == 0o700
+    assert any(f"a snapshot every 1 step(s) into {where}" in r.getMessage() for r in caplog.records)
+
+
+def stat_mode(path: Path) -> int:
+    return path.stat().st_mode & 0o777
+
+
+def test_a_snapshot_directory_another_user_could_write_is_refused_before_training(tmp_path: Path) -> None:
+    shared = tmp_path / "shm" / f"lightning_field-snapshots-{os.getuid()}"
+    shared.mkdir(parents=True)
+    shared.chmod(0o777)  # as a folder someone else made for us in a world-writable /dev/shm
+    with pytest.raises(PermissionError, match="is not a private directory of this user"):
+        fit(tmp_path, 3)
+    assert not (tmp_path / "ckpts").exists() or not any((tmp_path / "ckpts").iterdir())
+
+
+def test_snapshot_every_n_train_steps_below_one_is_refused_at_construction(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="snapshot_every_n_train_steps must be >= 1"):
+        make_trainer(tmp_path, 3, snapshot_every_n_train_steps=0)
