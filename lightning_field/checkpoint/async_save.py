@@ -95,15 +95,17 @@ class DeferredCopies:
     """
 
     def __init__(self) -> None:
-        self._copies: list[tuple[str, torch.Tensor, torch.Tensor, int]] = []
+        # Each copy's name is made only for an error message: a per-step snapshot must not pay for it.
+        self._copies: list[tuple[Callable[[], str], torch.Tensor, torch.Tensor, int]] = []
         self._done = threading.Event()
         self.error: str | None = None
         self.nbytes = 0
         self.waited_seconds = 0.0
         """How long the training thread waited for the copies: the async save's remaining blocking time."""
 
-    def add(self, name: str, source: torch.Tensor, buffer: torch.Tensor) -> None:
-        self._copies.append((name, source, buffer, torch_compat.tensor_version(source)))
+    def add(self, name: str | Callable[[], str], source: torch.Tensor, buffer: torch.Tensor) -> None:
+        named = name if callable(name) else (lambda: name)
+        self._copies.append((named, source, buffer, torch_compat.tensor_version(source)))
         self.nbytes += buffer.untyped_storage().nbytes()
 
     def __len__(self) -> int:
@@ -120,7 +122,7 @@ class DeferredCopies:
                 buffer.copy_(source.detach())
                 if torch_compat.tensor_version(source) != version:
                     self.error = (
-                        f"{name} was written in place after the async save returned and before its copy was"
+                        f"{name()} was written in place after the async save returned and before its copy was"
                         " made (outside optimizer.step(), in a batch-level hook or the forward pass); the"
                         " snapshot would mix two steps, so it was not committed, and later saves copy the"
                         " state before returning"
@@ -157,6 +159,7 @@ class HostSnapshot:
         self._deferrable: set[int] = set()
         self._deferred: DeferredCopies | None = None
         self._label: Callable[[tuple[Any, ...]], str] = _slash_path
+        self._saw_cuda = False
 
     def take(
         self, obj: Any, deferrable: set[int] | None = None, label: Callable[[tuple[Any, ...]], str] | None = None
@@ -173,12 +176,13 @@ class HostSnapshot:
         used: set[tuple[Any, ...]] = set()
         self._deferrable, self._deferred = set(deferrable or ()), DeferredCopies()
         self._label = label or _slash_path
+        self._saw_cuda = False
         try:
             copied = self._copy(obj, (), memo, used)
             deferred = self._deferred
         finally:
             self._deferrable, self._deferred = set(), None
-        if any(t.is_cuda for t in _tensors(obj)):
+        if self._saw_cuda:
             torch.cuda.synchronize()
         for key in set(self._buffers) - used:
             del self._buffers[key]  # layout changed: let go of buffers no longer needed
@@ -218,6 +222,7 @@ class HostSnapshot:
             return torch_compat.host_dtensor(tensor, self._copy_tensor(tensor.to_local(), (*path, "local"), used))
         if tensor.is_sparse or tensor.layout != torch.strided or tensor.is_quantized:
             return tensor.detach().to("cpu", copy=True)
+        self._saw_cuda = self._saw_cuda or tensor.is_cuda
         key = (path, tuple(tensor.shape), tensor.dtype)
         buffer = self._buffers.get(key)
         if buffer is None:
@@ -225,7 +230,8 @@ class HostSnapshot:
             self._buffers[key] = buffer
         used.add(key)
         if self._deferred is not None and self._defers(tensor):
-            self._deferred.add(self._label(path), tensor, buffer)
+            label = self._label
+            self._deferred.add(lambda: label(path), tensor, buffer)
         else:
             buffer.copy_(tensor.detach(), non_blocking=self.pin_memory and tensor.is_cuda)
         if isinstance(tensor, torch.nn.Parameter):
@@ -254,20 +260,6 @@ def optimizer_written_storages(module: torch.nn.Module, optimizers: Any) -> set[
                     pointers.add(value.untyped_storage().data_ptr())
     pointers.discard(0)
     return pointers
-
-
-def _tensors(obj: Any) -> list[torch.Tensor]:
-    found: list[torch.Tensor] = []
-    stack = [obj]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, torch.Tensor):
-            found.append(item)
-        elif isinstance(item, dict):
-            stack.extend(item.values())
-        elif isinstance(item, (list, tuple)):
-            stack.extend(item)
-    return found
 
 
 @dataclass

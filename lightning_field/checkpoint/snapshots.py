@@ -21,7 +21,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import lightning.pytorch as pl
 from lightning.pytorch.trainer.states import TrainerFn
@@ -30,6 +30,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from lightning_field.checkpoint.async_controller import AsyncSaves
 from lightning_field.checkpoint.checkpointer import Checkpointer
 from lightning_field.checkpoint.commit import SaveJob
+from lightning_field.checkpoint.stores import CheckpointStore, LocalStore, read_manifest
 from lightning_field.checkpoint.verify import VerifyReport
 from lightning_field.core.distributed import all_gather_objects
 from lightning_field.core.hashing import IDENTITY_ALGORITHM, new_hasher
@@ -95,6 +96,7 @@ class StepSnapshots:
         self._saves: AsyncSaves | None = None
         self._last_step = -1
         self._reported = False
+        self._kept: list[Location] = []  # this tier's snapshots, oldest first (rank 0)
         self.last_committed: tuple[str, int] | None = None
 
     @property
@@ -109,7 +111,9 @@ class StepSnapshots:
     def _checkpointer_for(self, checkpoint_dir: Location) -> Checkpointer:
         root = snapshot_dir_for(checkpoint_dir, self.directory)
         if self._checkpointer is None or self._checkpointer.dirpath != root:
-            self._checkpointer = Checkpointer(root, trust_pickles=self._owner.trust_pickles)
+            # No fsync: a snapshot need only outlive the process, and the page cache does.
+            store = cast(CheckpointStore, LocalStore(durable=False))  # it serves the Paths it is given
+            self._checkpointer = Checkpointer(root, store=store, trust_pickles=self._owner.trust_pickles)
         return self._checkpointer
 
     # ------------------------------------------------------------------ resume
@@ -193,12 +197,19 @@ class StepSnapshots:
             events.emit("snapshot_committed", step=job.step, payload=payload)
         if not trainer.is_global_zero or self._checkpointer is None:
             return
-        entries = self._checkpointer.committed()
-        for entry in entries[KEEP:]:
-            self._checkpointer.remove(entry.path)
+        if not self._kept:
+            # The first commit of this attempt: the snapshots earlier attempts left are listed once
+            # (the resume has loaded its own by now); later commits retire the oldest they know.
+            self._kept = [e.path for e in reversed(self._checkpointer.committed()) if e.path != job.final]
+        if job.final in self._kept:
+            self._kept.remove(job.final)
+        self._kept.append(job.final)
+        while len(self._kept) > KEEP:
+            self._checkpointer.store.remove(self._kept.pop(0))
         if not self._reported:
             self._reported = True
-            size = sum(f.size for e in entries[:KEEP] if e.manifest for f in e.manifest.files.values()) / KEEP
+            manifest = read_manifest(job.final, store=self._checkpointer.store_at(job.final))
+            size = sum(entry.size for entry in manifest.files.values())
             buffers = self._saves.snapshot.nbytes if self._saves and self._saves.snapshot else 0
             every, where = self.every_n_train_steps, self._checkpointer.dirpath
             rank_zero_info(

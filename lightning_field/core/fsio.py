@@ -138,26 +138,28 @@ class HashingWriter(io.RawIOBase):
         super().close()
 
 
-def write_bytes_durably(path: str | os.PathLike[str], data: bytes) -> tuple[int, str]:
-    """Write a new file, fsync it, and return (size, hash)."""
+def write_bytes_durably(path: str | os.PathLike[str], data: bytes, durable: bool = True) -> tuple[int, str]:
+    """Write a new file, fsync it (unless ``durable=False``), and return (size, hash)."""
     writer = HashingWriter(path)
     try:
         writer.write(data)
-        return writer.finish()
+        return writer.finish(sync=durable)
     except BaseException:
         writer.close()
         raise
 
 
-def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
-    """Replace ``path`` with ``data`` so readers see the old or the new content, never a mix."""
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, durable: bool = True) -> None:
+    """Replace ``path`` with ``data`` so readers see the old or the new content, never a mix;
+    ``durable=False`` skips the fsyncs, where the file need only outlive the process, not the machine."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     if tmp.exists():
         tmp.unlink()
-    write_bytes_durably(tmp, data)
+    write_bytes_durably(tmp, data, durable)
     os.replace(tmp, path)
-    fsync_dir(path.parent)
+    if durable:
+        fsync_dir(path.parent)
 
 
 _RENAME_EXCHANGE = 2
@@ -190,7 +192,7 @@ def exchange_or_replace_dir(src: Path, dst: Path) -> Path | None:
     return aside
 
 
-def remove_dir_unseen(path: Path) -> None:
+def remove_dir_unseen(path: Path, durable: bool = True) -> None:
     """Delete a directory so that no reader ever sees it half-deleted: hide it by rename first.
 
     The hidden name starts with ``.trash-``, which checkpoint resolvers skip, like the directory
@@ -200,5 +202,6 @@ def remove_dir_unseen(path: Path) -> None:
         return
     hidden = path.with_name(f".trash-{path.name}-{os.getpid()}")
     os.rename(path, hidden)
-    fsync_dir(path.parent)
+    if durable:
+        fsync_dir(path.parent)
     shutil.rmtree(hidden, ignore_errors=True)

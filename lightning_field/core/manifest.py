@@ -178,8 +178,8 @@ class Manifest:
         unknown = {k: v for k, v in payload.items() if k not in known}
         return cls(**{k: v for k, v in payload.items() if k in known}, unknown_fields=unknown)
 
-    def write(self, directory: Path) -> None:
-        atomic_write_bytes(directory / MANIFEST_NAME, self.to_json().encode())
+    def write(self, directory: Path, durable: bool = True) -> None:
+        atomic_write_bytes(directory / MANIFEST_NAME, self.to_json().encode(), durable)
 
 
 def manifest_from_bytes(raw: bytes | None, where: Location, drill: bytes | None, drill_where: Location) -> Manifest:

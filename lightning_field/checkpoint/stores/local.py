@@ -31,6 +31,12 @@ class LocalStore:
     """Checkpoints in a local directory (a :class:`~lightning_field.checkpoint.stores.base.CheckpointStore`)."""
 
     writes_in_place = True
+    durable = True  # a class default too: a user's subclass may not call this __init__
+
+    def __init__(self, durable: bool = True) -> None:
+        # False: no fsync anywhere, for checkpoints that need only outlive the process, not the
+        # machine (step snapshots in /dev/shm): the page cache survives a killed process.
+        self.durable = durable
 
     # ------------------------------------------------------------------ writing
     def prepare(self, final: Path) -> None:
@@ -50,16 +56,16 @@ class LocalStore:
         return None
 
     def write(self, final: Path, token: str, rank: int, files: dict[str, tuple[Any, list[str]]]) -> RankOutcome:
-        return write_rank_files(self.hidden_dir(final, token), rank, files)
+        return write_rank_files(self.hidden_dir(final, token), rank, files, durable=self.durable)
 
     def publish(self, final: Path, token: str, manifest: Manifest) -> None:
-        publish(temp_dir_for(final.parent, final.name, token), final, manifest)
+        publish(temp_dir_for(final.parent, final.name, token), final, manifest, durable=self.durable)
 
     def discard(self, final: Path, token: str) -> None:
         shutil.rmtree(temp_dir_for(final.parent, final.name, token), ignore_errors=True)
 
     def remove(self, final: Path) -> None:
-        remove_dir_unseen(final)
+        remove_dir_unseen(final, durable=self.durable)
 
     def clean_leftovers(self, dirpath: Path) -> list[Path]:
         return clean_leftovers(dirpath)
@@ -142,18 +148,22 @@ def temp_dir_for(dirpath: Path, name: str, token: str) -> Path:
     return dirpath / f".tmp-{name}-{token}"
 
 
-def write_last_pointer(dirpath: str | os.PathLike[str], checkpoint: str | os.PathLike[str]) -> None:
+def write_last_pointer(
+    dirpath: str | os.PathLike[str], checkpoint: str | os.PathLike[str], durable: bool = True
+) -> None:
     """Point ``LAST`` at ``checkpoint`` by atomic replace: readers (``resolver.read_last_pointer``)
     never see it missing. Written last in :func:`publish`, after the directory rename."""
-    atomic_write_bytes(Path(dirpath) / LAST_POINTER, (Path(checkpoint).name + "\n").encode())
+    atomic_write_bytes(Path(dirpath) / LAST_POINTER, (Path(checkpoint).name + "\n").encode(), durable)
 
 
-def publish(tmp: Path, final: Path, manifest: Manifest) -> None:
+def publish(tmp: Path, final: Path, manifest: Manifest, durable: bool = True) -> None:
     """Rank 0's last step: manifest last, then the directory rename that makes it visible, then LAST."""
-    manifest.write(tmp)
-    fsync_dir(tmp)
+    manifest.write(tmp, durable)
+    if durable:
+        fsync_dir(tmp)
     replaced = exchange_or_replace_dir(tmp, final)
-    fsync_dir(final.parent)
-    write_last_pointer(final.parent, final)
+    if durable:
+        fsync_dir(final.parent)
+    write_last_pointer(final.parent, final, durable)
     if replaced is not None:
         shutil.rmtree(replaced, ignore_errors=True)

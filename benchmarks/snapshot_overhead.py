@@ -1,0 +1,223 @@
+"""Step snapshots (issue 28): what a snapshot every N steps costs per step, and what a SIGKILL redoes.
+
+1. **Overhead.** The main job's model (``CharGPT`` at its default size on the standard library's
+   bytes) and a 1 GB state (a 256M-float parameter under SGD), each with ``snapshot_every_n_train_steps``
+   off and at N = 1, 2, 5, 10, in interleaved rounds; persistent checkpoints are off (an interval
+   longer than the run). Figure: the median interval between batch ends (warm-up excluded) ÷ the
+   same run without snapshots, measured in the same process.
+2. **Steps redone.** ``--kills`` runs of the demo workload (persistent checkpoint every 10 steps,
+   a snapshot every step), each SIGKILLed at a random step and rerun with ``ckpt_path="last"``:
+   steps redone = the step killed at − the step resumed from.
+3. **The seed's scenario.** A 60 s save and a 6 h mean time between failures: the expected work lost
+   per failure at the Young interval with persistent checkpoints alone, and with a snapshot every N
+   steps at the measured step time.
+
+    python benchmarks/snapshot_overhead.py [--steps 40] [--rounds 3] [--kills 20] [--skip-1gb]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.callbacks import Callback
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from lightning_field import ManifestCheckpoint
+from lightning_field.checkpoint.snapshots import snapshot_dir_for
+from lightning_field.planning.intervals import young_interval
+from lightning_field.workloads.char_gpt import CharGPT
+from lightning_field.workloads.demo import DemoDataModule, DemoRegressor
+from lightning_field.workloads.stdlib_text import StdlibTextDataModule
+
+NEVER = 10**9
+WARMUP = 5
+
+
+class StepClock(Callback):
+    def __init__(self) -> None:
+        self.ends: list[float] = []
+
+    def on_train_batch_end(self, *args: Any) -> None:
+        self.ends.append(time.perf_counter())
+
+    def median_step(self) -> float:
+        intervals = [b - a for a, b in zip(self.ends[WARMUP:], self.ends[WARMUP + 1 :], strict=False)]
+        return statistics.median(intervals)
+
+
+class OneGigabyte(pl.LightningModule):
+    """A 1 GB parameter (256M float32) trained by plain SGD: the state a snapshot copies each time."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.big = nn.Parameter(torch.zeros(256 * 1024 * 1024))
+        self.head = nn.Linear(4, 1)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        # Touches every element, as a real step does, at the cost of one pass over 1 GB.
+        return nn.functional.mse_loss(self.head(x), y) + self.big.sum() * 0.0
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+def one_gigabyte_data() -> DataLoader:
+    gen = torch.Generator().manual_seed(0)
+    return DataLoader(TensorDataset(torch.randn(4096, 4, generator=gen), torch.randn(4096, 1, generator=gen)),
+                      batch_size=16, shuffle=True)  # fmt: skip
+
+
+def step_time(workload: str, every: int | None, steps: int, root: Path) -> float:
+    pl.seed_everything(0, verbose=False)
+    clock = StepClock()
+    snapshots: dict[str, Any] = {}
+    if every is not None:
+        snapshots = {"snapshot_every_n_train_steps": every}  # the default directory: /dev/shm
+    checkpoint = ManifestCheckpoint(dirpath=root / "ckpts", every_n_train_steps=NEVER, **snapshots)
+    trainer = pl.Trainer(
+        default_root_dir=root, max_steps=steps, accelerator="cpu", logger=False, enable_progress_bar=False,
+        enable_model_summary=False, limit_val_batches=0, callbacks=[clock, checkpoint],
+    )  # fmt: skip
+    try:
+        if workload == "main job":
+            trainer.fit(CharGPT(), datamodule=StdlibTextDataModule())
+        else:
+            trainer.fit(OneGigabyte(), train_dataloaders=one_gigabyte_data())
+    finally:
+        shutil.rmtree(snapshot_dir_for(root / "ckpts"), ignore_errors=True)
+    return clock.median_step()
+
+
+def overhead(workloads: list[str], steps: int, rounds: int, intervals: list[int | None]) -> dict[str, float]:
+    times: dict[tuple[str, int | None], list[float]] = {}
+    for round_index in range(rounds):
+        for workload in workloads:
+            order = intervals if round_index % 2 == 0 else list(reversed(intervals))
+            for every in order:
+                with tempfile.TemporaryDirectory() as root:
+                    took = step_time(workload, every, steps, Path(root))
+                times.setdefault((workload, every), []).append(took)
+                print(f"  round {round_index + 1} {workload:9s} N={every!s:4s} {took * 1e3:8.2f} ms", flush=True)
+    medians = {f"{w}|{e}": statistics.median(v) for (w, e), v in times.items()}
+    print("\n| workload | snapshot every | median step | ÷ no snapshots |")
+    print("|---|---|---|---|")
+    for workload in workloads:
+        base = medians[f"{workload}|None"]
+        for every in intervals:
+            value = medians[f"{workload}|{every}"]
+            label = "off" if every is None else f"{every} step{'s' if every > 1 else ''}"
+            print(f"| {workload} | {label} | {value * 1e3:.2f} ms | {value / base:.4f} |")
+    return medians
+
+
+# ------------------------------------------------------------------------------------ steps redone
+class KillAt(Callback):
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_start(self, trainer: pl.Trainer, *args: Any) -> None:
+        if trainer.global_step == self.step:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+class StartStep(Callback):
+    def __init__(self, out: Path) -> None:
+        self.out = out
+
+    def on_train_start(self, trainer: pl.Trainer, *args: Any) -> None:
+        self.out.write_text(str(trainer.global_step))
+
+
+def child(root: Path, kill_at: int | None, max_steps: int) -> None:
+    warnings.filterwarnings("ignore")
+    pl.seed_everything(0, verbose=False)
+    checkpoint = ManifestCheckpoint(dirpath=root / "ckpts", every_n_train_steps=10, snapshot_every_n_train_steps=1,
+                                    snapshot_dir=root / "shm")  # fmt: skip
+    callbacks: list[Callback] = [checkpoint, StartStep(root / "start_step")]
+    if kill_at is not None:
+        callbacks.append(KillAt(kill_at))
+    trainer = pl.Trainer(
+        default_root_dir=root, max_steps=max_steps, accelerator="cpu", logger=False, enable_progress_bar=False,
+        enable_model_summary=False, limit_val_batches=0, callbacks=callbacks,
+    )  # fmt: skip
+    trainer.fit(DemoRegressor(), datamodule=DemoDataModule(size=512), ckpt_path="last")
+
+
+def steps_redone(kills: int, max_steps: int, seed: int) -> list[int]:
+    chooser = random.Random(seed)
+    redone = []
+    for index in range(kills):
+        kill_at = chooser.randint(3, max_steps - 1)
+        with tempfile.TemporaryDirectory() as tmp:
+            root = Path(tmp)
+            command = [sys.executable, __file__, "--child", str(root), "--max-steps", str(max_steps)]
+            killed = subprocess.run([*command, "--kill-at", str(kill_at)], capture_output=True, text=True)
+            if killed.returncode != -signal.SIGKILL:
+                why = f"exit {killed.returncode}:\n{killed.stderr[-2000:]}"
+                raise RuntimeError(f"the kill at step {kill_at} did not land ({why})")
+            resumed = subprocess.run(command, capture_output=True, text=True)
+            if resumed.returncode != 0:
+                raise RuntimeError(f"the rerun after the kill at {kill_at} failed:\n{resumed.stderr[-2000:]}")
+            start = int((root / "start_step").read_text())
+        redone.append(kill_at - start)
+        print(f"  kill {index + 1:2d}: killed at step {kill_at:2d}, resumed from {start:2d}: {kill_at - start} redone",
+              flush=True)  # fmt: skip
+    return redone
+
+
+def scenario(step_s: float, intervals: list[int]) -> None:
+    save_s, mtbf_s = 60.0, 6 * 3600.0
+    interval_s = young_interval(save_s, mtbf_s)
+    print(f"\nThe seed's scenario: a {save_s:.0f} s save, MTBF {mtbf_s / 3600:.0f} h: the Young interval is"
+          f" {interval_s / 60:.1f} min, so a crash loses {interval_s / 2 / 60:.1f} min of work on average with"
+          " persistent checkpoints alone.")  # fmt: skip
+    for every in intervals:
+        # A snapshot every N steps: on average half an interval, plus the one still committing.
+        lost = (every / 2 + 1) * step_s
+        print(f"  a snapshot every {every:2d} step(s) at {step_s * 1e3:.0f} ms a step: at most {every + 1} steps,"
+              f" {lost:.2f} s lost on average ({interval_s / 2 / lost:,.0f}× less)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--kills", type=int, default=20)
+    parser.add_argument("--skip-1gb", action="store_true")
+    parser.add_argument("--child", type=Path)
+    parser.add_argument("--kill-at", type=int)
+    parser.add_argument("--max-steps", type=int, default=40)
+    args = parser.parse_args()
+    if args.child is not None:
+        child(args.child, args.kill_at, args.max_steps)
+        return
+    warnings.filterwarnings("ignore")
+    intervals: list[int | None] = [None, 1, 2, 5, 10]
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} cores")
+    medians = overhead(["main job"], args.steps, args.rounds, intervals)
+    if not args.skip_1gb:
+        overhead(["1 GB"], max(args.steps // 2, WARMUP + 8), 1, intervals)
+    redone = steps_redone(args.kills, args.max_steps, seed=0)
+    print(f"\nsteps redone over {len(redone)} SIGKILLs at random steps: max {max(redone)},"
+          f" mean {statistics.mean(redone):.2f}, counts {sorted(set(redone))}")
+    scenario(medians["main job|None"], [1, 2, 5, 10])
+
+
+if __name__ == "__main__":
+    main()
