@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from lightning_field.checkpoint.stores.base import RankOutcome, write_rank_files
+from lightning_field.checkpoint.stores.base import RankOutcome, write_staged
 from lightning_field.core.hashing import new_hasher
 from lightning_field.core.manifest import MANIFEST_NAME, Manifest
 
@@ -36,10 +36,7 @@ class MemoryStore:
             yield Path(staging)
 
     def write(self, final: Any, token: str, rank: int, files: dict[str, tuple[Any, list[str]]]) -> RankOutcome:
-        with self.staging(final, token) as staging:
-            outcome = write_rank_files(staging, rank, files, durable=False)
-            outcome.error = outcome.error or self.upload(final, staging, [r.file for r in outcome.receipts])
-            return outcome
+        return write_staged(self, final, token, rank, files)  # stage, then upload
 
     def upload(self, final: Any, staging: Path, names: list[str]) -> str | None:
         self.pending.setdefault(str(final), {}).update({name: (staging / name).read_bytes() for name in names})

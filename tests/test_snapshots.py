@@ -14,6 +14,7 @@ import torch
 from conftest import assert_bitwise_equal, make_trainer
 from lightning.pytorch.demos.boring_classes import BoringModel
 
+from lightning_field.checkpoint.async_controller import AsyncSaves
 from lightning_field.checkpoint.snapshots import KEEP, snapshot_dir_for
 from lightning_field.core.manifest import SHARED_STATE_FILE, read_manifest
 
@@ -87,3 +88,13 @@ def test_a_snapshot_directory_another_user_could_write_is_refused_before_trainin
 def test_snapshot_every_n_train_steps_below_one_is_refused_at_construction(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="snapshot_every_n_train_steps must be >= 1"):
         make_trainer(tmp_path, 3, snapshot_every_n_train_steps=0)
+
+
+def test_wait_for_snapshot_copy_also_waits_for_a_pending_snapshots_copy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, trainer = fit(tmp_path, 2)
+    waited: list[object] = []
+    monkeypatch.setattr(AsyncSaves, "wait_for_snapshot_copy", lambda saves: waited.append(saves))
+    trainer.checkpoint_callback.wait_for_snapshot_copy()
+    assert len(set(map(id, waited))) == 2  # the persistent saves' writer and the snapshots'

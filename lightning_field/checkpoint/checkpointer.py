@@ -128,10 +128,6 @@ class Checkpointer:
 
     # ------------------------------------------------------------------ where checkpoints live
     @property
-    def given_store(self) -> CheckpointStore | None:
-        return self._given_store
-
-    @property
     def store(self) -> CheckpointWriter:
         """How saves under ``dirpath`` commit: the store given, else the default for its kind."""
         return self._given_store or self.store_at(self._root())

@@ -284,7 +284,7 @@ class CommittedCheckpoint(ModelCheckpoint):
 
         Training calls it before every optimizer step and at every hook outside the training
         batch. Call it yourself before writing parameters or optimizer state in place anywhere
-        else (a batch-level hook, the forward pass) while an async save may be pending.
+        else (a batch-level hook, the forward pass) while an async save or a snapshot may be pending.
         """
         self._saves.wait_for_snapshot_copy()
 

@@ -1,12 +1,10 @@
 """``ManifestCheckpoint``: Lightning's ModelCheckpoint, made complete, atomic, verified and honest.
 
-It takes every ModelCheckpoint argument and keeps its scheduling (``every_n_train_steps``,
-``train_time_interval``, ``save_top_k``, ``monitor``, ``save_last``...). What changes is what a
-checkpoint *is*: a directory with the complete Lightning state, each rank's own RNG and data
-position, and a manifest written last that makes it visible. Only checkpoints that hold everything
-needed for an exact continuation are marked recoverable, and only those are resumed from.
-
-This module decides *when* and captures a ``SaveJob``; the Lightning-free ``Checkpointer`` does the rest.
+It keeps every ModelCheckpoint argument and its scheduling. What changes is what a checkpoint *is*: a
+directory with the complete Lightning state, each rank's own RNG and data position, and a manifest
+written last that makes it visible; only one that holds everything an exact continuation needs is
+recoverable and resumed from. This module decides *when* and captures a ``SaveJob``; the
+Lightning-free ``Checkpointer`` does the rest.
 """
 
 from __future__ import annotations
@@ -85,20 +83,17 @@ class ManifestCheckpoint(CommittedCheckpoint):
         trust_pickles: fully unpickle files that need it; off, each loads ``weights_only`` and such a
             file is refused naming its type (:mod:`~lightning_field.checkpoint.safe_load` says why).
         snapshot_every_n_train_steps: also commit a snapshot every this many steps into ``snapshot_dir``
-            (default ``/dev/shm``), in the background; ``ckpt_path="last"`` resumes from the newest
-            checkpoint or snapshot that verifies, so a crash redoes at most these steps
-            (:mod:`~lightning_field.checkpoint.snapshots`). Off by default; one machine only.
+            (default ``/dev/shm``) in the background; ``ckpt_path="last"`` takes the newest that verifies,
+            so a crash redoes at most these steps (:mod:`~lightning_field.checkpoint.snapshots`; one machine).
 
     Raises:
-        ValueError: ``on_save_error`` is not ``"stop"`` or ``"warn"``, or
-            ``preemption_check_every_n_steps`` or ``snapshot_every_n_train_steps`` is below 1; at
-            setup, ``dirpath`` is unusable on any rank (under a file, not writable), which every rank
-            raises alike, or snapshots are asked of a multi-node run.
+        ValueError: ``on_save_error`` is not ``"stop"``/``"warn"``, ``preemption_check_every_n_steps`` or
+            ``snapshot_every_n_train_steps`` is below 1; at setup (on every rank alike), ``dirpath`` is
+            unusable on any rank (under a file, not writable), or a multi-node run asks for snapshots.
         TypeError: ``store`` does not implement :class:`~lightning_field.checkpoint.stores.CheckpointStore`.
         NotImplementedError: at setup, a strategy other than single-device, DDP or ModelParallel.
-        ResumeMismatchError: on ``fit(ckpt_path=...)``, the checkpoint is not recoverable or was
-            written by a different run (code, config, data, model or world size), before anything
-            is unpickled.
+        ResumeMismatchError: on ``fit(ckpt_path=...)``, before anything is unpickled, the checkpoint is
+            not recoverable or was written by another run (code, config, data, model or world size).
         NoRecoverableCheckpointError: on ``fit(ckpt_path="last")``, checkpoints exist but none
             resumes exactly (see ``resume_inexact``).
 
@@ -379,6 +374,11 @@ class ManifestCheckpoint(CommittedCheckpoint):
             self._show_hint_again = internals.hide_no_last_checkpoint_hint()
             return set()
         return {found}
+
+    @override
+    def wait_for_snapshot_copy(self) -> None:
+        super().wait_for_snapshot_copy()
+        self._snapshots.wait_for_copy()  # and a step snapshot's, pending on its own writer
 
     # ------------------------------------------------------------------ resuming
     def _check_resume(self, manifest: Manifest, path: Location) -> None:

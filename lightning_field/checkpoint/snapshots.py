@@ -21,7 +21,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, cast
 
 import lightning.pytorch as pl
 from lightning.pytorch.trainer.states import TrainerFn
@@ -97,16 +97,10 @@ class StepSnapshots:
         self._last_step = -1
         self._reported = False
         self._kept: list[Location] = []  # this tier's snapshots, oldest first (rank 0)
-        self.last_committed: tuple[str, int] | None = None
 
     @property
     def enabled(self) -> bool:
         return self.every_n_train_steps is not None
-
-    @property
-    def checkpointer(self) -> Checkpointer | None:
-        """The core that commits, lists and verifies the snapshots (None until known)."""
-        return self._checkpointer
 
     def _checkpointer_for(self, checkpoint_dir: Location) -> Checkpointer:
         root = snapshot_dir_for(checkpoint_dir, self.directory)
@@ -190,7 +184,6 @@ class StepSnapshots:
         self._last_step = step
 
     def _advertise(self, trainer: pl.Trainer, job: SaveJob, blocking: float, commit_s: float | None = None) -> None:
-        self.last_committed = (str(job.final), job.step)
         events = self._owner.events
         if events is not None:
             payload = {"path": str(job.final), "blocking_s": blocking, "commit_s": commit_s}
@@ -227,17 +220,9 @@ class StepSnapshots:
             self._saves.interrupt(trainer)
 
     def wait_for_copy(self) -> None:
+        """Block until the pending snapshot has copied what training writes next."""
         if self._saves is not None:
             self._saves.wait_for_snapshot_copy()
-
-    @property
-    def async_saves(self) -> AsyncSaves | None:
-        return self._saves
-
-    def holds(self, path: Any) -> bool:
-        """Whether ``path`` is one of this tier's snapshots."""
-        checkpointer = self._checkpointer
-        return checkpointer is not None and checkpointer.is_own(path)
 
 
 def _prepared(root: Path) -> str | None:

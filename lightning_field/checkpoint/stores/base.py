@@ -173,6 +173,19 @@ def save_durably(obj: Any, path: Path, durable: bool = True) -> tuple[int, str]:
         raise
 
 
+def write_staged(
+    store: CheckpointWriter, final: Location, token: str, rank: int, files: dict[str, tuple[Any, list[str]]]
+) -> RankOutcome:
+    """``store.write`` for a store that does not write in place: this rank's files staged in
+    ``store.staging`` (hashing while writing, no fsync: durability is the upload's), then
+    ``store.upload``-ed. Errors are returned, not raised, like :func:`write_rank_files`'s."""
+    with store.staging(final, token) as staging:
+        outcome = write_rank_files(staging, rank, files, durable=False)
+        if outcome.error is None:
+            outcome.error = store.upload(final, staging, [receipt.file for receipt in outcome.receipts])
+        return outcome
+
+
 def write_rank_files(
     tmp: Path, rank: int, files: dict[str, tuple[Any, list[str]]], durable: bool = True
 ) -> RankOutcome:

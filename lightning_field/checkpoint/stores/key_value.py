@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from lightning_field.checkpoint.stores.base import RankOutcome, describe_error, write_rank_files
+from lightning_field.checkpoint.stores.base import RankOutcome, describe_error, write_staged
 from lightning_field.core.hashing import new_hasher
 from lightning_field.core.manifest import MANIFEST_NAME, Manifest
 from lightning_field.core.member_paths import check_member_name
@@ -58,11 +58,7 @@ class KeyValueStore:
             yield Path(staging)
 
     def write(self, final: Any, token: str, rank: int, files: dict[str, tuple[Any, list[str]]]) -> RankOutcome:
-        with self.staging(final, token) as staging:
-            outcome = write_rank_files(staging, rank, files, durable=False)
-            if outcome.error is None:
-                outcome.error = self.upload(final, staging, [receipt.file for receipt in outcome.receipts])
-            return outcome
+        return write_staged(self, final, token, rank, files)
 
     def upload(self, final: Any, staging: Path, names: list[str]) -> str | None:
         try:

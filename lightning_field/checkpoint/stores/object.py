@@ -20,9 +20,9 @@ import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
-from lightning_field.checkpoint.stores.base import RankOutcome, describe_error, write_rank_files
+from lightning_field.checkpoint.stores.base import CheckpointWriter, RankOutcome, describe_error, write_staged
 from lightning_field.core.hashing import hash_stream
 from lightning_field.core.manifest import MANIFEST_NAME, Manifest
 from lightning_field.core.storage import StorageOptions, basename, open_fs, to_url
@@ -95,11 +95,7 @@ class ObjectStore:
     def write(self, final: str, token: str, rank: int, files: dict[str, tuple[Any, list[str]]]) -> RankOutcome:
         """Stage this rank's files locally (hashing while writing), then upload them under ``final``.
         Errors are returned, not raised, so every rank still reaches the receipt exchange."""
-        with self.staging(final, token) as staging:
-            outcome = write_rank_files(staging, rank, files, durable=False)
-            if outcome.error is None:
-                outcome.error = self.upload(final, staging, [r.file for r in outcome.receipts])
-            return outcome
+        return write_staged(cast(CheckpointWriter, self), final, token, rank, files)  # it serves URLs (str)
 
     def upload(self, final: str, staging: Path, names: list[str]) -> str | None:
         """Put the staged files ``names`` under ``final`` (large ones as parallel multipart uploads);
