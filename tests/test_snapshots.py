@@ -16,6 +16,7 @@ from lightning.pytorch.demos.boring_classes import BoringModel
 
 from lightning_field.checkpoint.async_controller import AsyncSaves
 from lightning_field.checkpoint.snapshots import KEEP, snapshot_dir_for
+from lightning_field.core.events import read_events
 from lightning_field.core.manifest import SHARED_STATE_FILE, read_manifest
 
 
@@ -41,6 +42,10 @@ def test_a_rerun_resumes_from_the_newest_snapshot_past_the_persistent_checkpoint
     assert sorted(p.name for p in (tmp_path / "run" / "ckpts").iterdir() if p.is_dir()) == ["epoch=0-step=5"]
     resumed, trainer = fit(tmp_path / "run", 10, resume=True)
     assert Path(trainer.ckpt_path).name == "epoch=0-step=8"
+    # The event log says which tier the resume came from (the goodput ledger counts redone steps by it).
+    loads = [e for e in read_events(tmp_path / "run") if e["event"] == "ckpt_load"]
+    assert [(e["step"], e["payload"]["tier"]) for e in loads] == [(8, "snapshot")]
+    assert trainer.checkpoint_callback.last_snapshot_costs.step == 9  # step 10 is persistent
     once, _ = fit(tmp_path / "once", 10)
     assert_bitwise_equal(once.state_dict(), resumed.state_dict(), "weights")
     assert len(snapshots(tmp_path / "run")) == KEEP

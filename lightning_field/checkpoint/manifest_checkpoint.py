@@ -28,7 +28,7 @@ from lightning_field.checkpoint.committed import CommittedCheckpoint
 from lightning_field.checkpoint.io import FIELD_KEY, ManifestCheckpointIO
 from lightning_field.checkpoint.preemption import DEFAULT_SIGNALS, PreemptionSave, TrainingPreempted
 from lightning_field.checkpoint.resume_policy import NoRecoverableCheckpointError, ResumeGuard
-from lightning_field.checkpoint.snapshots import StepSnapshots
+from lightning_field.checkpoint.snapshots import SnapshotCosts, StepSnapshots
 from lightning_field.checkpoint.stop_points import StopPointSave
 from lightning_field.checkpoint.stores import DEFAULT_CONCURRENCY, DEFAULT_PART_BYTES, CheckpointStore, CheckpointWriter
 from lightning_field.compat import lightning as internals
@@ -208,6 +208,16 @@ class ManifestCheckpoint(CommittedCheckpoint):
     @property
     def preemption_check_every_n_steps(self) -> int | None:
         return self._preemption.check_every_n_steps
+
+    @property
+    def snapshot_every_n_train_steps(self) -> int | None:
+        """The step interval of step snapshots (None: off)."""
+        return self._snapshots.every_n_train_steps
+
+    @property
+    def last_snapshot_costs(self) -> SnapshotCosts | None:
+        """The newest committed step snapshot's step and costs in this process (None before the first)."""
+        return self._snapshots.last_costs
 
     @property
     def preempted_checkpoint(self) -> str | None:
@@ -396,5 +406,6 @@ class ManifestCheckpoint(CommittedCheckpoint):
         if rank_state is not None:
             self._ranks.load(rank_state, checkpoint, str(field["path"]))
         if self._events is not None:
-            payload = {"path": field["path"], "seconds": field["load_seconds"]}
+            tier = "snapshot" if self._snapshots.holds(field["path"]) else "persistent"
+            payload = {"path": field["path"], "seconds": field["load_seconds"], "tier": tier}
             self._events.emit("ckpt_load", step=field["manifest"].step, payload=payload)

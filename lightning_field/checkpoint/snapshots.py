@@ -20,6 +20,7 @@ import stat
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
@@ -39,7 +40,7 @@ from lightning_field.core.storage import Location, as_location, basename
 if TYPE_CHECKING:  # the owner imports this module
     from lightning_field.checkpoint.manifest_checkpoint import ManifestCheckpoint
 
-__all__ = ["KEEP", "StepSnapshots", "snapshot_dir_for"]
+__all__ = ["KEEP", "SnapshotCosts", "StepSnapshots", "snapshot_dir_for"]
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +77,15 @@ def _make_private(root: Path) -> None:
             )
 
 
+@dataclass(frozen=True)
+class SnapshotCosts:
+    """What the newest committed snapshot cost: training's wait, and its commit behind training."""
+
+    step: int
+    blocking_s: float  # the training thread's capture and its wait for the deferred copy
+    commit_s: float  # the background commit, from submission to the manifest's rename
+
+
 class StepSnapshots:
     """The snapshot tier of one :class:`~lightning_field.checkpoint.manifest_checkpoint.ManifestCheckpoint`.
 
@@ -97,6 +107,17 @@ class StepSnapshots:
         self._last_step = -1
         self._reported = False
         self._kept: list[Location] = []  # this tier's snapshots, oldest first (rank 0)
+        self.last_costs: SnapshotCosts | None = None
+
+    @property
+    def root(self) -> Path | None:
+        """This run's snapshot directory on this machine (None before setup, or when off)."""
+        return Path(self._checkpointer.dirpath) if self._checkpointer is not None else None
+
+    def holds(self, checkpoint: str | os.PathLike[str]) -> bool:
+        """Whether ``checkpoint`` is one of this tier's snapshots (a resume reports which tier it loaded)."""
+        root, location = self.root, as_location(checkpoint)
+        return root is not None and isinstance(location, Path) and location.resolve().parent == root.resolve()
 
     @property
     def enabled(self) -> bool:
@@ -184,6 +205,7 @@ class StepSnapshots:
         self._last_step = step
 
     def _advertise(self, trainer: pl.Trainer, job: SaveJob, blocking: float, commit_s: float | None = None) -> None:
+        self.last_costs = SnapshotCosts(job.step, blocking, commit_s or 0.0)
         events = self._owner.events
         if events is not None:
             payload = {"path": str(job.final), "blocking_s": blocking, "commit_s": commit_s}
