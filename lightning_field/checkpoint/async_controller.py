@@ -83,6 +83,9 @@ class AsyncSaves:
         agreement_step: whether ranks agree on a failure at this step (one small all-reduce).
         stager: the host copy of each save's state (default: a :class:`HostSnapshot`, made at the
             first save).
+        commit: runs one save's commit protocol on the writer thread, ``(job, group)`` to the error
+            or None, collective (default :func:`~lightning_field.checkpoint.commit.commit_save`;
+            replicated step snapshots commit on every node).
 
     Raises:
         ValueError: ``on_save_error`` is not ``"stop"`` or ``"warn"``.
@@ -97,8 +100,10 @@ class AsyncSaves:
         events: Callable[[], EventLog | None],
         agreement_step: Callable[[pl.Trainer], bool],
         stager: Stager | None = None,
+        commit: Callable[[SaveJob, Any], str | None] = commit_save,
     ) -> None:
         self.on_save_error = on_save_error
+        self._commit = commit
         self.save_failures = 0
         self.last_save_error: str | None = None
         self._advertise = advertise
@@ -170,7 +175,7 @@ class AsyncSaves:
 
         def copy_then_commit() -> str | None:
             job.snapshot_error = copies.run()
-            return commit_save(job, group)
+            return self._commit(job, group)
 
         try:
             self._background.submit(str(job.final), job.step, copy_then_commit)

@@ -84,12 +84,14 @@ class ManifestCheckpoint(CommittedCheckpoint):
             file is refused naming its type (:mod:`~lightning_field.checkpoint.safe_load` says why).
         snapshot_every_n_train_steps: also commit a snapshot every this many steps into ``snapshot_dir``
             (default ``/dev/shm``) in the background; ``ckpt_path="last"`` takes the newest that verifies,
-            so a crash redoes at most these steps (:mod:`~lightning_field.checkpoint.snapshots`; one machine).
+            so a crash redoes at most these steps (:mod:`~lightning_field.checkpoint.snapshots`). Over
+            several nodes each snapshot is replicated to a partner node, so a lost machine costs no more.
 
     Raises:
         ValueError: ``on_save_error`` is not ``"stop"``/``"warn"``, ``preemption_check_every_n_steps`` or
             ``snapshot_every_n_train_steps`` is below 1; at setup (on every rank alike), ``dirpath`` is
-            unusable on any rank (under a file, not writable), or a multi-node run asks for snapshots.
+            unusable on any rank (under a file, not writable), or a multi-node run asks for snapshots
+            with a sharded strategy, unequal nodes or one snapshot directory shared by two nodes.
         TypeError: ``store`` does not implement :class:`~lightning_field.checkpoint.stores.CheckpointStore`.
         NotImplementedError: at setup, a strategy other than single-device, DDP or ModelParallel.
         ResumeMismatchError: on ``fit(ckpt_path=...)``, before anything is unpickled, the checkpoint is
@@ -269,13 +271,23 @@ class ManifestCheckpoint(CommittedCheckpoint):
         super().on_train_start(trainer, pl_module)
         self._preemption.start(trainer)
         self._stops.reset()
-        resumed_from = all_gather_objects(str(trainer.ckpt_path) if trainer.ckpt_path else None)
+        resumed_from = all_gather_objects(self._resumed_identity(trainer))
         if len(set(resumed_from)) > 1:
             raise RuntimeError(f"Ranks resumed from different checkpoints {resumed_from}; pass an explicit ckpt_path.")
         self._guard.check_data(trainer, list(internals.iter_loaders(trainer.train_dataloader)))
         self._ranks.restore_on_train_start(trainer, pl_module)
         if self._events is not None:
             self._events.emit("fit_start", step=trainer.global_step)
+
+    def _resumed_identity(self, trainer: pl.Trainer) -> tuple[str, int, float] | str | None:
+        """What every rank must have resumed from: the same save (its name, step and commit time; each
+        node loads its own copy of a snapshot), or for a file without a manifest, the same path."""
+        if not trainer.ckpt_path:
+            return None
+        resumed = self._guard.resumed
+        if resumed is None:
+            return str(trainer.ckpt_path)
+        return (resumed.name, resumed.step, resumed.created_unix)
 
     @override
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -377,9 +389,16 @@ class ManifestCheckpoint(CommittedCheckpoint):
     def _find_last_checkpoints(self, trainer: pl.Trainer) -> set[str]:
         where = internals.checkpoint_dir(self, trainer)
         guard = self._guard if self.resume_inexact else None
-        snapshot = self._snapshots.latest(where, log_skips=trainer.is_global_zero)
         verified = self.checkpointer.verifications  # handed to the load: no second hash
-        found = resume_policy.resolve_last(where, guard, self.store_at(where), verified, snapshot)
+        if self._snapshots.spans_nodes(trainer):
+            found = self._snapshots.resolve_across_nodes(
+                trainer, where, lambda: resume_policy.resolve_last(where, guard, self.store_at(where), verified)
+            )
+            if found is not None and guard is not None and self._snapshots.holds(found):
+                guard.inexact = None  # a snapshot is recoverable: this continuation is exact
+        else:
+            snapshot = self._snapshots.latest(where, log_skips=trainer.is_global_zero)
+            found = resume_policy.resolve_last(where, guard, self.store_at(where), verified, snapshot)
         if found is None:
             self._show_hint_again = internals.hide_no_last_checkpoint_hint()
             return set()
@@ -406,6 +425,6 @@ class ManifestCheckpoint(CommittedCheckpoint):
         if rank_state is not None:
             self._ranks.load(rank_state, checkpoint, str(field["path"]))
         if self._events is not None:
-            tier = "snapshot" if self._snapshots.holds(field["path"]) else "persistent"
+            tier = self._snapshots.tier_of(field["path"])
             payload = {"path": field["path"], "seconds": field["load_seconds"], "tier": tier}
             self._events.emit("ckpt_load", step=field["manifest"].step, payload=payload)

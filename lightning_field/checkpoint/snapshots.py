@@ -10,6 +10,11 @@ snapshot; the persistent checkpoints keep their cadence and cover the loss of th
 The newest :data:`KEEP` snapshots are kept, so the host memory they take is bounded; the log says
 how much at the first one. The snapshot directory is the user's own: created private, and refused
 when another user owns it or can write it, since a snapshot planted there would be resumed.
+
+Over several machines, each snapshot is also replicated to a partner node as part of its commit,
+and a resume agrees on one step over every node's copies before anything loads
+(:mod:`~lightning_field.checkpoint.replica`): a lost machine costs the steps since the newest
+snapshot, not since the newest persistent checkpoint.
 """
 
 from __future__ import annotations
@@ -22,18 +27,29 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import lightning.pytorch as pl
 from lightning.pytorch.trainer.states import TrainerFn
-from lightning.pytorch.utilities.rank_zero import rank_zero_info
+from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
+from lightning_field.checkpoint import sharded
 from lightning_field.checkpoint.async_controller import AsyncSaves
 from lightning_field.checkpoint.checkpointer import Checkpointer
-from lightning_field.checkpoint.commit import SaveJob
+from lightning_field.checkpoint.commit import SaveJob, commit_save
+from lightning_field.checkpoint.replica import (
+    NodeTopology,
+    commit_replicated,
+    inventory,
+    node_key,
+    plan_restore,
+    restore_from_nodes,
+)
+from lightning_field.checkpoint.resume_policy import NoRecoverableCheckpointError
 from lightning_field.checkpoint.stores import CheckpointStore, LocalStore, read_manifest
 from lightning_field.checkpoint.verify import VerifyReport
-from lightning_field.core.distributed import all_gather_objects
+from lightning_field.compat import lightning as internals
+from lightning_field.core.distributed import all_gather_objects, global_rank, new_host_group
 from lightning_field.core.hashing import IDENTITY_ALGORITHM, new_hasher
 from lightning_field.core.storage import Location, as_location, basename
 
@@ -90,8 +106,9 @@ class StepSnapshots:
     """The snapshot tier of one :class:`~lightning_field.checkpoint.manifest_checkpoint.ManifestCheckpoint`.
 
     Raises:
-        ValueError: ``every_n_train_steps`` is below 1; at setup, a run over several nodes (every
-            rank's file must reach the one node-local directory).
+        ValueError: ``every_n_train_steps`` is below 1; at setup, over several nodes: a sharded
+            strategy, nodes with different numbers of ranks, or one directory shared by two nodes.
+        PermissionError: at setup, a snapshot directory another user owns or could write.
     """
 
     def __init__(
@@ -106,8 +123,13 @@ class StepSnapshots:
         self._saves: AsyncSaves | None = None
         self._last_step = -1
         self._reported = False
-        self._kept: list[Location] = []  # this tier's snapshots, oldest first (rank 0)
+        self._kept: list[Location] = []  # this tier's snapshots, oldest first (each node's leader)
+        self._topology: NodeTopology | None = None
+        self._resume_group: Any = None
         self.last_costs: SnapshotCosts | None = None
+        self.resumed_tier: str | None = None
+        """Where the last multi-node resume came from: "snapshot" (every node held it) or "replica"
+        (some node received files from another node's copy); None otherwise."""
 
     @property
     def root(self) -> Path | None:
@@ -115,9 +137,19 @@ class StepSnapshots:
         return Path(self._checkpointer.dirpath) if self._checkpointer is not None else None
 
     def holds(self, checkpoint: str | os.PathLike[str]) -> bool:
-        """Whether ``checkpoint`` is one of this tier's snapshots (a resume reports which tier it loaded)."""
+        """Whether ``checkpoint`` is one of this tier's snapshots."""
         root, location = self.root, as_location(checkpoint)
         return root is not None and isinstance(location, Path) and location.resolve().parent == root.resolve()
+
+    def tier_of(self, checkpoint: str | os.PathLike[str]) -> str:
+        """Which tier a resume loaded ``checkpoint`` from: "persistent", "snapshot" or "replica"."""
+        if not self.holds(checkpoint):
+            return "persistent"
+        return self.resumed_tier or "snapshot"
+
+    def spans_nodes(self, trainer: pl.Trainer) -> bool:
+        """Whether this run's snapshots are replicated between machines (and its resume agreed on)."""
+        return self.enabled and trainer.num_nodes > 1
 
     @property
     def enabled(self) -> bool:
@@ -155,15 +187,82 @@ class StepSnapshots:
 
         return verified
 
+    def resolve_across_nodes(
+        self, trainer: pl.Trainer, checkpoint_dir: Location, persistent: Callable[[], str | None]
+    ) -> str | None:
+        """``ckpt_path="last"`` in a run over several machines: the newest step that every node can
+        load, over the node-local snapshots, their replicas on the partner nodes and the persistent
+        checkpoints (``persistent()`` resolves those, on every rank); this node's copy of it, made
+        complete first where the node lacks files (:mod:`~lightning_field.checkpoint.replica`).
+
+        Collective, before Lightning's own process group exists: it is started here as Lightning
+        would start it (``compat.lightning.start_process_group_early``).
+
+        Raises:
+            NoRecoverableCheckpointError: from ``persistent()``, when no snapshot is newer either.
+            RuntimeError: the ranks found different persistent checkpoints.
+        """
+        internals.start_process_group_early(trainer)
+        if self._resume_group is None:
+            self._resume_group = new_host_group()  # every rank: creating a group is collective
+        group = self._resume_group
+        topology = self._gather_topology(trainer, group)
+        checkpointer = self._checkpointer_for(checkpoint_dir)
+        root = Path(checkpointer.dirpath)
+        refused: NoRecoverableCheckpointError | None = None
+        try:
+            chosen = persistent()
+        except NoRecoverableCheckpointError as err:
+            chosen, refused = None, err
+        step = read_manifest(chosen, store=self._owner.store_at(chosen)).step if chosen else -1
+        steps = sorted(set(all_gather_objects(step, group=group)))
+        if len(steps) > 1:
+            raise RuntimeError(f"ranks found different persistent checkpoints to resume from (steps {steps}) under"
+                               f" {checkpoint_dir}: pass an explicit ckpt_path.")  # fmt: skip
+        store = checkpointer.store_at(root)
+        held = None
+        if topology.is_leader:
+            held = inventory(root, store, log_skips=trainer.is_global_zero) if root.is_dir() else []
+        gathered = all_gather_objects(held, group=group)
+        plan = plan_restore([gathered[topology.leader(n)] for n in range(len(topology.nodes))], newer_than=step)
+        if plan is None:
+            if refused is not None:
+                raise refused
+            return chosen
+        prepared = _prepared(root) if topology.is_leader else None  # a replaced node has no directory yet
+        problem = next((p for p in all_gather_objects(prepared, group=group) if p), None)
+        problem = problem or restore_from_nodes(root, plan, topology, group, store)
+        if problem is not None:
+            rank_zero_warn(
+                f"lightning_field: the snapshot {plan.name} (step {plan.step}) could not be restored across the nodes"
+                f" ({problem}); resuming from the persistent checkpoints instead."
+            )
+            if refused is not None:
+                raise refused
+            return chosen
+        self.resumed_tier = "replica" if plan.from_replica else "snapshot"
+        lacking = sorted({t.destination for t in plan.transfers})
+        how = f"node(s) {lacking} received what they lacked from other nodes" if lacking else "held by every node"
+        rank_zero_info(f"lightning_field: resuming from the snapshot {plan.name} (step {plan.step}; {how}), newer than"
+                       f" every recoverable checkpoint under {checkpoint_dir}.")  # fmt: skip
+        return str(root / plan.name)
+
+    def _gather_topology(self, trainer: pl.Trainer, group: Any = None) -> NodeTopology:
+        """Which ranks share this run's node-local directories (collective)."""
+        members = all_gather_objects((node_key(trainer.node_rank), global_rank()), group=group)
+        self._topology = NodeTopology.from_members(members, global_rank())
+        return self._topology
+
     # ------------------------------------------------------------------ saving
     def setup(self, trainer: pl.Trainer) -> None:
         if not self.enabled:
             return
-        if trainer.num_nodes > 1:
+        topology = self._gather_topology(trainer)
+        if topology.multi_node and sharded.is_sharded(trainer.strategy):
             raise ValueError(
-                f"snapshot_every_n_train_steps needs every rank on one machine; this run has {trainer.num_nodes}"
-                " nodes, whose ranks would write their snapshot files into directories on different machines."
-                " Use persistent checkpoints (every_n_train_steps) for multi-node runs."
+                "snapshot_every_n_train_steps over several nodes replicates each rank's files to a partner node;"
+                f" it is not yet supported with the sharded strategy {type(trainer.strategy).__name__} (its DCP"
+                " shards are untested there). Use persistent checkpoints (every_n_train_steps) for this run."
             )
         assert self._owner.dirpath is not None  # ModelCheckpoint.setup resolved it
         checkpointer = self._checkpointer_for(self._owner.dirpath)
@@ -171,6 +270,9 @@ class StepSnapshots:
         problems = [p for p in all_gather_objects(_prepared(root)) if p]  # every rank: all learn of any problem
         if problems:
             raise PermissionError(problems[0])
+        shared = _shared_between_nodes(root, topology)
+        if shared is not None:
+            raise ValueError(shared)
         if self._saves is None:
             self._saves = AsyncSaves(
                 "warn",  # a snapshot that fails is reported; the persistent checkpoints carry on
@@ -179,9 +281,10 @@ class StepSnapshots:
                 not_saved_message=checkpointer.not_saved_message,
                 events=lambda: self._owner.events,
                 agreement_step=lambda trainer: True,
+                commit=self._commit,
             )
         self._saves.setup(trainer, f"{self._owner.state_key}/snapshots")
-        if trainer.is_global_zero:
+        if topology.is_leader:  # each node's own directory
             for leftover in checkpointer.clean_leftovers():
                 log.info("Removed leftover of an interrupted snapshot: %s", leftover)
 
@@ -204,13 +307,20 @@ class StepSnapshots:
         saves.submit(trainer, job, start)
         self._last_step = step
 
+    def _commit(self, job: SaveJob, group: Any) -> str | None:
+        topology = self._topology
+        if topology is not None and topology.multi_node:
+            return commit_replicated(job, topology, group)
+        return commit_save(job, group)
+
     def _advertise(self, trainer: pl.Trainer, job: SaveJob, blocking: float, commit_s: float | None = None) -> None:
         self.last_costs = SnapshotCosts(job.step, blocking, commit_s or 0.0)
         events = self._owner.events
         if events is not None:
             payload = {"path": str(job.final), "blocking_s": blocking, "commit_s": commit_s}
             events.emit("snapshot_committed", step=job.step, payload=payload)
-        if not trainer.is_global_zero or self._checkpointer is None:
+        leads = self._topology.is_leader if self._topology is not None else trainer.is_global_zero
+        if not leads or self._checkpointer is None:
             return
         if not self._kept:
             # The first commit of this attempt: the snapshots earlier attempts left are listed once
@@ -221,15 +331,17 @@ class StepSnapshots:
         self._kept.append(job.final)
         while len(self._kept) > KEEP:
             self._checkpointer.store.remove(self._kept.pop(0))
-        if not self._reported:
+        if not self._reported and trainer.is_global_zero:
             self._reported = True
             manifest = read_manifest(job.final, store=self._checkpointer.store_at(job.final))
             size = sum(entry.size for entry in manifest.files.values())
             buffers = self._saves.snapshot.nbytes if self._saves and self._saves.snapshot else 0
             every, where = self.every_n_train_steps, self._checkpointer.dirpath
+            nodes = len(self._topology.nodes) if self._topology is not None else 1
+            replicas = f", each node's files replicated to the next of {nodes} nodes" if nodes > 1 else ""
             rank_zero_info(
                 f"lightning_field: a snapshot every {every} step(s) into {where} ({size / 1e6:.1f} MB each,"
-                f" {KEEP} kept, {buffers / 1e6:.1f} MB of host buffers on rank 0)"
+                f" {KEEP} kept, {buffers / 1e6:.1f} MB of host buffers on rank 0{replicas})"
             )
 
     # ------------------------------------------------------------------ the end
@@ -252,6 +364,22 @@ def _prepared(root: Path) -> str | None:
         _make_private(root)
     except OSError as err:
         return str(err)
+    return None
+
+
+def _shared_between_nodes(root: Path, topology: NodeTopology) -> str | None:
+    """Why ``root`` cannot hold replicas: two nodes' leaders see the very same directory (one host,
+    one inode), where a replica would be no second copy at all. Collective."""
+    info = root.stat()
+    seen = all_gather_objects((topology.node, node_key(0)[0], info.st_dev, info.st_ino, str(root)))
+    first: dict[tuple[str, int, int], tuple[int, str]] = {}
+    for node, host, device, inode, path in seen:
+        other = first.setdefault((host, device, inode), (node, path))
+        if other[0] != node:
+            return (
+                f"the snapshot directory {path} is one and the same directory on nodes {other[0]} and {node} (host"
+                f" {host}): a replica there is no second copy. Give each node a node-local snapshot_dir of its own."
+            )
     return None
 
 

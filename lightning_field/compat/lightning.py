@@ -24,6 +24,7 @@ from lightning_field.compat.lightning_range import TESTED_LIGHTNING, unsupported
 
 # isort: split
 import lightning.pytorch as pl
+import torch
 from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.fabric.strategies.model_parallel import _load_checkpoint
 from lightning.pytorch.callbacks import ModelCheckpoint
@@ -109,6 +110,7 @@ __all__ = [
     "set_wrapped_sampler_order",
     "slurm_requeue_signal",
     "start_next_epoch_iterator",
+    "start_process_group_early",
     "step_plateau_schedulers_missed_at_epoch_end",
     "successful_fetches",
     "trainer_callbacks",
@@ -172,6 +174,22 @@ def load_sharded_from(strategy: Any, path: Any, weights_only: bool | None = None
         optimizer_states_from_list=True,
         weights_only=weights_only,
     )
+
+
+def start_process_group_early(trainer: pl.Trainer) -> None:
+    """Start the strategy's process group now, before ``fit`` resolves ``ckpt_path``.
+
+    Lightning (2.6) resolves ``ckpt_path="last"`` (``_checkpoint_connector._select_ckpt_path``)
+    before ``Trainer._run`` calls ``strategy.setup_environment()``; resolving over several nodes'
+    snapshot directories needs the ranks to talk first. ``setup_environment`` is the strategy's own
+    start (device, seed reset, ranks, ``init_process_group``); when ``_run`` calls it again,
+    ``_init_dist_connection`` finds the group initialized and returns, and the seed is reset again
+    as it would have been. No-op without a multi-process strategy or once a group exists.
+    """
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return
+    if getattr(trainer.strategy, "world_size", 1) > 1:
+        trainer.strategy.setup_environment()
 
 
 def hide_no_last_checkpoint_hint() -> Callable[[], None]:

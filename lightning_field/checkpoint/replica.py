@@ -1,0 +1,458 @@
+"""Step snapshots over several machines: each snapshot replicated to a partner node, and the resume
+that agrees on one step over the node-local snapshots, their replicas and the persistent store.
+
+A snapshot lives in node-local memory (``/dev/shm``), which a lost machine takes with it. So, in a
+run over several nodes, the commit of every snapshot also sends each rank's files to its partner:
+the rank with the same local index on the next node (node *i* replicates to node *i + 1*, the last
+to the first). Each node's directory then holds, under the snapshot's name, its own ranks' files
+and its neighbour's, with the manifest of the whole snapshot; with two nodes, each holds all of it.
+The manifest is published on every node at once (one atomic rename each) after every rank wrote
+and every replica arrived and matched its sender's hash, so a node never lists half a snapshot.
+
+Resuming (``ckpt_path="last"``), the nodes agree before anything is loaded: each node's first
+rank verifies what its directory holds, the inventories are exchanged, and the newest snapshot
+whose files all exist somewhere, intact, is chosen when it is newer than the newest recoverable
+persistent checkpoint. Each node then receives the files it lacks from a node holding them (a
+node that replaced a lost one receives everything), checks each against the manifest, and
+publishes a complete copy; every rank loads its own node's copy. A node lost with its partner
+(or every node) leaves the persistent checkpoints, as before.
+
+Everything here that decides is a pure function of the gathered inventories (tested as such);
+what moves bytes runs on every rank of a host (gloo) group, every rank calling every collective.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import socket
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from lightning_field.checkpoint.commit import RankReport, SaveJob, build_manifest
+from lightning_field.checkpoint.stores import CheckpointStore, LocalStore, RankOutcome
+from lightning_field.checkpoint.stores.local import temp_dir_for
+from lightning_field.checkpoint.verify import verify_against
+from lightning_field.core.distributed import all_gather_objects, broadcast_object
+from lightning_field.core.fsio import HashingWriter, atomic_write_bytes, exchange_or_replace_dir
+from lightning_field.core.hashing import new_hasher
+from lightning_field.core.manifest import MANIFEST_NAME, Manifest, ManifestError, manifest_from_bytes
+from lightning_field.core.member_paths import UnsafeMemberError, member_name_problem
+from lightning_field.core.signing import keys_from_environment
+
+__all__ = [
+    "HeldSnapshot",
+    "NodeTopology",
+    "RestorePlan",
+    "Transfer",
+    "commit_replicated",
+    "inventory",
+    "node_key",
+    "plan_restore",
+    "restore_from_nodes",
+]
+
+log = logging.getLogger(__name__)
+
+
+def node_key(node_rank: int) -> tuple[str, int]:
+    """What tells this rank's machine from the others: its host name and the launcher's node rank
+    (two simulated nodes share a host name)."""
+    return socket.gethostname(), int(node_rank)
+
+
+@dataclass(frozen=True)
+class NodeTopology:
+    """Which ranks share a machine (and so a node-local directory), and who replicates to whom.
+
+    ``nodes``: the global ranks on each machine, machines in node order, ranks ascending.
+    """
+
+    nodes: tuple[tuple[int, ...], ...]
+    rank: int
+
+    @classmethod
+    def from_members(cls, members: Sequence[tuple[Any, int]], rank: int) -> NodeTopology:
+        """From every rank's ``(node key, global rank)``, as :func:`all_gather_objects` returns them.
+
+        Raises:
+            ValueError: the nodes run different numbers of ranks (a partner is the rank of the same
+                local index on the next node, which then may not exist).
+        """
+        by_node: dict[Any, list[int]] = {}
+        for key, member in members:
+            by_node.setdefault(key, []).append(int(member))
+        nodes = tuple(tuple(sorted(ranks)) for _, ranks in sorted(by_node.items(), key=lambda kv: min(kv[1])))
+        sizes = {len(ranks) for ranks in nodes}
+        if len(sizes) > 1:
+            shape = ", ".join(f"node {i}: ranks {list(r)}" for i, r in enumerate(nodes))
+            raise ValueError(f"step snapshots need the same number of ranks on every node to pair them up; got {shape}")
+        return cls(nodes, rank)
+
+    @property
+    def multi_node(self) -> bool:
+        return len(self.nodes) > 1
+
+    def node_of(self, rank: int) -> int:
+        return next(i for i, ranks in enumerate(self.nodes) if rank in ranks)
+
+    @property
+    def node(self) -> int:
+        return self.node_of(self.rank)
+
+    def leader(self, node: int) -> int:
+        """The rank that speaks for ``node``'s directory: verifies, publishes, prunes, receives."""
+        return self.nodes[node][0]
+
+    @property
+    def is_leader(self) -> bool:
+        return self.rank == self.leader(self.node)
+
+    def partner(self, rank: int) -> int:
+        """Where ``rank``'s snapshot files are replicated: the same local index on the next node."""
+        node = self.node_of(rank)
+        return self.nodes[(node + 1) % len(self.nodes)][self.nodes[node].index(rank)]
+
+    def source(self, rank: int) -> int:
+        """Whose files ``rank`` keeps a replica of: the rank it is the partner of."""
+        node = self.node_of(rank)
+        return self.nodes[(node - 1) % len(self.nodes)][self.nodes[node].index(rank)]
+
+
+# ---------------------------------------------------------------------------------------- the commit
+def commit_replicated(job: SaveJob, topology: NodeTopology, group: Any = None) -> str | None:
+    """The commit protocol of :mod:`~lightning_field.checkpoint.commit`, with each rank's files also
+    written on its partner's node and the manifest published on every node; the error that stopped
+    it (the same on every rank), else None.
+
+    1. Every rank writes its files into its node's hidden directory (hashing while writing).
+    2. The receipts are gathered; every rank sends its files to its partner and receives its
+       source's, written into the partner node's hidden directory and checked against the sender's hash.
+    3. Rank 0 builds and signs the manifest and broadcasts it; every node's leader publishes it (the
+       rename). A node that could not publish loses only its own copy; the save reports the error.
+
+    Collective over ``group``: every rank calls it for the same save.
+    """
+    store = job.store
+    if not isinstance(store, LocalStore):
+        raise TypeError(f"replicated snapshots commit into a node-local LocalStore, not {type(store).__name__}")
+    final = Path(job.final)
+    token = broadcast_object(uuid.uuid4().hex[:8], group=group)
+    if job.snapshot_error is not None:  # nothing to write; the exchanges still run
+        outcome = RankOutcome(job.rank, [], job.snapshot_error)
+    else:
+        outcome = store.write(final, token, job.rank, job.files)
+    gathered: list[RankReport] = all_gather_objects(
+        (outcome, job.rank_missing, job.data_restore, job.stream_positions), group=group
+    )
+    outcomes = {o.rank: o for o, _, _, _ in gathered}
+    error = _joined(f"rank {o.rank}: {o.error}" for o in outcomes.values() if o.error)
+    hidden = store.hidden_dir(final, token)
+    if error is None:
+        replicated = _replicate(hidden, outcomes, topology, group)
+        error = _joined(e for e in all_gather_objects(replicated, group=group) if e)
+    manifest: Manifest | None = None
+    if error is None and job.is_global_zero:
+        try:
+            manifest = build_manifest(job, gathered)
+            manifest.sign(keys_from_environment())
+        except Exception as err:
+            error = f"rank 0 (commit): {type(err).__name__}: {err}"
+    error, manifest = broadcast_object((error, manifest), group=group)
+    published = None
+    if error is None and topology.is_leader:
+        assert manifest is not None  # broadcast with the verdict
+        try:
+            store.publish(final, token, manifest)
+        except Exception as err:
+            published = f"node {topology.node} (rank {topology.rank}): publishing {final} failed: {err}"
+    if error is None:
+        error = _joined(e for e in all_gather_objects(published, group=group) if e)
+    if error is not None and topology.is_leader:
+        store.discard(final, token)  # what this node's ranks wrote and received; a published copy stays
+    return error
+
+
+def _joined(errors: Any) -> str | None:
+    found = [e for e in errors if e]
+    return "; ".join(found) if found else None
+
+
+def _replicate(hidden: Path, outcomes: dict[int, RankOutcome], topology: NodeTopology, group: Any) -> str | None:
+    """Send this rank's files to its partner and write its source's files into this node's hidden
+    directory; the problem, else None. Every rank first says whether it can take part (a rank
+    that could not read its own files must not leave its partner waiting on a receive)."""
+    rank = topology.rank
+    partner, source = topology.partner(rank), topology.source(rank)
+    sends: list[torch.Tensor] = []
+    problem = None
+    try:
+        sends = [_file_tensor(hidden / r.file, r.size) for r in outcomes[rank].receipts]
+    except OSError as err:
+        problem = f"rank {rank}: reading its snapshot files to replicate them failed: {err}"
+    if any(all_gather_objects(problem, group=group)):
+        return problem
+    expected = outcomes[source].receipts
+    received = [torch.empty(r.size, dtype=torch.uint8) for r in expected]
+    try:
+        _exchange([(t, partner) for t in sends], [(t, source) for t in received], group)
+    except RuntimeError as err:
+        return f"rank {rank}: replicating with ranks {partner}/{source} failed: {err}"
+    for receipt, data in zip(expected, received, strict=True):
+        written = _write_checked(hidden, receipt.file, data, receipt.hash, f"rank {source}'s replica")
+        if written is not None:
+            return f"rank {rank}: {written}"
+    return None
+
+
+def _file_tensor(path: Path, size: int) -> torch.Tensor:
+    """The file's bytes as a tensor to send, mapped rather than copied where it has any."""
+    if size == 0:
+        return torch.empty(0, dtype=torch.uint8)
+    if path.stat().st_size != size:
+        raise OSError(f"{path} is {path.stat().st_size} bytes, its receipt says {size}")
+    return torch.from_file(str(path), shared=False, size=size, dtype=torch.uint8)
+
+
+def _exchange(
+    sends: Sequence[tuple[torch.Tensor, int]], receives: Sequence[tuple[torch.Tensor, int]], group: Any
+) -> None:
+    """Post every receive and send at once, then wait for all of them: no order of pairs can
+    deadlock. Messages between one pair are told apart by their position (the tag)."""
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError("replication needs torch.distributed initialized")
+    requests: list[Any] = []
+    tags: dict[tuple[str, int], int] = {}
+    for tensor, peer in receives:
+        tag = tags[("r", peer)] = tags.get(("r", peer), -1) + 1
+        if tensor.numel():
+            requests.append(dist.irecv(tensor, src=peer, group=group, tag=tag))
+    for tensor, peer in sends:
+        tag = tags[("s", peer)] = tags.get(("s", peer), -1) + 1
+        if tensor.numel():
+            requests.append(dist.isend(tensor, dst=peer, group=group, tag=tag))
+    for request in requests:
+        if request is not None:  # None only where this rank is outside ``group``, which it never is here
+            request.wait()
+
+
+def _write_checked(directory: Path, name: str, data: torch.Tensor, expected_hash: str, what: str) -> str | None:
+    """Write ``data`` as ``directory/name`` and compare its hash; the problem (file removed), else None."""
+    problem = member_name_problem(name)
+    if problem is not None or "/" in name:
+        return f"{what}: refused the file name {name!r} ({problem or 'a nested path'})"
+    path = directory / name
+    directory.mkdir(parents=True, exist_ok=True)
+    writer = HashingWriter(path)
+    try:
+        if data.numel():
+            writer.write(data.numpy().data)
+        _, digest = writer.finish(sync=False)  # node-local memory: it need only outlive the process
+    except OSError as err:
+        writer.close()
+        path.unlink(missing_ok=True)
+        return f"{what}: writing {path} failed: {err}"
+    if digest != expected_hash:
+        path.unlink(missing_ok=True)
+        return f"{what}: {name} arrived with hash {digest[:16]}…, sent with {expected_hash[:16]}…"
+    return None
+
+
+# ---------------------------------------------------------------------------------------- the resume
+@dataclass(frozen=True)
+class HeldSnapshot:
+    """One committed snapshot as one node's directory holds it (its leader verified it)."""
+
+    name: str
+    step: int
+    created_unix: float
+    digest: str  # of the manifest's signed content: the same save on every node
+    listed: frozenset[str]  # every file the manifest names
+    intact: frozenset[str]  # those this node holds and whose bytes match the manifest
+
+    @property
+    def complete(self) -> bool:
+        return self.intact == self.listed
+
+
+def inventory(root: Path, store: CheckpointStore, log_skips: bool = True) -> list[HeldSnapshot]:
+    """What ``root`` holds, verified file by file: a partial copy (a node that was sent only its
+    neighbour's files) lists the files it has; a file that is damaged is not held; a snapshot
+    whose manifest is unreadable, unrecoverable, or whose signature fails is skipped."""
+    warn = log.warning if log_skips else log.debug
+    held: list[HeldSnapshot] = []
+    for listed_path in store.checkpoints(root):
+        checkpoint = Path(listed_path)  # a LocalStore lists Paths
+        try:
+            raw = store.read(checkpoint, MANIFEST_NAME)
+            manifest = manifest_from_bytes(raw, checkpoint / MANIFEST_NAME, None, checkpoint)
+        except (ManifestError, UnsafeMemberError) as err:
+            warn("Skipping snapshot %s: %s", checkpoint, err)
+            continue
+        if not manifest.recoverable:
+            continue
+        signature = verify_against(manifest, store, checkpoint, files=[])
+        if signature.problems:
+            warn("Skipping snapshot %s: %s", checkpoint, "; ".join(signature.problems))
+            continue
+        intact = []
+        for name in sorted(manifest.files):
+            try:
+                present = store.size(checkpoint, name) is not None
+            except UnsafeMemberError as err:
+                warn("Snapshot %s: %s", checkpoint, err)
+                continue
+            if not present:
+                continue
+            report = verify_against(manifest, store, checkpoint, files=[name])
+            if report.problems:
+                warn("Snapshot %s: %s", checkpoint, "; ".join(report.problems))
+                continue
+            intact.append(name)
+        digest = new_hasher()
+        digest.update(manifest.signed_content())
+        listed, holding = frozenset(manifest.files), frozenset(intact)
+        created = manifest.created_unix
+        held.append(HeldSnapshot(checkpoint.name, manifest.step, created, digest.hexdigest(), listed, holding))
+    return held
+
+
+@dataclass(frozen=True)
+class Transfer:
+    file: str
+    source: int  # node
+    destination: int  # node
+
+
+@dataclass(frozen=True)
+class RestorePlan:
+    """The snapshot every node will load, and the files each node must first receive."""
+
+    name: str
+    step: int
+    digest: str
+    holder: int  # the first node holding any of it: its leader sends the manifest
+    transfers: tuple[Transfer, ...]
+    complete_on: tuple[int, ...]  # nodes that held all of it already
+
+    @property
+    def from_replica(self) -> bool:
+        """Some node needs files from another node's copy (a replica, or a neighbour's own files)."""
+        return bool(self.transfers)
+
+
+def plan_restore(inventories: Sequence[Sequence[HeldSnapshot]], newer_than: int) -> RestorePlan | None:
+    """The newest snapshot whose every file is held, intact, by some node, if its step is newer
+    than ``newer_than`` (the newest recoverable persistent checkpoint's; a tie goes to that one);
+    and which node sends which file to whom. ``inventories[n]`` is node ``n``'s.
+
+    A pure function of what every rank gathered: every rank reaches the same plan."""
+    copies: dict[tuple[str, str], list[tuple[int, HeldSnapshot]]] = {}
+    for node, held in enumerate(inventories):
+        for snapshot in held:
+            copies.setdefault((snapshot.name, snapshot.digest), []).append((node, snapshot))
+    best: tuple[tuple[int, float], RestorePlan] | None = None
+    for (name, digest), holders in copies.items():
+        listed = holders[0][1].listed
+        if any(h.listed != listed for _, h in holders):
+            continue  # the same manifest digest names the same files: a disagreement is a forgery
+        if set().union(*(h.intact for _, h in holders)) != listed:
+            continue  # some file is intact nowhere
+        step, created = holders[0][1].step, holders[0][1].created_unix
+        if step <= newer_than:
+            continue
+        owners = {f: min(n for n, h in holders if f in h.intact) for f in listed}
+        transfers = tuple(
+            Transfer(f, owners[f], node)
+            for node, held in enumerate(inventories)
+            for f in sorted(listed - next((h.intact for n, h in holders if n == node), frozenset()))
+        )
+        complete = tuple(n for n, h in holders if h.complete)
+        plan = RestorePlan(name, step, digest, holders[0][0], transfers, complete)
+        if best is None or (step, created) > best[0]:
+            best = ((step, created), plan)
+    return best[1] if best is not None else None
+
+
+def restore_from_nodes(
+    root: Path,
+    plan: RestorePlan,
+    topology: NodeTopology,
+    group: Any,
+    store: CheckpointStore,
+) -> str | None:
+    """Make ``root/plan.name`` a complete, verified copy on every node (collective over ``group``);
+    the problem, the same on every rank, else None.
+
+    The holder's leader broadcasts the manifest's bytes; each node's leader receives the files its
+    node lacks from a node that holds them, checks each against the manifest, writes them with
+    links to what it already holds into a hidden directory, and renames it into place."""
+    leader = topology.leader(plan.holder)
+    raw = None
+    if topology.rank == leader:
+        raw = store.read(root / plan.name, MANIFEST_NAME)
+    raw = broadcast_object(raw, src=leader, group=group)
+    problem = None
+    try:
+        manifest = manifest_from_bytes(raw, root / plan.name / MANIFEST_NAME, None, root / plan.name)
+    except ManifestError as err:
+        problem = f"the manifest of {plan.name} sent by rank {leader}: {err}"
+    if any(all_gather_objects(problem, group=group)):
+        return problem or "another rank could not read the manifest sent"
+    if topology.is_leader:
+        problem = _exchange_files(root, plan, manifest, raw, topology, group)
+    return _joined(e for e in all_gather_objects(problem, group=group) if e)
+
+
+def _exchange_files(
+    root: Path, plan: RestorePlan, manifest: Manifest, raw: bytes, topology: NodeTopology, group: Any
+) -> str | None:
+    """This leader's part of the restore: send what others lack, receive and assemble what it lacks."""
+    node = topology.node
+    mine = [t for t in plan.transfers if t.destination == node]
+    theirs = [t for t in plan.transfers if t.source == node]
+    here = root / plan.name
+    sends, receives = [], []
+    try:
+        for transfer in theirs:
+            size = manifest.files[transfer.file].size
+            sends.append((_file_tensor(here / transfer.file, size), topology.leader(transfer.destination)))
+    except OSError as err:
+        return f"node {node}: reading {plan.name} to send it failed: {err}"
+    for transfer in mine:
+        receives.append((torch.empty(manifest.files[transfer.file].size, dtype=torch.uint8),
+                         topology.leader(transfer.source)))  # fmt: skip
+    try:
+        _exchange(sends, receives, group)
+    except RuntimeError as err:
+        return f"node {node}: receiving {plan.name} failed: {err}"
+    if not mine:
+        return None
+    assembled = temp_dir_for(root, plan.name, f"restore-{uuid.uuid4().hex[:8]}")
+    try:
+        assembled.mkdir(parents=True)
+        for transfer, (data, _) in zip(mine, receives, strict=True):
+            written = _write_checked(assembled, transfer.file, data, manifest.files[transfer.file].hash,
+                                     f"node {transfer.source}'s copy")  # fmt: skip
+            if written is not None:
+                return f"node {node}: {written}"
+        received = {t.file for t in mine}
+        for name in sorted(set(manifest.files) - received):
+            os.link(here / name, assembled / name)  # held and verified here already: no byte copied
+        atomic_write_bytes(assembled / MANIFEST_NAME, raw, durable=False)
+        replaced = exchange_or_replace_dir(assembled, here)
+        if replaced is not None:
+            shutil.rmtree(replaced, ignore_errors=True)
+    except OSError as err:
+        return f"node {node}: assembling {here} failed: {err}"
+    finally:
+        shutil.rmtree(assembled, ignore_errors=True)  # gone already once renamed into place
+    return None
+
