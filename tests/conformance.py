@@ -16,10 +16,12 @@ import contextlib
 import multiprocessing
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -180,32 +182,34 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _torchrun(name: str, root: Path, out: Path, checkpoint: str, kill: bool, shards: Path | None) -> tuple[int, str]:
-    """One agent per simulated node, as a multi-node job starts; returns the worse exit status."""
+def _agent_command(name: str, root: Path, out: Path, checkpoint: str, kill: bool, port: int) -> list[str]:
+    """One simulated node's torchrun elastic agent (c10d rendezvous on loopback, one restart)."""
     from conftest import python_program
 
     config = CONFIGS[name]
-    env = _job_env(shards)
-    # The launch line docs/conformance.md documents: without it, restarted groups can hang (pytorch#135712).
-    env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
-    port = _free_port()
-    command = [
+    return [
         python_program(), "-m", "torch.distributed.run", f"--nnodes={config.nodes}",
         f"--nproc-per-node={config.devices}", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
         f"--rdzv-id=conformance-{port}", "--max-restarts=1", "--monitor-interval=0.5",
         str(JOB), name, "--root", str(root), "--out", str(out), "--checkpoint", checkpoint,
         *(["--kill"] if kill else []),
     ]  # fmt: skip
-    logs = [root.parent / f"{root.name}-node{n}.log" for n in range(config.nodes)]
-    agents = []
-    for log in logs:
-        with open(log, "w") as sink:
-            agents.append(subprocess.Popen(command, env=env, stdout=sink, stderr=subprocess.STDOUT,
-                                           start_new_session=True))  # fmt: skip
+
+
+def _start_agent(command: list[str], shards: Path | None, node: str, log: Path) -> subprocess.Popen[bytes]:
+    env = _job_env(shards)
+    # The launch line docs/conformance.md documents: without it, restarted groups can hang (pytorch#135712).
+    env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+    env["CONFORMANCE_NODE"] = node  # which simulated machine: its "node-local" snapshot directory
+    with open(log, "w") as sink:
+        return subprocess.Popen(command, env=env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _wait_agents(agents: list[subprocess.Popen[bytes]], timeout: float) -> list[int]:
     codes = []
     try:
         for agent in agents:
-            codes.append(agent.wait(timeout=240))
+            codes.append(agent.wait(timeout=timeout))
     except subprocess.TimeoutExpired:
         codes.append(-999)
     finally:
@@ -213,7 +217,64 @@ def _torchrun(name: str, root: Path, out: Path, checkpoint: str, kill: bool, sha
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(agent.pid, signal.SIGKILL)
             agent.wait()
+    return codes
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _start_agents(name: str, root: Path, out: Path, checkpoint: str, kill: bool, shards: Path | None
+                  ) -> tuple[list[subprocess.Popen[bytes]], list[Path], int]:  # fmt: skip
+    """Node 0's agent first, and the others once it listens: node 0 then hosts the rendezvous
+    store, so the loss of another node leaves the rendezvous standing."""
+    port = _free_port()
+    command = _agent_command(name, root, out, checkpoint, kill, port)
+    logs = [root.parent / f"{root.name}-node{n}.log" for n in range(CONFIGS[name].nodes)]
+    agents = [_start_agent(command, shards, "node-0", logs[0])]
+    for _ in range(300):
+        if _listening(port) or agents[0].poll() is not None:
+            break
+        time.sleep(0.05)
+    agents += [_start_agent(command, shards, f"node-{n}", log) for n, log in enumerate(logs[1:], start=1)]
+    return agents, logs, port
+
+
+def _torchrun(name: str, root: Path, out: Path, checkpoint: str, kill: bool, shards: Path | None) -> tuple[int, str]:
+    """One agent per simulated node, as a multi-node job starts; returns the worse exit status."""
+    agents, logs, _ = _start_agents(name, root, out, checkpoint, kill, shards)
+    codes = _wait_agents(agents, 240)
     text = "\n".join(f"--- node {n} ---\n{log.read_text()}" for n, log in enumerate(logs))
+    return next((c for c in codes if c != 0), 0), text
+
+
+def _lose_a_node(name: str, root: Path, out: Path, checkpoint: str, shards: Path | None) -> tuple[int, str]:
+    """Node 1 stops at the kill step (its worker marks it); then its agent and worker are SIGKILLed, its
+    snapshot directory deleted, and a new agent with an empty directory joins the restarted group."""
+    agents, logs, port = _start_agents(name, root, out, checkpoint, True, shards)
+    mark = root / "node-lost"
+    deadline = time.monotonic() + 180
+    while not mark.exists() and time.monotonic() < deadline and all(a.poll() is None for a in agents):
+        time.sleep(0.05)
+    if not mark.exists():
+        codes = _wait_agents(agents, 1)
+        return codes[0] or -998, "\n".join(log.read_text() for log in logs)
+    time.sleep(0.2)  # the mark is written just before the worker stops itself
+    lost = agents.pop(1)
+    for pid in {int(p) for p in mark.read_text().split()} | {lost.pid}:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)  # the agent and the worker program lead process groups of their own
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    lost.wait()
+    shutil.rmtree(root / "snapshots" / "node-1")
+    replacement_log = root.parent / f"{root.name}-node1-replacement.log"
+    agents.append(_start_agent(_agent_command(name, root, out, checkpoint, True, port), shards,
+                               "node-1-replacement", replacement_log))  # fmt: skip
+    codes = _wait_agents(agents, 240)
+    logs.append(replacement_log)
+    text = "\n".join(f"--- {log.name} ---\n{log.read_text()}" for log in logs)
     return next((c for c in codes if c != 0), 0), text
 
 
@@ -224,6 +285,8 @@ def run_protocol(name: str, checkpoint: str, tmp: Path, shards: Path | None = No
     suite shares one folder), else beside the runs in ``tmp``.
     """
     config = CONFIGS[name]
+    if config.lose_node:
+        return _run_node_loss_protocol(name, checkpoint, tmp, shards)
     if config.nodes > 1:
         return _run_elastic_protocol(name, checkpoint, tmp, shards)
     go = _cli_launched if config.cli else _launched if config.devices > 1 else _forked
@@ -281,6 +344,27 @@ def _run_elastic_protocol(name: str, checkpoint: str, tmp: Path, shards: Path | 
         outcome.error = f"torchrun did not restart the group: {_tail(outcome.log)}"
     elif rc != 0:
         outcome.error = f"the restarted launch exited {rc}: {_tail(outcome.log)}"
+    if outcome.error:
+        return outcome
+    return _judged(outcome, reference, resumed)
+
+
+def _run_node_loss_protocol(name: str, checkpoint: str, tmp: Path, shards: Path | None) -> Outcome:
+    """Reference launch; then a launch that loses node 1 (agent, worker, snapshot directory) and
+    goes on with a new, empty node in its place, which torchrun's restarted group takes in."""
+    outcome = Outcome(name, checkpoint)
+    reference, resumed = tmp / f"{checkpoint}-reference.pt", tmp / f"{checkpoint}-resumed.pt"
+    rc, log = _torchrun(name, tmp / f"{checkpoint}-reference", reference, checkpoint, kill=False, shards=shards)
+    if rc != 0:
+        outcome.error, outcome.log = f"reference launch exited {rc}: {_tail(log)}", log
+        return outcome
+    root = tmp / f"{checkpoint}-interrupted"
+    rc, outcome.log = _lose_a_node(name, root, resumed, checkpoint, shards)
+    outcome.killed_rc = -9 if (root / "node-lost").exists() else None
+    if outcome.killed_rc is None:
+        outcome.error = f"no node of the first attempt was lost: {_tail(outcome.log)}"
+    elif rc != 0:
+        outcome.error = f"the launch that lost a node exited {rc}: {_tail(outcome.log)}"
     if outcome.error:
         return outcome
     return _judged(outcome, reference, resumed)

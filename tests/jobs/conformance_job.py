@@ -348,6 +348,10 @@ class Config:
     resumed_with: dict[str, Any] = field(default_factory=dict)  # Config fields the rerun changes
     cli: bool = False  # a user's LightningCLI script (jobs/cli_job.py), killed and rerun with --ckpt_path last
     snapshot_every: int | None = None  # ManifestCheckpoint(snapshot_every_n_train_steps=...), into the run's folder
+    # Under torchrun: the second simulated node (its agent, its worker, its snapshot directory) is lost at
+    # kill_at and a new, empty one joins the restarted group (tests/conformance.py, node-loss protocol).
+    lose_node: bool = False
+    damage_newest_snapshot: bool = False  # the rerun first flips a byte in the newest snapshot's state file
     what: str = ""
 
 
@@ -470,6 +474,13 @@ CONFIGS: dict[str, Config] = {
     "snapshots-accumulate": Config(kill_at=6, max_steps=10, every_n_train_steps=4, snapshot_every=1,
                                    trainer={"accumulate_grad_batches": 3}, scheduler="step_step",
                                    what="snapshots with accumulate_grad_batches=3"),
+    "snapshots-damaged-newest": Config(kill_at=7, max_steps=12, every_n_train_steps=4, snapshot_every=1,
+                                       damage_newest_snapshot=True,
+                                       what="snapshots, the newest damaged before the rerun: the one before it"),
+    "snapshots-node-lost": Config(kill_at=7, max_steps=12, nodes=2, every_n_train_steps=4, snapshot_every=1,
+                                  lose_node=True,
+                                  what="torchrun, 2 nodes with snapshots: one node lost, a new one resumes"
+                                       " from its partner's replica"),
     "snapshots-mid-epoch-validation": Config(kill_at=_EPOCH + 3, max_epochs=3, every_n_train_steps=5, snapshot_every=1,
                                              validate=True, trainer={"val_check_interval": 3},
                                              what="snapshots with a mid-epoch validation (val_check_interval=3)"),
@@ -530,6 +541,35 @@ class KillAtStep(Callback):
                 # The pid the launcher started: under tests/warm_python.py, the program it forked this job for.
                 self.mark.write_text(os.environ.get("FIELD_WARM_LAUNCHED_PID", str(os.getpid())))
             os.kill(os.getpid(), self.signum)
+
+
+class LoseNode(Callback):
+    """At the start of ``step``, this whole simulated node stops: its pids (the one its launcher started,
+    and its own) go into ``mark``, then the process stops itself, holding its sockets open, until the
+    test kills the node's agent and processes and deletes its snapshot directory."""
+
+    def __init__(self, step: int, mark: Path) -> None:
+        self.step = step
+        self.mark = mark
+
+    def on_train_batch_start(self, trainer: pl.Trainer, *args: Any) -> None:
+        if trainer.global_step == self.step and not self.mark.exists():
+            launched = os.environ.get("FIELD_WARM_LAUNCHED_PID", str(os.getpid()))
+            self.mark.write_text(f"{launched} {os.getpid()}")
+            os.kill(os.getpid(), signal.SIGSTOP)
+
+
+def damage_newest_snapshot(checkpoints: Path, snapshots: Path) -> str:
+    """Flip a byte of the newest snapshot's shared state file (its manifest untouched); its name."""
+    from lightning_field.checkpoint.snapshots import snapshot_dir_for
+    from lightning_field.core.manifest import SHARED_STATE_FILE, read_manifest
+
+    where = snapshot_dir_for(checkpoints, snapshots)
+    newest = max((p for p in where.iterdir() if (p / "manifest.json").is_file()), key=lambda p: read_manifest(p).step)
+    data = bytearray((newest / SHARED_STATE_FILE).read_bytes())
+    data[-20] ^= 0xFF
+    (newest / SHARED_STATE_FILE).write_bytes(bytes(data))
+    return newest.name
 
 
 class StopAtStep(Callback):
@@ -617,8 +657,11 @@ def run(name: str, root: str, out: str, checkpoint: str, kill: bool, resume: boo
 
         cls: type[ModelCheckpoint] = ManifestCheckpoint
         if config.snapshot_every:
-            snapshots = {"snapshot_every_n_train_steps": config.snapshot_every,
-                         "snapshot_dir": os.path.join(root, "snapshots")}  # fmt: skip
+            # Each simulated node its own "node-local" directory, as /dev/shm is on a real machine.
+            where = os.path.join(root, "snapshots", os.environ.get("CONFORMANCE_NODE", ""))
+            snapshots = {"snapshot_every_n_train_steps": config.snapshot_every, "snapshot_dir": where}
+            if resume and config.damage_newest_snapshot:
+                print(f"conformance: damaged {damage_newest_snapshot(Path(root, 'checkpoints'), Path(where))}")
     else:
         cls = ModelCheckpoint
     saver = cls(
@@ -639,7 +682,9 @@ def run(name: str, root: str, out: str, checkpoint: str, kill: bool, resume: boo
         resume = True
         Path(root).mkdir(parents=True, exist_ok=True)
         Path(root, f"started-{os.getpid()}").touch()
-        if kill and os.environ["RANK"] == "1" and not Path(root, "killed").exists():
+        if kill and config.lose_node and os.environ.get("CONFORMANCE_NODE") == "node-1":
+            callbacks.append(LoseNode(config.kill_at, Path(root, "node-lost")))
+        elif kill and not config.lose_node and os.environ["RANK"] == "1" and not Path(root, "killed").exists():
             callbacks.append(KillAtStep(config.kill_at, Path(root, "killed"), signal.Signals[config.interrupt]))
     elif kill and config.stop == "should_stop":
         callbacks.append(StopAtStep(config.kill_at, after_micro_batches=config.kill_after_micro_batches))
