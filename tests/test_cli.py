@@ -61,11 +61,11 @@ def test_list_shows_step_status_size_age_and_marks_the_resume_pick(
 ) -> None:
     assert field_main(["ckpt", "list", str(ckpts), "--verify"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split() == ["name", "step", "status", "drill", "size", "age"]
+    assert lines[0].split() == ["name", "tier", "step", "status", "drill", "size", "age"]
     newest = lines[1].split()
-    assert newest[:4] == ["epoch=0-step=4", "4", "recoverable", "-"] and lines[1].endswith("<- resume")
-    assert lines[2].split()[:3] == ["epoch=0-step=2", "2", "recoverable"] and "<-" not in lines[2]
-    assert "resumes from epoch=0-step=4" in lines[-1]
+    assert newest[:5] == ["epoch=0-step=4", "persistent", "4", "recoverable", "-"] and lines[1].endswith("<- resume")
+    assert lines[2].split()[:4] == ["epoch=0-step=2", "persistent", "2", "recoverable"] and "<-" not in lines[2]
+    assert "resumes from epoch=0-step=4 (persistent, step 4)" in lines[-1]
 
 
 def _corrupt(checkpoint: Path) -> None:

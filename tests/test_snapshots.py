@@ -16,6 +16,7 @@ from lightning.pytorch.demos.boring_classes import BoringModel
 
 from lightning_field.checkpoint.async_controller import AsyncSaves
 from lightning_field.checkpoint.snapshots import KEEP, snapshot_dir_for
+from lightning_field.cli.main import main as field_main
 from lightning_field.core.events import read_events
 from lightning_field.core.manifest import SHARED_STATE_FILE, read_manifest
 
@@ -103,3 +104,26 @@ def test_wait_for_snapshot_copy_also_waits_for_a_pending_snapshots_copy(
     monkeypatch.setattr(AsyncSaves, "wait_for_snapshot_copy", lambda saves: waited.append(saves))
     trainer.checkpoint_callback.wait_for_snapshot_copy()
     assert len(set(map(id, waited))) == 2  # the persistent saves' writer and the snapshots'
+
+
+def test_field_ckpt_list_shows_both_tiers_with_their_steps_and_marks_the_snapshot_a_restart_resumes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fit(tmp_path, 8)  # persistent: step 5; snapshots: 7 and 8
+    args = ["ckpt", "list", str(tmp_path / "ckpts"), "--snapshot-dir", str(tmp_path / "shm")]
+    assert field_main([*args, "--verify"]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()]
+    assert rows[0][:3] == ["name", "tier", "step"]
+    assert [r[:4] for r in rows[1:4]] == [["epoch=0-step=8", "snapshot", "8", "recoverable"],
+                                          ["epoch=0-step=7", "snapshot", "7", "recoverable"],
+                                          ["epoch=0-step=5", "persistent", "5", "recoverable"]]  # fmt: skip
+    assert rows[1][-2:] == ["<-", "resume"] and "<-" not in rows[2] + rows[3]
+    assert rows[-1][-4:] == ["epoch=0-step=8", "(snapshot,", "step", "8)"]
+    # A node's copy of a multi-node snapshot may hold only some files: it is shown as partial, never resumed.
+    newest = snapshot_dir_for(tmp_path / "ckpts", tmp_path / "shm") / "epoch=0-step=8"
+    (newest / SHARED_STATE_FILE).unlink()
+    assert field_main(args) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()]
+    assert rows[1][:5] == ["epoch=0-step=8", "snapshot", "8", "partial", f"{len(read_manifest(newest).files) - 1}/"
+                           f"{len(read_manifest(newest).files)}"] and "<-" not in rows[1]  # fmt: skip
+    assert rows[2][:2] == ["epoch=0-step=7", "snapshot"] and rows[2][-2:] == ["<-", "resume"]

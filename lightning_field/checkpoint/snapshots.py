@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import logging
 import os
-import stat
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -46,12 +44,12 @@ from lightning_field.checkpoint.replica import (
     restore_from_nodes,
 )
 from lightning_field.checkpoint.resume_policy import NoRecoverableCheckpointError
+from lightning_field.checkpoint.snapshot_dirs import make_private, snapshot_dir_for
 from lightning_field.checkpoint.stores import CheckpointStore, LocalStore, read_manifest
 from lightning_field.checkpoint.verify import VerifyReport
 from lightning_field.compat import lightning as internals
 from lightning_field.core.distributed import all_gather_objects, global_rank, new_host_group
-from lightning_field.core.hashing import IDENTITY_ALGORITHM, new_hasher
-from lightning_field.core.storage import Location, as_location, basename
+from lightning_field.core.storage import Location, as_location
 
 if TYPE_CHECKING:  # the owner imports this module
     from lightning_field.checkpoint.manifest_checkpoint import ManifestCheckpoint
@@ -62,36 +60,6 @@ log = logging.getLogger(__name__)
 
 KEEP = 2
 """Snapshots kept: the newest, and the one before it in case the newest fails verification."""
-
-DEFAULT_PARENT = Path("/dev/shm")
-
-
-def snapshot_dir_for(checkpoint_dir: str | os.PathLike[str], parent: str | os.PathLike[str] | None = None) -> Path:
-    """Where the snapshots of the checkpoints under ``checkpoint_dir`` live: one private folder per
-    user under ``parent`` (``/dev/shm`` where it is writable, else the temporary directory), then
-    one per checkpoint directory, so that a restarted run on the same machine finds its own."""
-    if parent is None:
-        parent = DEFAULT_PARENT if os.access(DEFAULT_PARENT, os.W_OK | os.X_OK) else Path(tempfile.gettempdir())
-    location = as_location(checkpoint_dir)
-    identity = str(location.resolve()) if isinstance(location, Path) else location
-    key = new_hasher(IDENTITY_ALGORITHM)
-    key.update(identity.encode())
-    return Path(parent) / f"lightning_field-snapshots-{os.getuid()}" / f"{basename(location)}-{key.hexdigest()[:16]}"
-
-
-def _make_private(root: Path) -> None:
-    """Create ``root`` (and its per-user parent) private; refuse one another user could write."""
-    root.parent.parent.mkdir(parents=True, exist_ok=True)
-    for folder in (root.parent, root):
-        folder.mkdir(mode=0o700, exist_ok=True)
-        info = folder.lstat()
-        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o022:
-            raise PermissionError(
-                f"snapshot directory {folder} is not a private directory of this user (owner uid {info.st_uid},"
-                f" mode {stat.filemode(info.st_mode)}): a snapshot planted there would be resumed. Remove it, or"
-                " pass ManifestCheckpoint(snapshot_dir=...) a directory of your own."
-            )
-
 
 @dataclass(frozen=True)
 class SnapshotCosts:
@@ -361,7 +329,7 @@ class StepSnapshots:
 
 def _prepared(root: Path) -> str | None:
     try:
-        _make_private(root)
+        make_private(root)
     except OSError as err:
         return str(err)
     return None

@@ -20,7 +20,8 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
-from lightning_field.checkpoint.resolver import committed_checkpoints, latest_recoverable
+from lightning_field.checkpoint.resolver import CheckpointEntry, committed_checkpoints, latest_recoverable
+from lightning_field.checkpoint.snapshot_dirs import snapshot_dir_for
 from lightning_field.checkpoint.stores import location_exists
 from lightning_field.checkpoint.verify import VerifyReport, verify_checkpoint
 from lightning_field.core.manifest import MANIFEST_NAME, Manifest, ManifestError, read_manifest
@@ -189,49 +190,92 @@ def _drill_mark(m: Manifest) -> str:
     return {"mismatch": "FAILED", "error": "error"}.get(outcome, "-")
 
 
+def _snapshot_tier(root: str, parent: str | None) -> Path | None:
+    """The step snapshots of the checkpoints under ``root`` on this machine (where
+    ``ManifestCheckpoint(snapshot_every_n_train_steps=...)`` keeps them), if any are there."""
+    location = as_location(root)
+    if not isinstance(location, Path):
+        return None  # snapshots are of a local run's dirpath; an object store's run keeps them on its nodes
+    where = snapshot_dir_for(location, parent)
+    return where if where.is_dir() else None
+
+
+def _files_here(entry: CheckpointEntry) -> int:
+    """How many of the manifest's files this copy holds (a node's copy of a multi-node snapshot may hold some)."""
+    assert entry.manifest is not None and isinstance(entry.path, Path)
+    return sum((entry.path / name).is_file() for name in entry.manifest.files)
+
+
+def _status(entry: CheckpointEntry, report: VerifyReport | None, tier: str) -> str:
+    m = entry.manifest
+    assert m is not None
+    if tier == "snapshot" and (held := _files_here(entry)) < len(m.files):
+        return f"partial {held}/{len(m.files)}"
+    if report is not None:
+        return "recoverable" if report.recoverable else ("corrupt" if report.problems else "not recoverable")
+    return "recoverable*" if m.recoverable else f"{m.kind}, incomplete" if m.kind == "recovery" else m.kind
+
+
+def _newer(a: tuple[Location, int] | None, b: tuple[Location, int] | None) -> tuple[Location, int] | None:
+    """The pick over two tiers, as a resume makes it: the newer step; the first (persistent) on a tie."""
+    if a is None or (b is not None and b[1] > a[1]):
+        return b
+    return a
+
+
 def cmd_list(args: argparse.Namespace) -> int:
     options = _storage_options(args)
     root = args.dir
     if not location_exists(root, options):
         print(f"field ckpt list: {root} is not a directory or an existing prefix", file=sys.stderr)
         return 2
-    entries = committed_checkpoints(root, options)
+    tiers: list[tuple[str, CheckpointEntry]] = [("persistent", e) for e in committed_checkpoints(root, options)]
+    snapshots = _snapshot_tier(root, args.snapshot_dir)
+    if snapshots is not None:
+        tiers += [("snapshot", e) for e in committed_checkpoints(snapshots)]
     reports: dict[Location, VerifyReport] = {}
     if args.verify:
-        reports = {e.path: verify_checkpoint(e.path, storage_options=options) for e in entries if e.manifest}
-    # The mark is the resolver's own pick, not the LAST pointer: LAST names the newest commit, which a
-    # restart skips when it is not recoverable, is corrupt or failed its restore drill. Without
-    # --verify the resolver still hashes the newest candidates until one is intact (usually one).
-    resume = latest_recoverable(root, options, reports)
+        reports = {e.path: verify_checkpoint(e.path, storage_options=options if t == "persistent" else None)
+                   for t, e in tiers if e.manifest}  # fmt: skip
+    # The mark is the resolver's own pick over both tiers, not the LAST pointer: LAST names the newest
+    # commit, which a restart skips when it is not recoverable, is corrupt or failed its restore drill.
+    # Without --verify the resolver still hashes the newest candidates until one is intact (usually one).
+    picks: dict[str, tuple[Location, int] | None] = {}
+    for tier, where, storage in (("persistent", root, options), ("snapshot", snapshots, None)):
+        found = latest_recoverable(where, storage, reports, log_skips=False) if where is not None else None
+        manifest = next((e.manifest for t, e in tiers if t == tier and e.path == found), None)
+        picks[tier] = (found, manifest.step) if found is not None and manifest is not None else None
+    resume = _newer(picks["persistent"], picks["snapshot"])
     now = time.time()
-    print(f"{'name':<36} {'step':>8} {'status':<16} {'drill':<6} {'size':>10} {'age':>7}")
-    for entry in entries:
+    entries = sorted(tiers, key=lambda te: (te[1].manifest.step if te[1].manifest else -1, te[0] == "persistent"),
+                     reverse=True)  # fmt: skip
+    print(f"{'name':<36} {'tier':<10} {'step':>8} {'status':<16} {'drill':<6} {'size':>10} {'age':>7}")
+    for tier, entry in entries:
         m = entry.manifest
-        if m is None:
-            print(f"{basename(entry.path):<36} {'?':>8} {'unreadable':<16} {'':<6} {'':>10} {'':>7}  {entry.error}")
-            continue
-        if args.verify:
-            report = reports[entry.path]
-            status = "recoverable" if report.recoverable else ("corrupt" if report.problems else "not recoverable")
-        else:
-            status = "recoverable*" if m.recoverable else f"{m.kind}, incomplete" if m.kind == "recovery" else m.kind
         name = basename(entry.path)
-        marks = " <- resume" if resume is not None and entry.path == resume else ""
+        if m is None:
+            print(f"{name:<36} {tier:<10} {'?':>8} {'unreadable':<16} {'':<6} {'':>10} {'':>7}  {entry.error}")
+            continue
+        status = _status(entry, reports.get(entry.path) if args.verify else None, tier)
+        marks = " <- resume" if resume is not None and entry.path == resume[0] else ""
         size = sum(f.size for f in m.files.values())
-        drill = _drill_mark(m)
         print(
-            f"{name:<36} {m.step:>8} {status:<16} {drill:<6} {_human_bytes(size):>10}"
+            f"{name:<36} {tier:<10} {m.step:>8} {status:<16} {_drill_mark(m):<6} {_human_bytes(size):>10}"
             f" {_human_age(now - m.created_unix):>7}{marks}"
         )
-    if not args.verify and entries:
+    if not args.verify and tiers:
         print("* from the manifest, not verified; add --verify to hash every file")
-    if entries:
+    if tiers:
         print("drill: 'tested' = a restore drill replayed the next step from it and matched the live run")
+    if snapshots is not None:
+        print(f"snapshot: a step snapshot on this machine, in {snapshots} (a run over several nodes agrees over"
+              " every node's copies and their replicas; 'partial' = this node holds some of its files)")  # fmt: skip
     if resume is not None:
-        print(f"resume: a restart with ckpt_path='last' resumes from {basename(resume)}")
-    elif entries:
+        tier = "snapshot" if picks["snapshot"] == resume and picks["persistent"] != resume else "persistent"
+        print(f"resume: a restart with ckpt_path='last' resumes from {basename(resume[0])} ({tier}, step {resume[1]})")
+    elif tiers:
         print(
-            f"NOTHING RECOVERABLE in {root}: none of the {len(entries)} checkpoint(s) is recoverable and intact, so"
+            f"NOTHING RECOVERABLE in {root}: none of the {len(tiers)} checkpoint(s) is recoverable and intact, so"
             " a restart with ckpt_path='last' starts from step 0 (see `field ckpt verify PATH` for why)"
         )
     else:
@@ -315,6 +359,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     listing = sub.add_parser("list", help="each checkpoint with its step, status, size and age")
     listing.add_argument("dir")
     listing.add_argument("--verify", action="store_true", help="hash every file (slower, exact status)")
+    listing.add_argument(
+        "--snapshot-dir",
+        metavar="PARENT",
+        help="where the run keeps step snapshots, as given to ManifestCheckpoint(snapshot_dir=...) (default /dev/shm)",
+    )
     listing.set_defaults(func=cmd_list)
     inspect = sub.add_parser("inspect", help="the manifest in readable form")
     inspect.add_argument("path")
