@@ -68,60 +68,62 @@ def timed(fn: Any) -> float:
     return time.perf_counter() - start
 
 
+def measure(base: Path, size: int, rounds: int, topology: NodeTopology) -> tuple[float, float, float, float]:
+    """(plain commit, replicated commit, recovery, persistent load) in seconds for a state of ``size`` MB."""
+    rank = topology.rank
+    model = {"w": torch.randn(size * (1 << 20) // 4)}
+    shared = base / f"shared-{size}"
+    nodes = [base / f"node{n}-{size}" for n in range(2)]
+    durable = base / f"durable-{size}"
+    for folder in (shared, *nodes, durable):
+        folder.mkdir(parents=True, exist_ok=True)
+    memory = LocalStore(durable=False)
+    plain, replicated = [], []
+    for i in range(rounds + 1):  # the first round warms up (first touch of fresh memory is slow in a VM)
+        p = timed(lambda: commit_save(job(shared, f"plain-{i}", rank, model, memory)))  # noqa: B023 - called at once
+        r = timed(lambda: commit_replicated(job(nodes[rank], f"r-{i}", rank, model, memory), topology))  # noqa: B023
+        if i:
+            plain.append(p)
+            replicated.append(r)
+            # As retention does: the memory of an older snapshot is reused, not new memory touched.
+            if topology.is_leader:
+                shutil.rmtree(nodes[rank] / f"r-{i - 1}")
+            if rank == 0:
+                shutil.rmtree(shared / f"plain-{i - 1}")
+        dist.barrier()
+    # Recovery: node 1 replaced by an empty machine.
+    if rank == 1:
+        shutil.rmtree(nodes[1])
+        nodes[1].mkdir()
+    here = nodes[rank]
+
+    def recover() -> None:
+        held = inventory(here, memory) if topology.is_leader else None
+        plan = plan_restore(all_gather_objects(held), newer_than=-1)
+        assert plan is not None
+        assert restore_from_nodes(here, plan, topology, None, memory) is None
+
+    recovery = timed(recover)
+    commit_save(job(durable, "persistent", rank, model, LocalStore(durable=True)))
+    os.sync()
+
+    def load_persistent() -> None:
+        assert verify_checkpoint(durable / "persistent").recoverable
+        torch.load(durable / "persistent" / SHARED_STATE_FILE, weights_only=True)
+
+    persistent = timed(load_persistent)
+    if rank == 0:
+        for folder in (shared, *nodes, durable):
+            shutil.rmtree(folder, ignore_errors=True)
+    dist.barrier()
+    return statistics.median(plain), statistics.median(replicated), recovery, persistent
+
+
 def worker(base: Path, sizes: list[int], rounds: int) -> None:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     topology = NodeTopology.from_members(all_gather_objects((("simulated", rank), rank)), rank)
-    rows = []
-    for size in sizes:
-        model = {"w": torch.randn(size * (1 << 20) // 4)}
-        shared = base / f"shared-{size}"
-        nodes = [base / f"node{n}-{size}" for n in range(2)]
-        for folder in (shared, *nodes):
-            folder.mkdir(parents=True, exist_ok=True)
-        memory = LocalStore(durable=False)
-        plain, replicated = [], []
-        for i in range(rounds + 1):  # the first round warms up (first touch of fresh memory is slow in a VM)
-            p = timed(lambda i=i: commit_save(job(shared, f"plain-{i}", rank, model, memory)))
-            r = timed(lambda i=i: commit_replicated(job(nodes[rank], f"r-{i}", rank, model, memory), topology))
-            if i:
-                plain.append(p)
-                replicated.append(r)
-                # As retention does: the memory of an older snapshot is reused, not new memory touched.
-                if topology.is_leader:
-                    shutil.rmtree(nodes[rank] / f"r-{i - 1}")
-                if rank == 0:
-                    shutil.rmtree(shared / f"plain-{i - 1}")
-            dist.barrier()
-        # Recovery: node 1 replaced by an empty machine.
-        if rank == 1:
-            shutil.rmtree(nodes[1])
-            nodes[1].mkdir()
-        here = nodes[rank]
-
-        def recover() -> None:
-            held = inventory(here, memory) if topology.is_leader else None
-            gathered = all_gather_objects(held)
-            plan = plan_restore(gathered, newer_than=-1)
-            assert plan is not None
-            assert restore_from_nodes(here, plan, topology, None, memory) is None
-
-        recovery = timed(recover)
-        durable = base / f"durable-{size}"
-        durable.mkdir(exist_ok=True)
-        commit_save(job(durable, "persistent", rank, model, LocalStore(durable=True)))
-        os.sync()
-
-        def load_persistent() -> None:
-            assert verify_checkpoint(durable / "persistent").recoverable
-            torch.load(durable / "persistent" / SHARED_STATE_FILE, weights_only=True)
-
-        persistent = timed(load_persistent)
-        rows.append((size, statistics.median(plain), statistics.median(replicated), recovery, persistent))
-        for folder in (shared, *nodes, durable):
-            if rank == 0:
-                shutil.rmtree(folder, ignore_errors=True)
-        dist.barrier()
+    rows = [(size, *measure(base, size, rounds, topology)) for size in sizes]
     if rank == 0:
         print("| state | plain commit (one folder) | replicated commit (2 nodes) | ÷ plain |"
               " recovery of a lost node from the replica | load from a durable local folder |")  # fmt: skip
