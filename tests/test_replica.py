@@ -18,6 +18,7 @@ from lightning_field.checkpoint.replica import (
     Transfer,
     _write_checked,
     plan_restore,
+    shared_folder_problem,
 )
 from lightning_field.core.hashing import hash_bytes
 from lightning_field.core.manifest import rank_state_file
@@ -96,6 +97,13 @@ def test_copies_of_one_name_with_different_manifests_are_different_saves_and_nev
     half = {"state.pt", "rank-0.pt", "rank-1.pt"}
     nodes = [[held("s=7", 7, half, digest="a")], [held("s=7", 7, FILES - half, digest="b")]]
     assert plan_restore(nodes, newer_than=-1) is None
+
+
+def test_one_folder_seen_by_two_nodes_is_refused_naming_both_but_two_ranks_of_one_node_share_theirs() -> None:
+    assert shared_folder_problem([(0, "h", 1, 7, "/dev/shm/x"), (0, "h", 1, 7, "/dev/shm/x")]) is None
+    assert shared_folder_problem([(0, "a", 1, 7, "/dev/shm/x"), (1, "b", 1, 7, "/dev/shm/x")]) is None  # two hosts
+    problem = shared_folder_problem([(0, "h", 1, 7, "/shm/x"), (1, "h", 1, 8, "/shm/y"), (2, "h", 1, 7, "/shm/x")])
+    assert problem is not None and "on nodes 0 and 2" in problem and "node-local snapshot_dir" in problem
 
 
 def test_a_replica_that_arrives_with_other_bytes_than_were_sent_is_refused_and_removed(tmp_path: Path) -> None:

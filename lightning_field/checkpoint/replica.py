@@ -53,19 +53,40 @@ __all__ = [
     "RestorePlan",
     "Transfer",
     "commit_replicated",
+    "host_name",
     "inventory",
     "node_key",
     "plan_restore",
     "restore_from_nodes",
+    "shared_folder_problem",
 ]
 
 log = logging.getLogger(__name__)
 
 
+def host_name() -> str:
+    return socket.gethostname()
+
+
 def node_key(node_rank: int) -> tuple[str, int]:
     """What tells this rank's machine from the others: its host name and the launcher's node rank
     (two simulated nodes share a host name)."""
-    return socket.gethostname(), int(node_rank)
+    return host_name(), int(node_rank)
+
+
+def shared_folder_problem(seen: Sequence[tuple[int, str, int, int, str]]) -> str | None:
+    """Why the snapshot folders cannot hold replicas, or None: two nodes see the very same folder
+    (one host, one device and inode; a replica there would be no second copy at all). ``seen``: each
+    rank's ``(node, host, st_dev, st_ino, path)`` of its folder."""
+    first: dict[tuple[str, int, int], tuple[int, str]] = {}
+    for node, host, device, inode, path in seen:
+        other = first.setdefault((host, device, inode), (node, path))
+        if other[0] != node:
+            return (
+                f"the snapshot directory {path} is one and the same directory on nodes {other[0]} and {node} (host"
+                f" {host}): a replica there is no second copy. Give each node a node-local snapshot_dir of its own."
+            )
+    return None
 
 
 @dataclass(frozen=True)

@@ -38,10 +38,12 @@ from lightning_field.checkpoint.commit import SaveJob, commit_save
 from lightning_field.checkpoint.replica import (
     NodeTopology,
     commit_replicated,
+    host_name,
     inventory,
     node_key,
     plan_restore,
     restore_from_nodes,
+    shared_folder_problem,
 )
 from lightning_field.checkpoint.resume_policy import NoRecoverableCheckpointError
 from lightning_field.checkpoint.snapshot_dirs import make_private, snapshot_dir_for
@@ -336,19 +338,10 @@ def _prepared(root: Path) -> str | None:
 
 
 def _shared_between_nodes(root: Path, topology: NodeTopology) -> str | None:
-    """Why ``root`` cannot hold replicas: two nodes' leaders see the very same directory (one host,
-    one inode), where a replica would be no second copy at all. Collective."""
+    """Why ``root`` cannot hold replicas (:func:`~lightning_field.checkpoint.replica.shared_folder_problem`).
+    Collective."""
     info = root.stat()
-    seen = all_gather_objects((topology.node, node_key(0)[0], info.st_dev, info.st_ino, str(root)))
-    first: dict[tuple[str, int, int], tuple[int, str]] = {}
-    for node, host, device, inode, path in seen:
-        other = first.setdefault((host, device, inode), (node, path))
-        if other[0] != node:
-            return (
-                f"the snapshot directory {path} is one and the same directory on nodes {other[0]} and {node} (host"
-                f" {host}): a replica there is no second copy. Give each node a node-local snapshot_dir of its own."
-            )
-    return None
+    return shared_folder_problem(all_gather_objects((topology.node, host_name(), info.st_dev, info.st_ino, str(root))))
 
 
 def _not_training(trainer: pl.Trainer) -> bool:
