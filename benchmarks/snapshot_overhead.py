@@ -84,12 +84,26 @@ def one_gigabyte_data() -> DataLoader:
                       batch_size=16, shuffle=True)  # fmt: skip
 
 
-def step_time(workload: str, every: int | None, steps: int, root: Path) -> float:
+Variant = tuple[int | None, bool | None]
+"""(snapshot every N steps or None: off, snapshot_in_line: None is the default, in line on CPU)."""
+
+
+def label(variant: Variant) -> str:
+    every, in_line = variant
+    if every is None:
+        return "off"
+    where = "" if in_line is None else (", in line" if in_line else ", beside training")
+    return f"{every} step{'s' if every > 1 else ''}{where}"
+
+
+def step_time(workload: str, variant: Variant, steps: int, root: Path) -> float:
     pl.seed_everything(0, verbose=False)
     clock = StepClock()
     snapshots: dict[str, Any] = {}
+    every, in_line = variant
     if every is not None:
-        snapshots = {"snapshot_every_n_train_steps": every}  # the default directory: /dev/shm
+        # The default directory: /dev/shm.
+        snapshots = {"snapshot_every_n_train_steps": every, "snapshot_in_line": in_line}
     checkpoint = ManifestCheckpoint(dirpath=root / "ckpts", every_n_train_steps=NEVER, **snapshots)
     trainer = pl.Trainer(
         default_root_dir=root, max_steps=steps, accelerator="cpu", logger=False, enable_progress_bar=False,
@@ -105,25 +119,24 @@ def step_time(workload: str, every: int | None, steps: int, root: Path) -> float
     return clock.mean_step()
 
 
-def overhead(workloads: list[str], steps: int, rounds: int, intervals: list[int | None]) -> dict[str, float]:
-    times: dict[tuple[str, int | None], list[float]] = {}
+def overhead(workloads: list[str], steps: int, rounds: int, variants: list[Variant]) -> dict[str, float]:
+    times: dict[tuple[str, str], list[float]] = {}
     for round_index in range(rounds):
         for workload in workloads:
-            order = intervals if round_index % 2 == 0 else list(reversed(intervals))
-            for every in order:
+            order = variants if round_index % 2 == 0 else list(reversed(variants))
+            for variant in order:
                 with tempfile.TemporaryDirectory() as root:
-                    took = step_time(workload, every, steps, Path(root))
-                times.setdefault((workload, every), []).append(took)
-                print(f"  round {round_index + 1} {workload:9s} N={every!s:4s} {took * 1e3:8.2f} ms", flush=True)
-    medians = {f"{w}|{e}": statistics.median(v) for (w, e), v in times.items()}
+                    took = step_time(workload, variant, steps, Path(root))
+                times.setdefault((workload, label(variant)), []).append(took)
+                print(f"  round {round_index + 1} {workload:9s} {label(variant):24s} {took * 1e3:8.2f} ms", flush=True)
+    medians = {f"{w}|{v}": statistics.median(t) for (w, v), t in times.items()}
     print("\n| workload | snapshot every | mean step | ÷ no snapshots |")
     print("|---|---|---|---|")
     for workload in workloads:
-        base = medians[f"{workload}|None"]
-        for every in intervals:
-            value = medians[f"{workload}|{every}"]
-            label = "off" if every is None else f"{every} step{'s' if every > 1 else ''}"
-            print(f"| {workload} | {label} | {value * 1e3:.2f} ms | {value / base:.4f} |")
+        base = medians[f"{workload}|off"]
+        for variant in variants:
+            value = medians[f"{workload}|{label(variant)}"]
+            print(f"| {workload} | {label(variant)} | {value * 1e3:.2f} ms | {value / base:.4f} |")
     return medians
 
 
@@ -210,16 +223,16 @@ def main() -> None:
         child(args.child, args.kill_at, args.max_steps)
         return
     warnings.filterwarnings("ignore")
-    intervals: list[int | None] = [None, 1, 2, 5, 10]
+    variants: list[Variant] = [(None, None), (1, None), (1, False), (2, None), (5, None), (10, None)]
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} cores")
-    medians = overhead(["main job"], args.steps, args.rounds, intervals)
+    medians = overhead(["main job"], args.steps, args.rounds, variants)
     if not args.skip_1gb:
-        overhead(["1 GB"], max(args.steps // 2, WARMUP + 8), 1, intervals)
+        overhead(["1 GB"], max(args.steps // 2, WARMUP + 8), 1, [(None, None), (1, None), (1, False)])
     if args.kills:
         redone = steps_redone(args.kills, args.max_steps, seed=0)
         print(f"\nsteps redone over {len(redone)} SIGKILLs at random steps: max {max(redone)},"
               f" mean {statistics.mean(redone):.2f}, counts {sorted(set(redone))}")
-    scenario(medians["main job|None"], [1, 2, 5, 10])
+    scenario(medians["main job|off"], [1, 2, 5, 10])
 
 
 if __name__ == "__main__":

@@ -12,14 +12,8 @@ import pytest
 import torch
 from conftest import child_env, python_program, run_in_session
 
-from lightning_field.checkpoint.replica import (
-    HeldSnapshot,
-    NodeTopology,
-    Transfer,
-    _write_checked,
-    plan_restore,
-    shared_folder_problem,
-)
+from lightning_field.checkpoint.replica import NodeTopology, shared_folder_problem, write_checked
+from lightning_field.checkpoint.replica_resume import HeldSnapshot, Transfer, plan_restore
 from lightning_field.core.hashing import hash_bytes
 from lightning_field.core.manifest import rank_state_file
 
@@ -108,12 +102,12 @@ def test_one_folder_seen_by_two_nodes_is_refused_naming_both_but_two_ranks_of_on
 
 def test_a_replica_that_arrives_with_other_bytes_than_were_sent_is_refused_and_removed(tmp_path: Path) -> None:
     data = torch.frombuffer(bytearray(b"the sender's bytes"), dtype=torch.uint8)
-    assert _write_checked(tmp_path, "rank-1.pt", data, hash_bytes(b"the sender's bytes"), "rank 1's replica") is None
+    assert write_checked(tmp_path, "rank-1.pt", data, hash_bytes(b"the sender's bytes"), "rank 1's replica") is None
     assert (tmp_path / "rank-1.pt").read_bytes() == b"the sender's bytes"
-    problem = _write_checked(tmp_path, "rank-2.pt", data, hash_bytes(b"other bytes"), "rank 2's replica")
+    problem = write_checked(tmp_path, "rank-2.pt", data, hash_bytes(b"other bytes"), "rank 2's replica")
     assert problem is not None and "rank 2's replica: rank-2.pt arrived with hash" in problem
     assert not (tmp_path / "rank-2.pt").exists()
-    problem = _write_checked(tmp_path, "../escape.pt", data, hash_bytes(b"the sender's bytes"), "rank 3's replica")
+    problem = write_checked(tmp_path, "../escape.pt", data, hash_bytes(b"the sender's bytes"), "rank 3's replica")
     assert problem is not None and "refused the file name" in problem and not (tmp_path.parent / "escape.pt").exists()
 
 

@@ -35,18 +35,22 @@ def snapshots(root: Path) -> list[str]:
     return sorted(p.name for p in where.iterdir() if not p.name.startswith(".") and p.is_dir())
 
 
+@pytest.mark.parametrize("in_line", [None, False], ids=["default-in-line-on-cpu", "beside-training-as-on-gpu"])
 def test_a_rerun_resumes_from_the_newest_snapshot_past_the_persistent_checkpoint_and_ends_bitwise_alike(
-    tmp_path: Path,
+    tmp_path: Path, in_line: bool | None, caplog: pytest.LogCaptureFixture
 ) -> None:
-    fit(tmp_path / "run", 8)
+    with caplog.at_level(logging.INFO):
+        fit(tmp_path / "run", 8, snapshot_in_line=in_line)
+    how = "committed in line before the next step" if in_line is None else "committed beside training"
+    assert any(how in r.getMessage() for r in caplog.records)
     assert snapshots(tmp_path / "run") == ["epoch=0-step=7", "epoch=0-step=8"]  # step 5 is persistent
     assert sorted(p.name for p in (tmp_path / "run" / "ckpts").iterdir() if p.is_dir()) == ["epoch=0-step=5"]
-    resumed, trainer = fit(tmp_path / "run", 10, resume=True)
+    resumed, trainer = fit(tmp_path / "run", 10, resume=True, snapshot_in_line=in_line)
     assert Path(trainer.ckpt_path).name == "epoch=0-step=8"
     # The event log says which tier the resume came from (the goodput ledger counts redone steps by it).
     loads = [e for e in read_events(tmp_path / "run") if e["event"] == "ckpt_load"]
     assert [(e["step"], e["payload"]["tier"]) for e in loads] == [(8, "snapshot")]
-    assert trainer.checkpoint_callback.last_snapshot_costs.step == 9  # step 10 is persistent
+    assert trainer.checkpoint_callback.snapshots.last_costs.step == 9  # step 10 is persistent
     once, _ = fit(tmp_path / "once", 10)
     assert_bitwise_equal(once.state_dict(), resumed.state_dict(), "weights")
     assert len(snapshots(tmp_path / "run")) == KEEP

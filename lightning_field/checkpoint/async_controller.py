@@ -134,6 +134,12 @@ class AsyncSaves:
         return self._snapshot
 
     @property
+    def host_group(self) -> Any:
+        """The gloo group of every rank that commits run on (None in a single process): off the
+        training backend's own, whose NCCL cannot move host memory."""
+        return self._host_group
+
+    @property
     def in_flight(self) -> bool:
         return self._pending is not None
 

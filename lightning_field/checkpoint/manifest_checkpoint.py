@@ -21,20 +21,19 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from typing_extensions import override
 
-from lightning_field.checkpoint import resume_policy, sharded, sharded_load
+from lightning_field.checkpoint import sharded, sharded_load
 from lightning_field.checkpoint.async_controller import SaveErrorPolicy
 from lightning_field.checkpoint.commit import SaveJob
 from lightning_field.checkpoint.committed import CommittedCheckpoint
 from lightning_field.checkpoint.io import FIELD_KEY, ManifestCheckpointIO
 from lightning_field.checkpoint.preemption import DEFAULT_SIGNALS, PreemptionSave, TrainingPreempted
 from lightning_field.checkpoint.resume_policy import NoRecoverableCheckpointError, ResumeGuard
-from lightning_field.checkpoint.snapshots import SnapshotCosts, StepSnapshots
+from lightning_field.checkpoint.snapshots import StepSnapshots
 from lightning_field.checkpoint.stop_points import StopPointSave
 from lightning_field.checkpoint.stores import DEFAULT_CONCURRENCY, DEFAULT_PART_BYTES, CheckpointStore, CheckpointWriter
 from lightning_field.compat import lightning as internals
 from lightning_field.core.distributed import all_gather_objects, elastic_restart_hazard
 from lightning_field.core.events import EventLog
-from lightning_field.core.manifest import Manifest
 from lightning_field.core.storage import Location, unusable_local_dir
 from lightning_field.state.rank_tracking import RankStateTracker
 
@@ -83,15 +82,15 @@ class ManifestCheckpoint(CommittedCheckpoint):
         trust_pickles: fully unpickle files that need it; off, each loads ``weights_only`` and such a
             file is refused naming its type (:mod:`~lightning_field.checkpoint.safe_load` says why).
         snapshot_every_n_train_steps: also commit a snapshot every this many steps into ``snapshot_dir``
-            (default ``/dev/shm``) in the background; ``ckpt_path="last"`` takes the newest that verifies,
-            so a crash redoes at most these steps (:mod:`~lightning_field.checkpoint.snapshots`). Over
-            several nodes each snapshot is replicated to a partner node, so a lost machine costs no more.
+            (default ``/dev/shm``), replicated to a partner node over several; ``ckpt_path="last"`` takes
+            the newest that verifies, so a crash redoes at most these steps (``checkpoint.snapshots``).
+        snapshot_in_line: commit snapshots before the next step (True) or beside it from a host copy
+            (False); default: in line where training computes on the CPU, beside it on an accelerator.
 
     Raises:
         ValueError: ``on_save_error`` is not ``"stop"``/``"warn"``, ``preemption_check_every_n_steps`` or
             ``snapshot_every_n_train_steps`` is below 1; at setup (on every rank alike), ``dirpath`` is
-            unusable on any rank (under a file, not writable), or a multi-node run asks for snapshots
-            with a sharded strategy, unequal nodes or one snapshot directory shared by two nodes.
+            unusable on any rank (under a file, not writable), or snapshots cannot be replicated.
         TypeError: ``store`` does not implement :class:`~lightning_field.checkpoint.stores.CheckpointStore`.
         NotImplementedError: at setup, a strategy other than single-device, DDP or ModelParallel.
         ResumeMismatchError: on ``fit(ckpt_path=...)``, before anything is unpickled, the checkpoint is
@@ -148,6 +147,7 @@ class ManifestCheckpoint(CommittedCheckpoint):
         trust_pickles: bool = False,
         snapshot_every_n_train_steps: int | None = None,
         snapshot_dir: str | os.PathLike[str] | None = None,
+        snapshot_in_line: bool | None = None,
     ) -> None:
         super().__init__(
             dirpath=dirpath,
@@ -180,10 +180,9 @@ class ManifestCheckpoint(CommittedCheckpoint):
         self.save_on_train_end = save_on_train_end
         self.save_on_stop = save_on_stop
         self._stops = StopPointSave(self)
-        self._snapshots = StepSnapshots(self, snapshot_every_n_train_steps, snapshot_dir)
+        self._snapshots = StepSnapshots(self, snapshot_every_n_train_steps, snapshot_dir, snapshot_in_line)
         self.resume_inexact = resume_inexact
         self.trust_pickles = trust_pickles
-        self._trainer: pl.Trainer | None = None
         self._deferred_batch_end: tuple[Any, Any, int] | None = None
         self._deferred_validation_end = False
         self._show_hint_again: Any = None
@@ -212,14 +211,9 @@ class ManifestCheckpoint(CommittedCheckpoint):
         return self._preemption.check_every_n_steps
 
     @property
-    def snapshot_every_n_train_steps(self) -> int | None:
-        """The step interval of step snapshots (None: off)."""
-        return self._snapshots.every_n_train_steps
-
-    @property
-    def last_snapshot_costs(self) -> SnapshotCosts | None:
-        """The newest committed step snapshot's step and costs in this process (None before the first)."""
-        return self._snapshots.last_costs
+    def snapshots(self) -> StepSnapshots:
+        """The step-snapshot tier: ``every_n_train_steps`` (None: off), ``last_costs``, ``root``."""
+        return self._snapshots
 
     @property
     def preempted_checkpoint(self) -> str | None:
@@ -243,14 +237,13 @@ class ManifestCheckpoint(CommittedCheckpoint):
         if hazard is not None:
             rank_zero_warn(f"lightning_field: {hazard}")
         if sharded.check_strategy(trainer.strategy):
-            sharded_load.guard_strategy_load(trainer.strategy, self.store_at, self._check_resume, self.trust_pickles)
-        self._trainer = trainer
+            sharded_load.guard_strategy_load(trainer.strategy, self.store_at, self._guard.check, self.trust_pickles)
         if self.async_save:
             self._saves.setup(trainer, self.state_key)
         if not isinstance(trainer.strategy.checkpoint_io, ManifestCheckpointIO):
             verified = self._snapshots.verified_here_or(self.checkpointer)  # by either tier's resolution
             trainer.strategy.checkpoint_io = ManifestCheckpointIO(
-                trainer.strategy.checkpoint_io, self._check_resume, self.store_at, self.trust_pickles, verified
+                trainer.strategy.checkpoint_io, self._guard.check, self.store_at, self.trust_pickles, verified
             )
         self._guard.record(trainer, pl_module, self.config, self.code_dir)
         if trainer.is_global_zero:
@@ -271,23 +264,11 @@ class ManifestCheckpoint(CommittedCheckpoint):
         super().on_train_start(trainer, pl_module)
         self._preemption.start(trainer)
         self._stops.reset()
-        resumed_from = all_gather_objects(self._resumed_identity(trainer))
-        if len(set(resumed_from)) > 1:
-            raise RuntimeError(f"Ranks resumed from different checkpoints {resumed_from}; pass an explicit ckpt_path.")
+        self._guard.check_ranks_resumed_alike(trainer.ckpt_path)
         self._guard.check_data(trainer, list(internals.iter_loaders(trainer.train_dataloader)))
         self._ranks.restore_on_train_start(trainer, pl_module)
         if self._events is not None:
             self._events.emit("fit_start", step=trainer.global_step)
-
-    def _resumed_identity(self, trainer: pl.Trainer) -> tuple[str, int, float] | str | None:
-        """What every rank must have resumed from: the same save (its name, step and commit time; each
-        node loads its own copy of a snapshot), or for a file without a manifest, the same path."""
-        if not trainer.ckpt_path:
-            return None
-        resumed = self._guard.resumed
-        if resumed is None:
-            return str(trainer.ckpt_path)
-        return (resumed.name, resumed.step, resumed.created_unix)
 
     @override
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -350,26 +331,25 @@ class ManifestCheckpoint(CommittedCheckpoint):
 
     @override
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
-        self._preemption.stop()
         self._saves.interrupt(trainer)
         self._snapshots.interrupt(trainer)
-        self._ranks.uninstall()
-        if self._events is not None:
-            status = "preempted" if isinstance(exception, TrainingPreempted) else f"failed: {type(exception).__name__}"
-            self._events.end(status, step=trainer.global_step)
-            self._events = None
+        failed = f"failed: {type(exception).__name__}"
+        self._end_attempt(trainer, "preempted" if isinstance(exception, TrainingPreempted) else failed)
         super().on_exception(trainer, pl_module, exception)
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        self._preemption.stop()
         self._saves.close(trainer)
         self._snapshots.close(trainer)
+        self._end_attempt(trainer, "finished")  # a preemption ends in on_exception
+        super().teardown(trainer, pl_module, stage)
+
+    def _end_attempt(self, trainer: pl.Trainer, status: str) -> None:
+        self._preemption.stop()
         self._ranks.uninstall()
         if self._events is not None:
-            self._events.end("finished", step=trainer.global_step)  # a preemption ends in on_exception
+            self._events.end(status, step=trainer.global_step)
             self._events = None
-        super().teardown(trainer, pl_module, stage)
 
     # ------------------------------------------------------------------ saving
     def _prepare_save(
@@ -390,15 +370,7 @@ class ManifestCheckpoint(CommittedCheckpoint):
         where = internals.checkpoint_dir(self, trainer)
         guard = self._guard if self.resume_inexact else None
         verified = self.checkpointer.verifications  # handed to the load: no second hash
-        if self._snapshots.spans_nodes(trainer):
-            found = self._snapshots.resolve_across_nodes(
-                trainer, where, lambda: resume_policy.resolve_last(where, guard, self.store_at(where), verified)
-            )
-            if found is not None and guard is not None and self._snapshots.holds(found):
-                guard.inexact = None  # a snapshot is recoverable: this continuation is exact
-        else:
-            snapshot = self._snapshots.latest(where, log_skips=trainer.is_global_zero)
-            found = resume_policy.resolve_last(where, guard, self.store_at(where), verified, snapshot)
+        found = self._snapshots.resolve_last(trainer, where, guard, self.store_at(where), verified)
         if found is None:
             self._show_hint_again = internals.hide_no_last_checkpoint_hint()
             return set()
@@ -410,10 +382,6 @@ class ManifestCheckpoint(CommittedCheckpoint):
         self._snapshots.wait_for_copy()  # and a step snapshot's, pending on its own writer
 
     # ------------------------------------------------------------------ resuming
-    def _check_resume(self, manifest: Manifest, path: Location) -> None:
-        """Called by the CheckpointIO before anything is unpickled (``resume_policy``)."""
-        self._guard.check(manifest, path, self._trainer)
-
     @override
     def on_load_checkpoint(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]

@@ -1,5 +1,6 @@
-"""Step snapshots over several machines: each snapshot replicated to a partner node, and the resume
-that agrees on one step over the node-local snapshots, their replicas and the persistent store.
+"""Step snapshots over several machines: each snapshot replicated to a partner node as part of its
+commit (this module), and the resume that agrees on one step over every node's copies
+(:mod:`~lightning_field.checkpoint.replica_resume`).
 
 A snapshot lives in node-local memory (``/dev/shm``), which a lost machine takes with it. So, in a
 run over several nodes, the commit of every snapshot also sends each rank's files to its partner:
@@ -9,23 +10,12 @@ and its neighbour's, with the manifest of the whole snapshot; with two nodes, ea
 The manifest is published on every node at once (one atomic rename each) after every rank wrote
 and every replica arrived and matched its sender's hash, so a node never lists half a snapshot.
 
-Resuming (``ckpt_path="last"``), the nodes agree before anything is loaded: each node's first
-rank verifies what its directory holds, the inventories are exchanged, and the newest snapshot
-whose files all exist somewhere, intact, is chosen when it is newer than the newest recoverable
-persistent checkpoint. Each node then receives the files it lacks from a node holding them (a
-node that replaced a lost one receives everything), checks each against the manifest, and
-publishes a complete copy; every rank loads its own node's copy. A node lost with its partner
-(or every node) leaves the persistent checkpoints, as before.
-
-Everything here that decides is a pure function of the gathered inventories (tested as such);
-what moves bytes runs on every rank of a host (gloo) group, every rank calling every collective.
+What moves bytes runs on every rank of a host (gloo) group, every rank calling every collective.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import shutil
 import socket
 import uuid
 from collections.abc import Sequence
@@ -37,28 +27,23 @@ import torch
 import torch.distributed as dist
 
 from lightning_field.checkpoint.commit import RankReport, SaveJob, build_manifest
-from lightning_field.checkpoint.stores import CheckpointStore, LocalStore, RankOutcome
-from lightning_field.checkpoint.stores.local import temp_dir_for
-from lightning_field.checkpoint.verify import verify_against
+from lightning_field.checkpoint.stores import LocalStore, RankOutcome
 from lightning_field.core.distributed import all_gather_objects, broadcast_object
-from lightning_field.core.fsio import HashingWriter, atomic_write_bytes, exchange_or_replace_dir
-from lightning_field.core.hashing import new_hasher
-from lightning_field.core.manifest import MANIFEST_NAME, Manifest, ManifestError, manifest_from_bytes
-from lightning_field.core.member_paths import UnsafeMemberError, member_name_problem
+from lightning_field.core.fsio import HashingWriter
+from lightning_field.core.manifest import Manifest
+from lightning_field.core.member_paths import member_name_problem
 from lightning_field.core.signing import keys_from_environment
 
 __all__ = [
-    "HeldSnapshot",
     "NodeTopology",
-    "RestorePlan",
-    "Transfer",
     "commit_replicated",
+    "exchange_tensors",
+    "file_tensor",
     "host_name",
-    "inventory",
+    "joined_errors",
     "node_key",
-    "plan_restore",
-    "restore_from_nodes",
     "shared_folder_problem",
+    "write_checked",
 ]
 
 log = logging.getLogger(__name__)
@@ -174,11 +159,11 @@ def commit_replicated(job: SaveJob, topology: NodeTopology, group: Any = None) -
         (outcome, job.rank_missing, job.data_restore, job.stream_positions), group=group
     )
     outcomes = {o.rank: o for o, _, _, _ in gathered}
-    error = _joined(f"rank {o.rank}: {o.error}" for o in outcomes.values() if o.error)
+    error = joined_errors(f"rank {o.rank}: {o.error}" for o in outcomes.values() if o.error)
     hidden = store.hidden_dir(final, token)
     if error is None:
         replicated = _replicate(hidden, outcomes, topology, group)
-        error = _joined(e for e in all_gather_objects(replicated, group=group) if e)
+        error = joined_errors(e for e in all_gather_objects(replicated, group=group) if e)
     manifest: Manifest | None = None
     if error is None and job.is_global_zero:
         try:
@@ -195,13 +180,13 @@ def commit_replicated(job: SaveJob, topology: NodeTopology, group: Any = None) -
         except Exception as err:
             published = f"node {topology.node} (rank {topology.rank}): publishing {final} failed: {err}"
     if error is None:
-        error = _joined(e for e in all_gather_objects(published, group=group) if e)
+        error = joined_errors(e for e in all_gather_objects(published, group=group) if e)
     if error is not None and topology.is_leader:
         store.discard(final, token)  # what this node's ranks wrote and received; a published copy stays
     return error
 
 
-def _joined(errors: Any) -> str | None:
+def joined_errors(errors: Any) -> str | None:
     found = [e for e in errors if e]
     return "; ".join(found) if found else None
 
@@ -215,7 +200,7 @@ def _replicate(hidden: Path, outcomes: dict[int, RankOutcome], topology: NodeTop
     sends: list[torch.Tensor] = []
     problem = None
     try:
-        sends = [_file_tensor(hidden / r.file, r.size) for r in outcomes[rank].receipts]
+        sends = [file_tensor(hidden / r.file, r.size) for r in outcomes[rank].receipts]
     except OSError as err:
         problem = f"rank {rank}: reading its snapshot files to replicate them failed: {err}"
     if any(all_gather_objects(problem, group=group)):
@@ -223,17 +208,17 @@ def _replicate(hidden: Path, outcomes: dict[int, RankOutcome], topology: NodeTop
     expected = outcomes[source].receipts
     received = [torch.empty(r.size, dtype=torch.uint8) for r in expected]
     try:
-        _exchange([(t, partner) for t in sends], [(t, source) for t in received], group)
+        exchange_tensors([(t, partner) for t in sends], [(t, source) for t in received], group)
     except RuntimeError as err:
         return f"rank {rank}: replicating with ranks {partner}/{source} failed: {err}"
     for receipt, data in zip(expected, received, strict=True):
-        written = _write_checked(hidden, receipt.file, data, receipt.hash, f"rank {source}'s replica")
+        written = write_checked(hidden, receipt.file, data, receipt.hash, f"rank {source}'s replica")
         if written is not None:
             return f"rank {rank}: {written}"
     return None
 
 
-def _file_tensor(path: Path, size: int) -> torch.Tensor:
+def file_tensor(path: Path, size: int) -> torch.Tensor:
     """The file's bytes as a tensor to send, mapped rather than copied where it has any."""
     if size == 0:
         return torch.empty(0, dtype=torch.uint8)
@@ -242,7 +227,7 @@ def _file_tensor(path: Path, size: int) -> torch.Tensor:
     return torch.from_file(str(path), shared=False, size=size, dtype=torch.uint8)
 
 
-def _exchange(
+def exchange_tensors(
     sends: Sequence[tuple[torch.Tensor, int]], receives: Sequence[tuple[torch.Tensor, int]], group: Any
 ) -> None:
     """Post every receive and send at once, then wait for all of them: no order of pairs can
@@ -264,7 +249,7 @@ def _exchange(
             request.wait()
 
 
-def _write_checked(directory: Path, name: str, data: torch.Tensor, expected_hash: str, what: str) -> str | None:
+def write_checked(directory: Path, name: str, data: torch.Tensor, expected_hash: str, what: str) -> str | None:
     """Write ``data`` as ``directory/name`` and compare its hash; the problem (file removed), else None."""
     problem = member_name_problem(name)
     if problem is not None or "/" in name:
@@ -285,195 +270,4 @@ def _write_checked(directory: Path, name: str, data: torch.Tensor, expected_hash
         return f"{what}: {name} arrived with hash {digest[:16]}…, sent with {expected_hash[:16]}…"
     return None
 
-
-# ---------------------------------------------------------------------------------------- the resume
-@dataclass(frozen=True)
-class HeldSnapshot:
-    """One committed snapshot as one node's directory holds it (its leader verified it)."""
-
-    name: str
-    step: int
-    created_unix: float
-    digest: str  # of the manifest's signed content: the same save on every node
-    listed: frozenset[str]  # every file the manifest names
-    intact: frozenset[str]  # those this node holds and whose bytes match the manifest
-
-    @property
-    def complete(self) -> bool:
-        return self.intact == self.listed
-
-
-def inventory(root: Path, store: CheckpointStore, log_skips: bool = True) -> list[HeldSnapshot]:
-    """What ``root`` holds, verified file by file: a partial copy (a node that was sent only its
-    neighbour's files) lists the files it has; a file that is damaged is not held; a snapshot
-    whose manifest is unreadable, unrecoverable, or whose signature fails is skipped."""
-    warn = log.warning if log_skips else log.debug
-    held: list[HeldSnapshot] = []
-    for listed_path in store.checkpoints(root):
-        checkpoint = Path(listed_path)  # a LocalStore lists Paths
-        try:
-            raw = store.read(checkpoint, MANIFEST_NAME)
-            manifest = manifest_from_bytes(raw, checkpoint / MANIFEST_NAME, None, checkpoint)
-        except (ManifestError, UnsafeMemberError) as err:
-            warn("Skipping snapshot %s: %s", checkpoint, err)
-            continue
-        if not manifest.recoverable:
-            continue
-        signature = verify_against(manifest, store, checkpoint, files=[])
-        if signature.problems:
-            warn("Skipping snapshot %s: %s", checkpoint, "; ".join(signature.problems))
-            continue
-        intact = []
-        for name in sorted(manifest.files):
-            try:
-                present = store.size(checkpoint, name) is not None
-            except UnsafeMemberError as err:
-                warn("Snapshot %s: %s", checkpoint, err)
-                continue
-            if not present:
-                continue
-            report = verify_against(manifest, store, checkpoint, files=[name])
-            if report.problems:
-                warn("Snapshot %s: %s", checkpoint, "; ".join(report.problems))
-                continue
-            intact.append(name)
-        digest = new_hasher()
-        digest.update(manifest.signed_content())
-        listed, holding = frozenset(manifest.files), frozenset(intact)
-        created = manifest.created_unix
-        held.append(HeldSnapshot(checkpoint.name, manifest.step, created, digest.hexdigest(), listed, holding))
-    return held
-
-
-@dataclass(frozen=True)
-class Transfer:
-    file: str
-    source: int  # node
-    destination: int  # node
-
-
-@dataclass(frozen=True)
-class RestorePlan:
-    """The snapshot every node will load, and the files each node must first receive."""
-
-    name: str
-    step: int
-    digest: str
-    holder: int  # the first node holding any of it: its leader sends the manifest
-    transfers: tuple[Transfer, ...]
-    complete_on: tuple[int, ...]  # nodes that held all of it already
-
-    @property
-    def from_replica(self) -> bool:
-        """Some node needs files from another node's copy (a replica, or a neighbour's own files)."""
-        return bool(self.transfers)
-
-
-def plan_restore(inventories: Sequence[Sequence[HeldSnapshot]], newer_than: int) -> RestorePlan | None:
-    """The newest snapshot whose every file is held, intact, by some node, if its step is newer
-    than ``newer_than`` (the newest recoverable persistent checkpoint's; a tie goes to that one);
-    and which node sends which file to whom. ``inventories[n]`` is node ``n``'s.
-
-    A pure function of what every rank gathered: every rank reaches the same plan."""
-    copies: dict[tuple[str, str], list[tuple[int, HeldSnapshot]]] = {}
-    for node, held in enumerate(inventories):
-        for snapshot in held:
-            copies.setdefault((snapshot.name, snapshot.digest), []).append((node, snapshot))
-    best: tuple[tuple[int, float], RestorePlan] | None = None
-    for (name, digest), holders in copies.items():
-        listed = holders[0][1].listed
-        if any(h.listed != listed for _, h in holders):
-            continue  # the same manifest digest names the same files: a disagreement is a forgery
-        if set().union(*(h.intact for _, h in holders)) != listed:
-            continue  # some file is intact nowhere
-        step, created = holders[0][1].step, holders[0][1].created_unix
-        if step <= newer_than:
-            continue
-        owners = {f: min(n for n, h in holders if f in h.intact) for f in listed}
-        transfers = tuple(
-            Transfer(f, owners[f], node)
-            for node, held in enumerate(inventories)
-            for f in sorted(listed - next((h.intact for n, h in holders if n == node), frozenset()))
-        )
-        complete = tuple(n for n, h in holders if h.complete)
-        plan = RestorePlan(name, step, digest, holders[0][0], transfers, complete)
-        if best is None or (step, created) > best[0]:
-            best = ((step, created), plan)
-    return best[1] if best is not None else None
-
-
-def restore_from_nodes(
-    root: Path,
-    plan: RestorePlan,
-    topology: NodeTopology,
-    group: Any,
-    store: CheckpointStore,
-) -> str | None:
-    """Make ``root/plan.name`` a complete, verified copy on every node (collective over ``group``);
-    the problem, the same on every rank, else None.
-
-    The holder's leader broadcasts the manifest's bytes; each node's leader receives the files its
-    node lacks from a node that holds them, checks each against the manifest, writes them with
-    links to what it already holds into a hidden directory, and renames it into place."""
-    leader = topology.leader(plan.holder)
-    raw = None
-    if topology.rank == leader:
-        raw = store.read(root / plan.name, MANIFEST_NAME)
-    raw = broadcast_object(raw, src=leader, group=group)
-    problem = None
-    try:
-        manifest = manifest_from_bytes(raw, root / plan.name / MANIFEST_NAME, None, root / plan.name)
-    except ManifestError as err:
-        problem = f"the manifest of {plan.name} sent by rank {leader}: {err}"
-    if any(all_gather_objects(problem, group=group)):
-        return problem or "another rank could not read the manifest sent"
-    if topology.is_leader:
-        problem = _exchange_files(root, plan, manifest, raw, topology, group)
-    return _joined(e for e in all_gather_objects(problem, group=group) if e)
-
-
-def _exchange_files(
-    root: Path, plan: RestorePlan, manifest: Manifest, raw: bytes, topology: NodeTopology, group: Any
-) -> str | None:
-    """This leader's part of the restore: send what others lack, receive and assemble what it lacks."""
-    node = topology.node
-    mine = [t for t in plan.transfers if t.destination == node]
-    theirs = [t for t in plan.transfers if t.source == node]
-    here = root / plan.name
-    sends, receives = [], []
-    try:
-        for transfer in theirs:
-            size = manifest.files[transfer.file].size
-            sends.append((_file_tensor(here / transfer.file, size), topology.leader(transfer.destination)))
-    except OSError as err:
-        return f"node {node}: reading {plan.name} to send it failed: {err}"
-    for transfer in mine:
-        receives.append((torch.empty(manifest.files[transfer.file].size, dtype=torch.uint8),
-                         topology.leader(transfer.source)))  # fmt: skip
-    try:
-        _exchange(sends, receives, group)
-    except RuntimeError as err:
-        return f"node {node}: receiving {plan.name} failed: {err}"
-    if not mine:
-        return None
-    assembled = temp_dir_for(root, plan.name, f"restore-{uuid.uuid4().hex[:8]}")
-    try:
-        assembled.mkdir(parents=True)
-        for transfer, (data, _) in zip(mine, receives, strict=True):
-            written = _write_checked(assembled, transfer.file, data, manifest.files[transfer.file].hash,
-                                     f"node {transfer.source}'s copy")  # fmt: skip
-            if written is not None:
-                return f"node {node}: {written}"
-        received = {t.file for t in mine}
-        for name in sorted(set(manifest.files) - received):
-            os.link(here / name, assembled / name)  # held and verified here already: no byte copied
-        atomic_write_bytes(assembled / MANIFEST_NAME, raw, durable=False)
-        replaced = exchange_or_replace_dir(assembled, here)
-        if replaced is not None:
-            shutil.rmtree(replaced, ignore_errors=True)
-    except OSError as err:
-        return f"node {node}: assembling {here} failed: {err}"
-    finally:
-        shutil.rmtree(assembled, ignore_errors=True)  # gone already once renamed into place
-    return None
 

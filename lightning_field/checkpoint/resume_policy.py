@@ -21,7 +21,7 @@ from lightning_field.checkpoint.resolver import committed_checkpoints, latest_re
 from lightning_field.checkpoint.stores import CheckpointReader, read_manifest
 from lightning_field.checkpoint.verify import VerifyReport
 from lightning_field.compat import lightning as internals
-from lightning_field.core.distributed import broadcast_object
+from lightning_field.core.distributed import all_gather_objects, broadcast_object
 from lightning_field.core.errors import ResumeMismatchError
 from lightning_field.core.launcher_env import env_global_rank
 from lightning_field.core.manifest import DataProvenance, Manifest, Provenance
@@ -217,6 +217,7 @@ class ResumeGuard:
         self.resharded_from: dict[str, Any] | None = None
         self.inexact: dict[str, Any] | None = None
         self._static: Provenance = {}
+        self._trainer: pl.Trainer | None = None
         self._data: DataProvenance | None = None
 
     def record(
@@ -225,6 +226,7 @@ class ResumeGuard:
         """This run's code, resolved config (secrets redacted; by default the module's and the
         datamodule's hparams) and environment; a malformed checkpoint key fails here, before the first step."""
         keys_from_environment()
+        self._trainer = trainer
         if config is None:
             config = {"model": dict(pl_module.hparams)}
             datamodule = internals.trainer_datamodule(trainer)
@@ -241,12 +243,14 @@ class ResumeGuard:
         manifest says so."""
         self.inexact = {"checkpoint": str(checkpoint), "missing": list(missing)}
 
-    def check(self, manifest: Manifest, path: Location, trainer: pl.Trainer | None) -> None:
-        """The whole policy (:func:`check_resume`) for ``manifest``, as this run sees it.
+    def check(self, manifest: Manifest, path: Location) -> None:
+        """The whole policy (:func:`check_resume`) for ``manifest``, as the run :meth:`record`-ed sees it;
+        called by the CheckpointIO before anything is unpickled.
 
         Raises:
             ResumeMismatchError: see :func:`check_resume`.
         """
+        trainer = self._trainer
         module = trainer.lightning_module if trainer is not None else None
         self.resharded_from = check_resume(
             manifest,
@@ -259,6 +263,21 @@ class ResumeGuard:
             inexact_allowed=self.inexact is not None and same_location(self.inexact["checkpoint"], path),
         )
         self.resumed = manifest
+
+    def check_ranks_resumed_alike(self, ckpt_path: Any) -> None:
+        """Every rank must have resumed from the same save: its name, step and commit time (each node
+        loads its own copy of a snapshot), or for a file without a manifest, the same path. Collective.
+
+        Raises:
+            RuntimeError: the ranks resumed from different checkpoints.
+        """
+        identity: tuple[str, int, float] | str | None = None
+        if ckpt_path:
+            resumed = self.resumed
+            identity = str(ckpt_path) if resumed is None else (resumed.name, resumed.step, resumed.created_unix)
+        resumed_from = all_gather_objects(identity)
+        if len(set(resumed_from)) > 1:
+            raise RuntimeError(f"Ranks resumed from different checkpoints {resumed_from}; pass an explicit ckpt_path.")
 
     def check_data(self, trainer: pl.Trainer, loaders: Sequence[Any]) -> None:
         """Fingerprint the training data (rank 0, broadcast) and refuse a resume onto other data.

@@ -31,7 +31,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
-from lightning_field.checkpoint import sharded
+from lightning_field.checkpoint import resume_policy, sharded
 from lightning_field.checkpoint.async_controller import AsyncSaves
 from lightning_field.checkpoint.checkpointer import Checkpointer
 from lightning_field.checkpoint.commit import SaveJob, commit_save
@@ -39,13 +39,11 @@ from lightning_field.checkpoint.replica import (
     NodeTopology,
     commit_replicated,
     host_name,
-    inventory,
     node_key,
-    plan_restore,
-    restore_from_nodes,
     shared_folder_problem,
 )
-from lightning_field.checkpoint.resume_policy import NoRecoverableCheckpointError
+from lightning_field.checkpoint.replica_resume import agree_across_nodes
+from lightning_field.checkpoint.resume_policy import ResumeGuard
 from lightning_field.checkpoint.snapshot_dirs import make_private, snapshot_dir_for
 from lightning_field.checkpoint.stores import CheckpointStore, LocalStore, read_manifest
 from lightning_field.checkpoint.verify import VerifyReport
@@ -82,12 +80,17 @@ class StepSnapshots:
     """
 
     def __init__(
-        self, owner: ManifestCheckpoint, every_n_train_steps: int | None, directory: str | os.PathLike[str] | None
+        self,
+        owner: ManifestCheckpoint,
+        every_n_train_steps: int | None,
+        directory: str | os.PathLike[str] | None,
+        in_line: bool | None = None,
     ) -> None:
         if every_n_train_steps is not None and every_n_train_steps < 1:
             raise ValueError(f"snapshot_every_n_train_steps must be >= 1 (or None: off), got {every_n_train_steps}")
         self.every_n_train_steps = every_n_train_steps
         self.directory = directory
+        self.commits_in_line = in_line
         self._owner = owner
         self._checkpointer: Checkpointer | None = None
         self._saves: AsyncSaves | None = None
@@ -157,6 +160,27 @@ class StepSnapshots:
 
         return verified
 
+    def resolve_last(
+        self,
+        trainer: pl.Trainer,
+        where: Location,
+        inexact_guard: ResumeGuard | None,
+        store: CheckpointStore,
+        verified: dict[Location, VerifyReport],
+    ) -> str | None:
+        """``ckpt_path="last"`` over the tiers: the newest step that verifies, a persistent checkpoint
+        on a tie (:func:`~lightning_field.checkpoint.resume_policy.resolve_last`), agreed on across
+        the nodes of a multi-node run (:meth:`resolve_across_nodes`)."""
+        if not self.spans_nodes(trainer):
+            snapshot = self.latest(where, log_skips=trainer.is_global_zero)
+            return resume_policy.resolve_last(where, inexact_guard, store, verified, snapshot)
+        found = self.resolve_across_nodes(
+            trainer, where, lambda: resume_policy.resolve_last(where, inexact_guard, store, verified)
+        )
+        if found is not None and inexact_guard is not None and self.holds(found):
+            inexact_guard.inexact = None  # a snapshot is recoverable: this continuation is exact
+        return found
+
     def resolve_across_nodes(
         self, trainer: pl.Trainer, checkpoint_dir: Location, persistent: Callable[[], str | None]
     ) -> str | None:
@@ -175,47 +199,15 @@ class StepSnapshots:
         internals.start_process_group_early(trainer)
         if self._resume_group is None:
             self._resume_group = new_host_group()  # every rank: creating a group is collective
-        group = self._resume_group
-        topology = self._gather_topology(trainer, group)
+        topology = self._gather_topology(trainer, self._resume_group)
         checkpointer = self._checkpointer_for(checkpoint_dir)
         root = Path(checkpointer.dirpath)
-        refused: NoRecoverableCheckpointError | None = None
-        try:
-            chosen = persistent()
-        except NoRecoverableCheckpointError as err:
-            chosen, refused = None, err
-        step = read_manifest(chosen, store=self._owner.store_at(chosen)).step if chosen else -1
-        steps = sorted(set(all_gather_objects(step, group=group)))
-        if len(steps) > 1:
-            raise RuntimeError(f"ranks found different persistent checkpoints to resume from (steps {steps}) under"
-                               f" {checkpoint_dir}: pass an explicit ckpt_path.")  # fmt: skip
-        store = checkpointer.store_at(root)
-        held = None
-        if topology.is_leader:
-            held = inventory(root, store, log_skips=trainer.is_global_zero) if root.is_dir() else []
-        gathered = all_gather_objects(held, group=group)
-        plan = plan_restore([gathered[topology.leader(n)] for n in range(len(topology.nodes))], newer_than=step)
-        if plan is None:
-            if refused is not None:
-                raise refused
-            return chosen
-        prepared = _prepared(root) if topology.is_leader else None  # a replaced node has no directory yet
-        problem = next((p for p in all_gather_objects(prepared, group=group) if p), None)
-        problem = problem or restore_from_nodes(root, plan, topology, group, store)
-        if problem is not None:
-            rank_zero_warn(
-                f"lightning_field: the snapshot {plan.name} (step {plan.step}) could not be restored across the nodes"
-                f" ({problem}); resuming from the persistent checkpoints instead."
-            )
-            if refused is not None:
-                raise refused
-            return chosen
-        self.resumed_tier = "replica" if plan.from_replica else "snapshot"
-        lacking = sorted({t.destination for t in plan.transfers})
-        how = f"node(s) {lacking} received what they lacked from other nodes" if lacking else "held by every node"
-        rank_zero_info(f"lightning_field: resuming from the snapshot {plan.name} (step {plan.step}; {how}), newer than"
-                       f" every recoverable checkpoint under {checkpoint_dir}.")  # fmt: skip
-        return str(root / plan.name)
+        found, tier = agree_across_nodes(
+            root, checkpointer.store_at(root), topology, self._resume_group, persistent, self._owner.store_at,
+            prepare=_prepared, log_skips=trainer.is_global_zero,
+        )  # fmt: skip
+        self.resumed_tier = tier
+        return found
 
     def _gather_topology(self, trainer: pl.Trainer, group: Any = None) -> NodeTopology:
         """Which ranks share this run's node-local directories (collective)."""
@@ -274,8 +266,41 @@ class StepSnapshots:
         saves.settle(trainer)  # the previous snapshot commits before this one reuses its buffers
         final = Path(self._checkpointer.dirpath) / f"epoch={trainer.current_epoch}-step={step}"
         job = self._owner._prepare_save(trainer, final, start, store=self._checkpointer.store)  # the owner's capture
-        saves.submit(trainer, job, start)
+        if self.in_line(trainer):
+            self._commit_in_line(trainer, job, start)
+        else:
+            saves.submit(trainer, job, start)
         self._last_step = step
+
+    def in_line(self, trainer: pl.Trainer) -> bool:
+        """Whether snapshots commit on the training thread, before the next step, instead of beside it
+        (``snapshot_in_line``; by default where training computes on the CPU).
+
+        There training already keeps the cores busy: a writer thread beside it takes a core from
+        torch's intra-op threads, whose parallel regions then wait for the one descheduled, so it
+        costs about twice its own CPU time; committed in line, a snapshot needs no host copy either
+        (nothing writes the state meanwhile), and the step it holds is never lost. On an accelerator
+        the host is idle while the device steps, and the commit runs beside it
+        (``benchmarks/RESULTS.md`` §14 has both on the main job)."""
+        if self.commits_in_line is not None:
+            return self.commits_in_line
+        return trainer.strategy.root_device.type == "cpu"
+
+    def _commit_in_line(self, trainer: pl.Trainer, job: SaveJob, start: float) -> None:
+        assert self._saves is not None  # set up with the snapshots
+        commit_start = time.perf_counter()
+        error = self._commit(job, self._saves.host_group)  # every rank, at this step
+        if error is None:
+            now = time.perf_counter()
+            self._advertise(trainer, job, now - start, now - commit_start)
+            return
+        assert self._checkpointer is not None
+        self._saves.save_failures += 1
+        message = self._checkpointer.not_saved_message(job.final, error)
+        events = self._owner.events
+        if events is not None:
+            events.emit("ckpt_save_failed", step=job.step, payload={"path": str(job.final), "error": message})
+        rank_zero_warn(f"Step snapshot failed (training goes on; the persistent checkpoints are untouched): {message}")
 
     def _commit(self, job: SaveJob, group: Any) -> str | None:
         topology = self._topology
@@ -309,9 +334,14 @@ class StepSnapshots:
             every, where = self.every_n_train_steps, self._checkpointer.dirpath
             nodes = len(self._topology.nodes) if self._topology is not None else 1
             replicas = f", each node's files replicated to the next of {nodes} nodes" if nodes > 1 else ""
+            how = (
+                "committed in line before the next step, no host copy"
+                if self.in_line(trainer)
+                else f"committed beside training, {buffers / 1e6:.1f} MB of host buffers on rank 0"
+            )
             rank_zero_info(
                 f"lightning_field: a snapshot every {every} step(s) into {where} ({size / 1e6:.1f} MB each,"
-                f" {KEEP} kept, {buffers / 1e6:.1f} MB of host buffers on rank 0{replicas})"
+                f" {KEEP} kept, {how}{replicas})"
             )
 
     # ------------------------------------------------------------------ the end

@@ -352,6 +352,7 @@ class Config:
     # kill_at and a new, empty one joins the restarted group (tests/conformance.py, node-loss protocol).
     lose_node: bool = False
     damage_newest_snapshot: bool = False  # the rerun first flips a byte in the newest snapshot's state file
+    snapshot_in_line: bool | None = None  # ManifestCheckpoint(snapshot_in_line=...): None in line on CPU
     what: str = ""
 
 
@@ -474,6 +475,9 @@ CONFIGS: dict[str, Config] = {
     "snapshots-accumulate": Config(kill_at=6, max_steps=10, every_n_train_steps=4, snapshot_every=1,
                                    trainer={"accumulate_grad_batches": 3}, scheduler="step_step",
                                    what="snapshots with accumulate_grad_batches=3"),
+    "snapshots-beside-training": Config(kill_at=7, max_steps=12, every_n_train_steps=4, snapshot_every=1,
+                                        snapshot_in_line=False,
+                                        what="snapshots committed beside training from a host copy (as on a GPU)"),
     "snapshots-damaged-newest": Config(kill_at=7, max_steps=12, every_n_train_steps=4, snapshot_every=1,
                                        damage_newest_snapshot=True,
                                        what="snapshots, the newest damaged before the rerun: the one before it"),
@@ -659,7 +663,8 @@ def run(name: str, root: str, out: str, checkpoint: str, kill: bool, resume: boo
         if config.snapshot_every:
             # Each simulated node its own "node-local" directory, as /dev/shm is on a real machine.
             where = os.path.join(root, "snapshots", os.environ.get("CONFORMANCE_NODE", ""))
-            snapshots = {"snapshot_every_n_train_steps": config.snapshot_every, "snapshot_dir": where}
+            snapshots = {"snapshot_every_n_train_steps": config.snapshot_every, "snapshot_dir": where,
+                         "snapshot_in_line": config.snapshot_in_line}  # fmt: skip
             if resume and config.damage_newest_snapshot:
                 print(f"conformance: damaged {damage_newest_snapshot(Path(root, 'checkpoints'), Path(where))}")
     else:

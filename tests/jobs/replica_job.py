@@ -16,13 +16,8 @@ import torch
 import torch.distributed as dist
 
 from lightning_field.checkpoint.commit import SaveJob
-from lightning_field.checkpoint.replica import (
-    NodeTopology,
-    commit_replicated,
-    inventory,
-    plan_restore,
-    restore_from_nodes,
-)
+from lightning_field.checkpoint.replica import NodeTopology, commit_replicated
+from lightning_field.checkpoint.replica_resume import inventory, plan_restore, restore_from_nodes
 from lightning_field.checkpoint.stores import LocalStore, RankOutcome
 from lightning_field.checkpoint.verify import verify_checkpoint
 from lightning_field.core.distributed import all_gather_objects, exit_finished_process
