@@ -15,10 +15,11 @@ from conftest import make_trainer
 from lightning.pytorch.demos.boring_classes import BoringModel
 from torch import nn
 
-from lightning_field import Checkpointer
+from lightning_field import Checkpointer, verify_checkpoint
 from lightning_field.checkpoint import CheckpointCorruptError, NothingToRestoreError, components
 from lightning_field.checkpoint.stores import LocalStore
-from lightning_field.core.manifest import SHARED_STATE_FILE, read_manifest
+from lightning_field.core.manifest import SHARED_STATE_FILE, read_manifest, write_drill_record
+from lightning_field.core.storage import Location, same_location
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 from memory_store import MemoryStore
@@ -117,6 +118,51 @@ def test_retention_keeps_the_newest_and_never_removes_the_only_recoverable_check
     assert [e.path for e in alone.committed()] == [only] and (tmp_path / "ckpts" / "step=4").is_dir()
     with pytest.raises(ValueError, match="keep must be >= 1"):
         Checkpointer(tmp_path, keep=0)
+
+
+def record_drill(checkpoint: Location, outcome: str) -> None:
+    """A restore drill's record beside ``checkpoint``'s manifest, as RestoreDrill writes it."""
+    record = {"created_unix": read_manifest(checkpoint).created_unix, "outcome": outcome, "passed": outcome == "passed"}
+    write_drill_record(checkpoint, record, outcome == "passed")
+
+
+def test_retention_keeps_the_newest_drill_passed_checkpoint_until_a_newer_one_passes_and_every_failed_one(
+    tmp_path: Path,
+) -> None:
+    checkpointer = Checkpointer(tmp_path / "ckpts")
+    model, _, _ = make_loop()
+    saved = {step: checkpointer.save({"model": model}, step=step) for step in (1, 2, 3, 4)}
+    record_drill(saved[1], "passed")
+    record_drill(saved[2], "mismatch")
+    record_drill(saved[3], "error")  # says nothing about the checkpoint, for or against
+    assert checkpointer.protection_reason(saved[1]) == (
+        "it is the newest checkpoint whose restore drill passed (kept until a newer one passes)"
+    )
+    assert "restore drill found a mismatch" in (checkpointer.protection_reason(saved[2]) or "")
+    assert checkpointer.protection_reason(saved[3]) is None and checkpointer.protection_reason(saved[4]) is None
+    record_drill(saved[4], "passed")
+    assert checkpointer.protection_reason(saved[1]) is None
+    # The sweep after a newer pass: what ModelCheckpoint still retains stays; the rest of the older passes goes.
+    assert checkpointer.remove_superseded_drilled(retained=lambda path: same_location(path, saved[1])) == []
+    assert checkpointer.remove_superseded_drilled(retained=lambda path: False) == [saved[1]]
+    assert checkpointer.remove(saved[2]) is not None and checkpointer.remove(saved[4]) is not None
+    assert [e.manifest.step for e in checkpointer.committed() if e.manifest] == [4, 3, 2]
+
+
+def test_a_drills_private_copy_goes_back_in_its_checkpoints_place_only_where_that_name_is_free(tmp_path: Path) -> None:
+    store = LocalStore()
+    checkpointer = Checkpointer(tmp_path / "ckpts")
+    model, _, _ = make_loop()
+    checkpoint = Path(checkpointer.save({"model": model}, step=1))
+    copy = store.linked_copy(checkpoint, ".tmp-drill-step=1-abc")
+    assert not store.restore_linked_copy(copy, checkpoint)  # the checkpoint is there: nothing changes
+    assert copy.is_dir() and checkpoint.is_dir()
+    store.remove(checkpoint)  # as retention does
+    assert store.restore_linked_copy(copy, checkpoint) and not copy.exists()
+    assert [e.path for e in checkpointer.committed()] == [checkpoint] and verify_checkpoint(checkpoint).intact
+    assert not store.restore_linked_copy(copy, checkpoint)  # the copy is gone
+    with pytest.raises(ValueError, match="not a private copy"):
+        store.restore_linked_copy(checkpoint, tmp_path / "elsewhere")  # only a hidden sibling is ever renamed
 
 
 def test_restore_skips_a_corrupt_newest_checkpoint_for_the_older_intact_one(tmp_path: Path) -> None:

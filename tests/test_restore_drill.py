@@ -7,8 +7,11 @@ import errno
 import json
 import logging
 import os
+import shutil
 import signal
+import time
 from pathlib import Path
+from typing import Any
 
 import fsspec
 import lightning.pytorch as pl
@@ -29,6 +32,9 @@ from lightning_field import (
 from lightning_field.checkpoint.resolver import committed_checkpoints
 from lightning_field.cli.main import main as field_main
 from lightning_field.evidence import RestoreDrillError
+from lightning_field.record.collect import collect
+from lightning_field.record.conditions import evaluate_conditions
+from lightning_field.record.config import load_record_config
 from lightning_field.workloads.demo import DemoDataModule, DemoRegressor
 
 pytestmark = pytest.mark.usefixtures("warm_children")  # each drill is a process of its own
@@ -187,7 +193,8 @@ def test_with_save_top_k_1_every_drill_runs_on_a_private_copy_while_retention_st
     outcomes = [(r["step"], r["outcome"], r["protected_copy"]) for r in drill.results]
     assert outcomes == [(3, "passed", True), (6, "passed", True)]
     assert drill.errors == 0 and drill.failures == 0 and not caplog.records
-    # Retention is unchanged: only the newest checkpoint is left, and it is marked by its drill.
+    # Only the newest checkpoint is left: it is also the newest whose drill passed, so step 3, which
+    # was kept (or put back from its copy) for its drill only until a newer one passed, is gone too.
     ckpts = tmp_path / "ckpts"
     assert [e.path for e in committed_checkpoints(ckpts)] == [ckpts / "epoch=0-step=6"]
     assert read_manifest(ckpts / "epoch=0-step=6").restore_tested
@@ -196,6 +203,131 @@ def test_with_save_top_k_1_every_drill_runs_on_a_private_copy_while_retention_st
     assert len(list((tmp_path / "field" / "drills").glob("*/result.json"))) == 2
     drills = [e for e in read_events(tmp_path) if e["event"] == "restore_drill"]
     assert sorted((e["step"], e["payload"]["outcome"]) for e in drills) == [(3, "passed"), (6, "passed")]
+
+
+def default_checkpoint(run_dir: Path) -> ManifestCheckpoint:
+    """ManifestCheckpoint's default retention (save_top_k=1), a save every 3 steps and one at the end, in
+    ``run_dir/checkpoints``, where the release record reads them."""
+    return ManifestCheckpoint(dirpath=run_dir / "checkpoints", every_n_train_steps=3, save_on_train_end=True)
+
+
+def fit_with_drills(
+    run_dir: Path, checkpoint: ManifestCheckpoint, *callbacks: Callback, max_steps: int
+) -> RestoreDrill:
+    """Fit with a drill of every checkpoint; ``callbacks`` run first."""
+    pl.seed_everything(0)
+    drill = RestoreDrill(every_n_checkpoints=1)
+    trainer = pl.Trainer(
+        default_root_dir=run_dir, max_steps=max_steps, accelerator="cpu", deterministic=True, logger=False,
+        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
+        callbacks=[*callbacks, drill, checkpoint],
+    )  # fmt: skip
+    trainer.fit(DemoRegressor(), datamodule=DemoDataModule())
+    return drill
+
+
+def restore_drill_condition(run_dir: Path) -> dict[str, Any]:
+    """The release record's restore-drill condition on ``run_dir``, collected and evaluated as
+    ``field record build`` does."""
+    config = load_record_config()
+    collection = collect([run_dir], config.config_keys)
+    sources = {source.id: source.to_dict() for source in collection.sources}
+    results = evaluate_conditions(config.conditions, collection.figures, sources, collection.release, time.time())
+    return next(r for r in results if r["name"] == "checkpoint_restore_tested")
+
+
+def names(checkpoints: Path) -> list[str]:
+    """The committed checkpoints, newest first."""
+    return [Path(e.path).name for e in committed_checkpoints(checkpoints)]
+
+
+@pytest.mark.slow
+def test_with_save_top_k_1_the_newest_drill_passed_checkpoint_stays_beside_the_final_one_so_the_record_can_go(
+    tmp_path: Path,
+) -> None:
+    drill = fit_with_drills(tmp_path, default_checkpoint(tmp_path), max_steps=8)
+    assert [(r["step"], r["outcome"]) for r in drill.results] == [(3, "passed"), (6, "passed")]
+    # The final save is never drilled (no step follows it); the newest drill-passed one is kept beside it,
+    # whole (here the final save removed it before its drill ended, and the drill put its copy back).
+    checkpoints = tmp_path / "checkpoints"
+    assert names(checkpoints) == ["final-step=8", "epoch=0-step=6"]
+    kept = read_manifest(checkpoints / "epoch=0-step=6")
+    assert kept.restore_tested and kept.restore_drill is not None and kept.restore_drill["step"] == 6
+    assert verify_checkpoint(checkpoints / "epoch=0-step=6").intact
+    assert latest_recoverable(checkpoints) == checkpoints / "final-step=8"
+    assert not [p for p in checkpoints.iterdir() if p.name.startswith(".")]  # no private copy left behind
+    condition = restore_drill_condition(tmp_path)
+    assert condition["status"] == "pass", condition
+    assert "epoch=0-step=6" in condition["detail"]
+    # What the record said when retention left the final checkpoint alone:
+    shutil.rmtree(checkpoints / "epoch=0-step=6")
+    assert restore_drill_condition(tmp_path)["status"] == "missing"
+
+
+class WaitForDrills(Callback):
+    """Before each batch, wait for the drills in flight (so each is recorded at the end of this batch)
+    and note the committed checkpoints and the one ModelCheckpoint's retention keeps, by step."""
+
+    def __init__(self, checkpoint_dir: Path) -> None:
+        self.checkpoint_dir = checkpoint_dir
+        self.seen: dict[int, tuple[list[str], str]] = {}
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        drill = next(c for c in trainer.callbacks if isinstance(c, RestoreDrill))
+        for running in drill.running:
+            running.process.wait(timeout=120)
+        checkpoint = next(c for c in trainer.callbacks if isinstance(c, ManifestCheckpoint))
+        self.seen[trainer.global_step] = (names(self.checkpoint_dir), Path(checkpoint.best_model_path).name)
+
+
+@pytest.mark.slow
+def test_once_a_newer_checkpoint_passes_its_drill_the_one_kept_for_an_older_drill_is_removed(tmp_path: Path) -> None:
+    pl.seed_everything(0)
+    checkpoints = tmp_path / "ckpts"
+    checkpoint = ManifestCheckpoint(dirpath=checkpoints, every_n_train_steps=3)
+    drill = RestoreDrill(every_n_checkpoints=1)
+    waiter = WaitForDrills(checkpoints)
+    trainer = pl.Trainer(
+        default_root_dir=tmp_path, max_steps=10, accelerator="cpu", deterministic=True, logger=False,
+        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
+        callbacks=[waiter, drill, checkpoint],
+    )  # fmt: skip
+    trainer.fit(DemoRegressor(), datamodule=DemoDataModule())
+    assert [(r["step"], r["outcome"]) for r in drill.results] == [(3, "passed"), (6, "passed"), (9, "passed")]
+    # Step 3's drill passed (after step 4) before the save at step 6, whose retention keeps it
+    # until step 6's drill passes (after step 7); then it goes. The same for step 6 at step 9.
+    assert waiter.seen[6][0] == ["epoch=0-step=6", "epoch=0-step=3"]
+    assert waiter.seen[8][0] == ["epoch=0-step=6"]
+    assert waiter.seen[9][0] == ["epoch=0-step=9", "epoch=0-step=6"]
+    # Never more than one checkpoint kept for a drill besides the one save_top_k=1 keeps.
+    for step, (present, kept_by_retention) in waiter.seen.items():
+        assert len([n for n in present if n != kept_by_retention]) <= 1, (step, present)
+    assert names(checkpoints) == ["epoch=0-step=9"] and read_manifest(checkpoints / "epoch=0-step=9").restore_tested
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("drill_ends", ["before the next save", "after the next save"])
+def test_a_checkpoint_whose_drill_found_a_mismatch_is_kept_and_the_release_record_fails_naming_it(
+    tmp_path: Path, drill_ends: str
+) -> None:
+    checkpoint = default_checkpoint(tmp_path)
+    waiter = WaitForDrills(tmp_path / "checkpoints")
+    # Before: retention, at the save of step 6, keeps step 3 for its recorded mismatch. After: it has
+    # removed step 3 by the time the drill ends, and the drill puts its copy back.
+    callbacks = [OptimizerSaboteur(checkpoint, 3), *([waiter] if drill_ends == "before the next save" else [])]
+    drill = fit_with_drills(tmp_path, checkpoint, *callbacks, max_steps=7)
+    assert [(r["step"], r["outcome"]) for r in drill.results] == [(3, "mismatch"), (6, "passed")]
+    # Kept as the record's evidence of the failure; the resolver never resumes from it.
+    checkpoints = tmp_path / "checkpoints"
+    assert names(checkpoints) == ["final-step=7", "epoch=0-step=6", "epoch=0-step=3"]
+    failed = read_manifest(checkpoints / "epoch=0-step=3")
+    assert not failed.restore_tested and failed.restore_drill is not None
+    assert failed.restore_drill["outcome"] == "mismatch"
+    if waiter.seen:
+        assert waiter.seen[6][0] == ["epoch=0-step=6", "epoch=0-step=3"]
+    condition = restore_drill_condition(tmp_path)
+    assert condition["status"] == "fail", condition
+    assert "epoch=0-step=3" in condition["detail"]
 
 
 @pytest.mark.slow

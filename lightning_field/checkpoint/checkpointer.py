@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -38,6 +38,8 @@ from lightning_field.core.storage import Location, as_location, join, parent, sa
 from lightning_field.state.rng import capture_rng_state, restore_rng_state
 
 __all__ = ["Checkpointer", "NothingToRestoreError", "Restored", "Stateful"]
+
+DRILL_MISMATCH = "mismatch"  # a restore drill's outcome (evidence.drill_runs, which sits above this package)
 
 
 @runtime_checkable
@@ -276,12 +278,41 @@ class Checkpointer:
         return head == str(root) and name not in ("", ".", "..")
 
     def protection_reason(self, checkpoint: str | os.PathLike[str]) -> str | None:
-        """Why retention must keep ``checkpoint`` (it is the only recoverable one), else None."""
+        """Why retention must keep ``checkpoint``, else None: it is the only recoverable checkpoint;
+        or the newest one whose restore drill passed (the release record's evidence that this run's
+        checkpoints restore, until a newer one passes a drill); or its restore drill found a mismatch
+        (the record's evidence of the failure; the resolver never resumes from it)."""
         entries = committed_checkpoints(parent(checkpoint), store=self.store_at(checkpoint))
         recoverable = [e for e in entries if e.manifest is not None and e.manifest.recoverable]
         if len(recoverable) == 1 and same_location(recoverable[0].path, checkpoint):
             return "it is the only recoverable checkpoint"
+        this = next((e.manifest for e in entries if same_location(e.path, checkpoint)), None)
+        if this is None:
+            return None
+        if (this.restore_drill or {}).get("outcome") == DRILL_MISMATCH:
+            return "its restore drill found a mismatch (the release record's evidence of the failure)"
+        newest_tested = next((e for e in entries if e.manifest is not None and e.manifest.restore_tested), None)
+        if newest_tested is not None and same_location(newest_tested.path, checkpoint):
+            return "it is the newest checkpoint whose restore drill passed (kept until a newer one passes)"
         return None
+
+    def remove_superseded_drilled(self, retained: Callable[[Location], bool]) -> list[Location]:
+        """Remove the checkpoints :meth:`protection_reason` kept only because their restore drill
+        passed, now that a newer checkpoint has passed one: each drill-passed checkpoint older than
+        the newest, unless ``retained`` (ModelCheckpoint's own retention) still keeps it. Nothing
+        outside ``dirpath`` and nothing otherwise protected is removed (:meth:`remove`). On the
+        coordinating rank only.
+
+        Returns:
+            The checkpoints removed.
+        """
+        entries = self.committed()
+        tested = [e.path for e in entries if e.manifest is not None and e.manifest.restore_tested]
+        removed = []
+        for older in tested[1:]:
+            if not retained(older) and self.remove(older) is None:
+                removed.append(older)
+        return removed
 
     def remove(self, checkpoint: str | os.PathLike[str]) -> str | None:
         """Remove ``checkpoint`` (on the coordinating rank only), unless it is not this dirpath's or is

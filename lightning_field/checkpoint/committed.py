@@ -36,7 +36,7 @@ from lightning_field.checkpoint.stores import (
 )
 from lightning_field.core.distributed import broadcast_object
 from lightning_field.core.events import EventLog
-from lightning_field.core.storage import Location, as_location, fs_options
+from lightning_field.core.storage import Location, as_location, fs_options, same_location
 
 __all__ = ["CommittedCheckpoint"]
 
@@ -396,5 +396,18 @@ class CommittedCheckpoint(ModelCheckpoint):
         super()._remove_checkpoint(trainer, filepath)
 
     def protection_reason(self, filepath: str) -> str | None:
-        """Why retention must keep ``filepath`` (it is the only recoverable checkpoint), else None."""
+        """Why retention must keep ``filepath`` (the only recoverable checkpoint, the newest whose
+        restore drill passed, or one whose drill found a mismatch: ``Checkpointer.protection_reason``), else None."""
         return self._checkpointer.protection_reason(filepath)
+
+    def retains(self, filepath: str | os.PathLike[str]) -> bool:
+        """Whether ModelCheckpoint's own retention still keeps ``filepath``: every checkpoint under
+        ``save_top_k=-1``; else the top k, the best, the last, the resume points and the newest save.
+        A checkpoint it has let go of that is still there was kept by ``protection_reason``."""
+        if self.save_top_k == -1:
+            return True
+        kept = [
+            self.best_model_path, self.last_model_path, self._last_checkpoint_saved,
+            *self.best_k_models, *self._resume_points,
+        ]  # fmt: skip
+        return any(path and same_location(path, filepath) for path in kept)

@@ -4,7 +4,9 @@ The drill process (``drill_replay.py``) is started in a session of its own, so t
 stops whatever it started. It leaves a result (passed, mismatch, or an error); this turns it into
 the drill's record, decides what the result says about the checkpoint (an error of a drill whose
 checkpoint retention removed before it could load it says nothing: *skipped*), logs it, and records
-it beside the checkpoint's manifest. Kept apart from the callback (``drill.py``), which decides when to drill.
+it beside the checkpoint's manifest; where retention removed the checkpoint meanwhile, it can put the
+drill's private copy back in its place first. Kept apart from the callback (``drill.py``), which
+decides when to drill and which checkpoints to keep.
 """
 
 from __future__ import annotations
@@ -18,12 +20,13 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from lightning_field.core.manifest import ManifestError, read_manifest, write_drill_record
+from lightning_field.core.storage import Location, as_location
 
 __all__ = [
     "ERROR",
@@ -34,6 +37,7 @@ __all__ = [
     "RunningDrill",
     "drill_record",
     "mark_checkpoint",
+    "record_beside_checkpoint",
     "release",
     "same_checkpoint",
     "start_drill",
@@ -43,6 +47,10 @@ __all__ = [
 log = logging.getLogger("lightning_field.evidence.drill")  # the callback's logger: users filter one name
 
 PASSED, MISMATCH, ERROR, SKIPPED = "passed", "mismatch", "error", "skipped"
+
+RestoreCopy = Callable[[Path, Location], bool]
+"""A store's ``restore_linked_copy(copy, checkpoint)`` (``LocalStore``'s): renames a private copy back
+into its checkpoint's place when nothing holds that name, and says whether it did."""
 
 STORAGE_OPTIONS_ENV = "FIELD_DRILL_STORAGE_OPTIONS"
 """How the drill process gets the checkpoint callback's storage options (JSON): in its environment,
@@ -127,11 +135,67 @@ def same_checkpoint(running: RunningDrill) -> bool:
     return manifest.step == running.step and manifest.created_unix == running.created_unix
 
 
-def mark_checkpoint(checkpoint: str, record: dict[str, Any], storage_options: Mapping[str, Any] | None = None) -> None:
+def mark_checkpoint(
+    checkpoint: str | os.PathLike[str], record: dict[str, Any], storage_options: Mapping[str, Any] | None = None
+) -> None:
     """Record the drill beside the checkpoint's manifest, where the checkpoint is (a local folder or a
     URL); :func:`~lightning_field.core.manifest.read_manifest` reads it back as ``restore_tested`` and
     ``restore_drill``."""
     write_drill_record(checkpoint, record, record["outcome"] == PASSED, storage_options)
+
+
+def record_beside_checkpoint(
+    running: RunningDrill, record: dict[str, Any], current: bool, restore_copy: RestoreCopy | None
+) -> bool:
+    """Record the drill beside its checkpoint, when the checkpoint is still there (``current``); else,
+    given ``restore_copy``, put the drill's private copy back as the checkpoint, with the record
+    beside its manifest (written into the copy first, so the checkpoint reappears with its record,
+    never without it). Call it before :func:`release`.
+
+    Returns:
+        Whether the checkpoint now carries the drill's record.
+    """
+    if current:
+        mark_checkpoint(running.checkpoint, record, running.storage_options)
+        return True
+    if restore_copy is not None and _put_back(running, record, restore_copy):
+        return True
+    if record["outcome"] != SKIPPED:
+        log.info(
+            "Restore drill for %s (step %d) is recorded in the event log only: retention removed the checkpoint,"
+            " or a save of the same name replaced it, while the drill ran on its copy",
+            running.checkpoint,
+            running.step,
+        )
+    return False
+
+
+def _put_back(running: RunningDrill, record: dict[str, Any], restore_copy: RestoreCopy) -> bool:
+    copy = running.protected
+    if copy is None or not copy.is_dir():
+        return False
+    try:
+        manifest = read_manifest(copy)
+    except ManifestError:
+        return False
+    if (manifest.step, manifest.created_unix) != (running.step, running.created_unix):
+        return False  # not the commit the drill was for: never put anything else in its place
+    try:
+        mark_checkpoint(copy, record)
+        restored = restore_copy(copy, as_location(running.checkpoint))
+    except (OSError, ValueError) as err:
+        log.warning("Restore drill for %s (step %d): its copy could not be put back (%s)", running.checkpoint,
+                    running.step, err)  # fmt: skip
+        return False
+    if restored:
+        log.info(
+            "Restore drill for %s (step %d) %s on its private copy after retention removed the checkpoint: the copy"
+            " is put back as the checkpoint, with the drill recorded beside it",
+            running.checkpoint,
+            running.step,
+            record["outcome"],
+        )
+    return restored
 
 
 def drill_record(running: RunningDrill, result: dict[str, Any], current: bool) -> dict[str, Any]:
@@ -167,13 +231,6 @@ def drill_record(running: RunningDrill, result: dict[str, Any], current: bool) -
             record["reason"],
             record["error"],
             running.log_path,
-        )
-    elif not current:
-        log.info(
-            "Restore drill for %s (step %d) ran on its private copy; the checkpoint itself has since been removed"
-            " by retention or replaced, so no manifest is marked",
-            running.checkpoint,
-            running.step,
         )
     if record["outcome"] == PASSED:
         log.info("Restore drill passed for %s (step %d)", running.checkpoint, running.step)

@@ -11,6 +11,7 @@ next run's setup deletes. After it, the checkpoint is complete.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 from collections.abc import Callable, Iterator
@@ -130,6 +131,41 @@ class LocalStore:
             shutil.rmtree(copy, ignore_errors=True)
             raise
         return copy
+
+    def restore_linked_copy(self, copy: Path, checkpoint: Path) -> bool:
+        """Put ``copy`` (made by :meth:`linked_copy` from ``checkpoint``) back as ``checkpoint`` by one
+        atomic rename, when retention has removed ``checkpoint`` since: its files are the committed
+        bytes, so readers see the checkpoint whole again or not at all. A restore drill keeps the
+        checkpoint it recorded this way.
+
+        Returns:
+            False, changing nothing, when anything exists under ``checkpoint``'s name (a save of the
+            same name wins) or ``copy`` is gone; True once ``copy`` is ``checkpoint``.
+
+        Raises:
+            ValueError: ``copy`` is not a hidden directory beside ``checkpoint``, or ``checkpoint``
+                is itself hidden: only a private copy is ever renamed into a checkpoint's place.
+            OSError: the rename failed for another reason.
+        """
+        if (
+            copy.parent != checkpoint.parent
+            or not copy.name.startswith(TEMP_PREFIXES)
+            or checkpoint.name in ("", ".", "..")
+            or checkpoint.name.startswith(".")
+        ):
+            raise ValueError(f"{copy} is not a private copy beside {checkpoint}")
+        if not copy.is_dir() or os.path.lexists(checkpoint):
+            return False
+        try:
+            # A committed checkpoint is never an empty directory, so this rename never replaces one.
+            os.rename(copy, checkpoint)
+        except OSError as err:
+            if err.errno in (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR, errno.ENOENT):
+                return False  # a save of the same name published first, or the copy went meanwhile
+            raise
+        if self.durable:
+            fsync_dir(checkpoint.parent)
+        return True
 
 
 def clean_leftovers(dirpath: Path) -> list[Path]:
