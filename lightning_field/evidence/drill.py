@@ -13,7 +13,9 @@ only on the weights, but the update depends on the optimizer's moments too.
 A drill loads a private hard-linked copy of its checkpoint, made the moment the commit is seen:
 with ``save_top_k=1`` the next save removes the checkpoint, usually before a drill process has even
 started. Committed files are never changed in place (saves and manifest updates are renames), so
-the links keep exactly the committed bytes, at no cost in disk until retention removes the original.
+the links keep exactly the committed bytes, at no cost in disk until retention removes the original;
+which is why, when the outcome is evidence the release record needs (the newest pass, or a mismatch),
+renaming the copy back puts the very checkpoint that was committed in its place.
 
 The drill process is ``drill_replay.py``; starting and stopping it, and what its result means and
 where that is recorded, is ``drill_runs.py``.
@@ -94,7 +96,10 @@ class RestoreDrill(Callback):
     Args:
         every_n_checkpoints: 0 turns drills off (the default). Each drilled checkpoint is hard-linked
             into a private copy next to it when it commits, so retention (``save_top_k``) cannot
-            remove it before its drill has run; the copy is deleted once the drill is recorded.
+            remove it before its drill has run; the copy is deleted once the drill is recorded, or
+            put back in the checkpoint's place where retention removed it and the drill passed (with
+            no newer pass) or found a mismatch. Retention keeps the newest drill-passed checkpoint
+            until a newer one passes, and every failed one, for the release record.
         model, data: Hydra-style configs (``{"_target_": ..., **kwargs}``) that rebuild the module and
             datamodule in the drill process. Default: the classes of the live objects and their
             ``hparams`` (so both must call ``save_hyperparameters`` and live in importable modules).
