@@ -285,8 +285,6 @@ def run_protocol(name: str, checkpoint: str, tmp: Path, shards: Path | None = No
     suite shares one folder), else beside the runs in ``tmp``.
     """
     config = CONFIGS[name]
-    if config.lose_node:
-        return _run_node_loss_protocol(name, checkpoint, tmp, shards)
     if config.nodes > 1:
         return _run_elastic_protocol(name, checkpoint, tmp, shards)
     go = _cli_launched if config.cli else _launched if config.devices > 1 else _forked
@@ -322,7 +320,9 @@ def interrupted_exit_status(name: str) -> int:
 
 
 def _run_elastic_protocol(name: str, checkpoint: str, tmp: Path, shards: Path | None) -> Outcome:
-    """Reference launch; then a launch whose rank 1 is SIGKILLed once and which torchrun restarts."""
+    """Reference launch; then a launch whose rank 1 is SIGKILLed once and which torchrun restarts, or
+    (``lose_node``) one that loses node 1 (agent, worker, snapshot directory) and goes on with a new,
+    empty node in its place, which torchrun's restarted group takes in."""
     outcome = Outcome(name, checkpoint)
     reference, resumed = tmp / f"{checkpoint}-reference.pt", tmp / f"{checkpoint}-resumed.pt"
     rc, log = _torchrun(name, tmp / f"{checkpoint}-reference", reference, checkpoint, kill=False, shards=shards)
@@ -330,41 +330,27 @@ def _run_elastic_protocol(name: str, checkpoint: str, tmp: Path, shards: Path | 
         outcome.error, outcome.log = f"reference launch exited {rc}: {_tail(log)}", log
         return outcome
     root = tmp / f"{checkpoint}-interrupted"
-    rc, outcome.log = _torchrun(name, root, resumed, checkpoint, kill=True, shards=shards)
-    # The agent's own account of how the interrupted worker (its pid is in the mark) ended.
-    mark = root / "killed"
-    ended = dict(
-        (int(pid), int(code))
-        for code, pid in re.findall(r"failed \(exitcode: (-?\d+)\) local_rank: \d+ \(pid: (\d+)\)", outcome.log)
-    )
-    outcome.killed_rc = ended.get(int(mark.read_text())) if mark.exists() else None
+    config = CONFIGS[name]
+    if config.lose_node:
+        rc, outcome.log = _lose_a_node(name, root, resumed, checkpoint, shards)
+        outcome.killed_rc = -9 if (root / "node-lost").exists() else None
+        restarted = True  # the new node's log says so: the resume is judged below
+    else:
+        rc, outcome.log = _torchrun(name, root, resumed, checkpoint, kill=True, shards=shards)
+        # The agent's own account of how the interrupted worker (its pid is in the mark) ended.
+        mark = root / "killed"
+        ended = dict(
+            (int(pid), int(code))
+            for code, pid in re.findall(r"failed \(exitcode: (-?\d+)\) local_rank: \d+ \(pid: (\d+)\)", outcome.log)
+        )
+        outcome.killed_rc = ended.get(int(mark.read_text())) if mark.exists() else None
+        restarted = len(list(root.glob("started-*"))) == 2 * config.nodes * config.devices
     if outcome.killed_rc is None:
-        outcome.error = f"no worker of the first attempt was interrupted: {_tail(outcome.log)}"
-    elif len(list(root.glob("started-*"))) != 2 * CONFIGS[name].nodes * CONFIGS[name].devices:
+        outcome.error = f"no worker or node of the first attempt was interrupted: {_tail(outcome.log)}"
+    elif not restarted:
         outcome.error = f"torchrun did not restart the group: {_tail(outcome.log)}"
     elif rc != 0:
         outcome.error = f"the restarted launch exited {rc}: {_tail(outcome.log)}"
-    if outcome.error:
-        return outcome
-    return _judged(outcome, reference, resumed)
-
-
-def _run_node_loss_protocol(name: str, checkpoint: str, tmp: Path, shards: Path | None) -> Outcome:
-    """Reference launch; then a launch that loses node 1 (agent, worker, snapshot directory) and
-    goes on with a new, empty node in its place, which torchrun's restarted group takes in."""
-    outcome = Outcome(name, checkpoint)
-    reference, resumed = tmp / f"{checkpoint}-reference.pt", tmp / f"{checkpoint}-resumed.pt"
-    rc, log = _torchrun(name, tmp / f"{checkpoint}-reference", reference, checkpoint, kill=False, shards=shards)
-    if rc != 0:
-        outcome.error, outcome.log = f"reference launch exited {rc}: {_tail(log)}", log
-        return outcome
-    root = tmp / f"{checkpoint}-interrupted"
-    rc, outcome.log = _lose_a_node(name, root, resumed, checkpoint, shards)
-    outcome.killed_rc = -9 if (root / "node-lost").exists() else None
-    if outcome.killed_rc is None:
-        outcome.error = f"no node of the first attempt was lost: {_tail(outcome.log)}"
-    elif rc != 0:
-        outcome.error = f"the launch that lost a node exited {rc}: {_tail(outcome.log)}"
     if outcome.error:
         return outcome
     return _judged(outcome, reference, resumed)
