@@ -318,8 +318,7 @@ class CommittedCheckpoint(ModelCheckpoint):
         # Removals wait for the commit of ``newest`` under async_save (``_remove_checkpoint``).
         for point in [p for p in self._resume_points if p != newest]:
             self._resume_points.remove(point)
-            kept = point == self.best_model_path or point in self.best_k_models or point == self.last_model_path
-            if not kept and self._should_remove_checkpoint(trainer, point, newest):
+            if not self.retains(point) and self._should_remove_checkpoint(trainer, point, newest):
                 self._remove_checkpoint(trainer, point)
 
     def _advertise(self, trainer: pl.Trainer, job: SaveJob, blocking: float, commit_s: float | None = None) -> None:
@@ -377,37 +376,25 @@ class CommittedCheckpoint(ModelCheckpoint):
 
     @override
     def _should_remove_checkpoint(self, trainer: pl.Trainer, previous: str, current: str) -> bool:
-        # ModelCheckpoint keeps the checkpoint a run resumed from forever, lest a crash before the
-        # next save leave nothing; retention here runs only once ``current`` committed, and never
-        # removes the last recoverable checkpoint (``protection_reason``), so save_top_k counts it.
+        # ModelCheckpoint keeps a run's resumed-from checkpoint forever, lest a crash before the next save leave
+        # nothing; here it counts in save_top_k: removals wait for the commit and spare ``protection_reason``'s.
         return previous != current and self._checkpointer.is_own(previous)
 
     @override
     def _remove_checkpoint(self, trainer: pl.Trainer, filepath: str) -> None:
         if self._saves.defer_removal(filepath):
             return
-        reason = None
-        if trainer.is_global_zero:
-            reason = self.protection_reason(filepath)
-        reason = broadcast_object(reason)
+        reason = broadcast_object(self.protection_reason(filepath) if trainer.is_global_zero else None)
         if reason is not None:
             rank_zero_info(f"Keeping {filepath}: {reason}")
             return
         super()._remove_checkpoint(trainer, filepath)
 
     def protection_reason(self, filepath: str) -> str | None:
-        """Why retention must keep ``filepath`` (the only recoverable checkpoint, the newest whose
-        restore drill passed, or one whose drill found a mismatch: ``Checkpointer.protection_reason``), else None."""
+        """Why retention must keep ``filepath`` (``Checkpointer.protection_reason``), else None."""
         return self._checkpointer.protection_reason(filepath)
 
     def retains(self, filepath: str | os.PathLike[str]) -> bool:
-        """Whether ModelCheckpoint's own retention still keeps ``filepath``: every checkpoint under
-        ``save_top_k=-1``; else the top k, the best, the last, the resume points and the newest save.
-        A checkpoint it has let go of that is still there was kept by ``protection_reason``."""
-        if self.save_top_k == -1:
-            return True
-        kept = [
-            self.best_model_path, self.last_model_path, self._last_checkpoint_saved,
-            *self.best_k_models, *self._resume_points,
-        ]  # fmt: skip
-        return any(path and same_location(path, filepath) for path in kept)
+        """Whether ModelCheckpoint's own retention still keeps ``filepath`` (every one under ``save_top_k=-1``)."""
+        kept = [self.best_model_path, self.last_model_path, self._last_checkpoint_saved, *self.best_k_models]
+        return self.save_top_k == -1 or any(p and same_location(p, filepath) for p in [*kept, *self._resume_points])

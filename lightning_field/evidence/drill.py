@@ -50,12 +50,11 @@ from lightning_field.evidence.digest import batch_digest, parameter_norms, weigh
 from lightning_field.evidence.drill_runs import (
     ERROR,
     MISMATCH,
-    PASSED,
-    RestoreCopy,
     RunningDrill,
     drill_record,
     record_beside_checkpoint,
     release,
+    release_superseded,
     same_checkpoint,
     start_drill,
     stop_drill,
@@ -371,10 +370,8 @@ class RestoreDrill(Callback):
         elif record["outcome"] == ERROR:
             self.errors += 1
         if trainer.is_global_zero:
-            restore_copy = self._restore_copy(running, record) if not current else None
-            recorded = record_beside_checkpoint(running, record, current, restore_copy)
-            if recorded and record["passed"]:
-                self._release_superseded()
+            if record_beside_checkpoint(running, record, current, self._checkpoint) and record["passed"]:
+                release_superseded(self._checkpoint)
             events = self._checkpoint.events if self._checkpoint else None
             if events is not None:
                 events.emit("restore_drill", step=running.step, payload=record)
@@ -385,37 +382,6 @@ class RestoreDrill(Callback):
             }
             for logger in trainer.loggers:
                 logger.log_metrics(metrics, step=trainer.global_step)
-
-    def _restore_copy(self, running: RunningDrill, record: dict[str, Any]) -> RestoreCopy | None:
-        """How to put a drill's copy back where retention removed its checkpoint, when it is worth
-        keeping: a mismatch always (the release record's evidence of the failure), a pass while no
-        newer checkpoint has passed a drill (the record's evidence that the run's checkpoints restore:
-        without it, ``save_top_k=1`` leaves only checkpoints no drill has passed)."""
-        if self._checkpoint is None or not self._checkpoint.checkpointer.is_own(running.checkpoint):
-            return None
-        if record["outcome"] == PASSED:
-            drilled = (running.step, running.created_unix or 0.0)
-            committed = [e.manifest for e in self._checkpoint.checkpointer.committed() if e.manifest is not None]
-            if any(m.restore_tested and (m.step, m.created_unix) > drilled for m in committed):
-                return None
-        elif record["outcome"] != MISMATCH:
-            return None
-        store = self._checkpoint.store_at(running.checkpoint)
-        restore: RestoreCopy | None = getattr(store, "restore_linked_copy", None)
-        return restore
-
-    def _release_superseded(self) -> None:
-        """A drill has just passed on the newest drill-passed checkpoint: the older one that retention
-        kept for its drill (``Checkpointer.protection_reason``) goes, unless ModelCheckpoint still keeps it."""
-        if self._checkpoint is None or self._checkpoint.save_top_k == -1:
-            return
-        try:
-            removed = self._checkpoint.checkpointer.remove_superseded_drilled(self._checkpoint.retains)
-        except OSError as err:  # retention, or a user, removed it first
-            log.warning("RestoreDrill could not remove a checkpoint kept for an older drill: %s", err)
-            return
-        for path in removed:
-            log.info("Removed %s, kept for its restore drill until a newer checkpoint passed one", path)
 
     @override
     def state_dict(self) -> dict[str, Any]:

@@ -4,9 +4,10 @@ The drill process (``drill_replay.py``) is started in a session of its own, so t
 stops whatever it started. It leaves a result (passed, mismatch, or an error); this turns it into
 the drill's record, decides what the result says about the checkpoint (an error of a drill whose
 checkpoint retention removed before it could load it says nothing: *skipped*), logs it, and records
-it beside the checkpoint's manifest; where retention removed the checkpoint meanwhile, it can put the
-drill's private copy back in its place first. Kept apart from the callback (``drill.py``), which
-decides when to drill and which checkpoints to keep.
+it beside the checkpoint's manifest. It keeps the checkpoints whose drills the release record needs:
+where retention removed the newest drill-passed checkpoint, or one whose drill found a mismatch, it
+puts the drill's private copy back in its place; and once a newer checkpoint passes, it removes the
+older one kept for its drill. Kept apart from the callback (``drill.py``), which decides when to drill.
 """
 
 from __future__ import annotations
@@ -23,10 +24,13 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lightning_field.core.manifest import ManifestError, read_manifest, write_drill_record
 from lightning_field.core.storage import Location, as_location
+
+if TYPE_CHECKING:
+    from lightning_field.checkpoint.committed import CommittedCheckpoint
 
 __all__ = [
     "ERROR",
@@ -39,6 +43,7 @@ __all__ = [
     "mark_checkpoint",
     "record_beside_checkpoint",
     "release",
+    "release_superseded",
     "same_checkpoint",
     "start_drill",
     "stop_drill",
@@ -145,12 +150,13 @@ def mark_checkpoint(
 
 
 def record_beside_checkpoint(
-    running: RunningDrill, record: dict[str, Any], current: bool, restore_copy: RestoreCopy | None
+    running: RunningDrill, record: dict[str, Any], current: bool, checkpoint: CommittedCheckpoint | None
 ) -> bool:
     """Record the drill beside its checkpoint, when the checkpoint is still there (``current``); else,
-    given ``restore_copy``, put the drill's private copy back as the checkpoint, with the record
-    beside its manifest (written into the copy first, so the checkpoint reappears with its record,
-    never without it). Call it before :func:`release`.
+    where ``checkpoint``'s retention removed it and the outcome is worth keeping (:func:`_restorer`),
+    put the drill's private copy back as the checkpoint, with the record beside its manifest (written
+    into the copy first, so the checkpoint reappears with its record, never without it). Call it
+    before :func:`release`.
 
     Returns:
         Whether the checkpoint now carries the drill's record.
@@ -158,6 +164,7 @@ def record_beside_checkpoint(
     if current:
         mark_checkpoint(running.checkpoint, record, running.storage_options)
         return True
+    restore_copy = _restorer(running, record, checkpoint)
     if restore_copy is not None and _put_back(running, record, restore_copy):
         return True
     if record["outcome"] != SKIPPED:
@@ -168,6 +175,41 @@ def record_beside_checkpoint(
             running.step,
         )
     return False
+
+
+def _restorer(
+    running: RunningDrill, record: dict[str, Any], checkpoint: CommittedCheckpoint | None
+) -> RestoreCopy | None:
+    """How to put the drill's copy back, when its outcome is worth keeping: a mismatch always (the
+    release record's evidence of the failure); a pass while no newer checkpoint has passed a drill
+    (the record's evidence that the run's checkpoints restore: with ``save_top_k=1`` retention has
+    usually removed a checkpoint before its drill ends). None where the store cannot (it lacks
+    ``restore_linked_copy``)."""
+    if checkpoint is None or running.protected is None or not checkpoint.checkpointer.is_own(running.checkpoint):
+        return None
+    if record["outcome"] == PASSED:
+        drilled = (running.step, running.created_unix or 0.0)
+        committed = [e.manifest for e in checkpoint.checkpointer.committed() if e.manifest is not None]
+        if any(m.restore_tested and (m.step, m.created_unix) > drilled for m in committed):
+            return None
+    elif record["outcome"] != MISMATCH:
+        return None
+    restore: RestoreCopy | None = getattr(checkpoint.store_at(running.checkpoint), "restore_linked_copy", None)
+    return restore
+
+
+def release_superseded(checkpoint: CommittedCheckpoint | None) -> None:
+    """After a pass on the newest drill-passed checkpoint: remove the older one retention kept for its
+    drill (``Checkpointer.protection_reason``), unless ModelCheckpoint's own retention still keeps it."""
+    if checkpoint is None or checkpoint.save_top_k == -1:  # -1 keeps all: nothing to list for
+        return
+    try:
+        removed = checkpoint.checkpointer.remove_superseded_drilled(checkpoint.retains)
+    except OSError as err:  # removed first by someone else
+        log.warning("RestoreDrill could not remove a checkpoint kept for an older drill: %s", err)
+        return
+    for path in removed:
+        log.info("Removed %s, kept for its restore drill until a newer checkpoint passed one", path)
 
 
 def _put_back(running: RunningDrill, record: dict[str, Any], restore_copy: RestoreCopy) -> bool:
