@@ -166,3 +166,39 @@ def test_attempts_before_the_clock_started_are_outside_the_account() -> None:
     ledger = goodput_ledger(log.events)
     assert [a.attempt for a in ledger.attempts] == [2] and ledger.elapsed_s == pytest.approx(99.0)
     assert_partition(ledger)
+
+
+def test_a_resume_from_a_step_snapshot_keeps_the_work_before_it_and_counts_its_cost_and_redone_steps_apart() -> None:
+    log = Log().start(process_start=0.0, t=1.0).add("run_start", 1.0)
+    log.add("ckpt_committed", 10.0, 10, blocking_s=1.0)
+    for step in range(11, 15):  # a snapshot every step after the persistent save, 0.1 s of the step each
+        log.add("snapshot_committed", 10.0 + (step - 10), step, blocking_s=0.1, commit_s=0.05)
+    log.progress(14.5, 14, first=2.0, data_wait=0.0, batches=14, commit_step=14)
+    # killed in step 15 (t=14.9); the next attempt resumes from the snapshot of step 14
+    log.start(process_start=20.0, t=21.0).crashed(21.1, attempt=1, step=15, first=2.0, last_beat=14.9, data_wait=0.0)
+    log.add("ckpt_load", 21.5, 14, seconds=0.5, tier="snapshot")
+    log.progress(30.0, 20, first=22.0, data_wait=0.0, batches=6).add("attempt_end", 30.5, 20, status="finished")
+    ledger = goodput_ledger(log.events)
+    first = ledger.attempts[0]
+    # Without snapshot commits as resume points, all 12.9 s of the first attempt's training read as lost.
+    assert first.seconds["lost_progress"] == pytest.approx(14.9 - 14.0)
+    assert ledger.buckets["snapshot_overhead"] == pytest.approx(0.4) and ledger.buckets["checkpoint_save"] == 1.0
+    assert first.lost_steps == 1 and first.cut_back_to == "snapshot"
+    assert ledger.redone_steps == {"persistent": 0, "snapshot": 1, "replica": 0, "none": 0}
+    assert ledger.attempts[1].resumed_from_tier == "snapshot"
+    assert_partition(ledger)
+
+
+def test_steps_redone_after_a_resume_from_a_replica_or_a_persistent_checkpoint_are_counted_by_that_tier() -> None:
+    def run(tier: str | None) -> object:
+        log = Log().start(process_start=0.0, t=1.0).add("run_start", 1.0)
+        log.add("ckpt_committed", 5.0, 4, blocking_s=0.5).add("snapshot_committed", 8.0, 7, blocking_s=0.1)
+        log.start(process_start=12.0, t=13.0).crashed(13.1, attempt=1, step=9, first=2.0, last_beat=10.0, data_wait=0.0)
+        load_step = 7 if tier in ("snapshot", "replica") else 4
+        log.add("ckpt_load", 13.5, load_step, seconds=0.5, **({"tier": tier} if tier else {}))
+        log.progress(20.0, 12, first=14.0, data_wait=0.0, batches=5).add("attempt_end", 20.5, 12, status="finished")
+        return goodput_ledger(log.events)
+
+    assert run("replica").redone_steps["replica"] == 2
+    assert run(None).redone_steps["persistent"] == 5  # a log written before tiers: a persistent resume
+    assert_partition(run("replica"))

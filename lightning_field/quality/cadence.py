@@ -303,9 +303,8 @@ class CheckpointCadence(Callback):
             return
         ledger = goodput_ledger(read_events(trainer.default_root_dir), now=time.time())
         b = ledger.buckets
-        realised = (b["checkpoint_save"] + b["lost_progress"] + b["restart_overhead"] + b["checkpoint_load"]) / max(
-            ledger.elapsed_s, 1e-9
-        )
+        spent = b["checkpoint_save"] + b["snapshot_overhead"] + b["lost_progress"] + b["restart_overhead"]
+        realised = (spent + b["checkpoint_load"]) / max(ledger.elapsed_s, 1e-9)
         held = f", held at every_n_train_steps={self._user_steps}" if self.decision.held_at_user_setting else ""
         log.info(
             "Checkpoint cadence: every %d steps%s (%s asks for %.1f s; save %.2f s, MTBF %.2f h); predicted waste"

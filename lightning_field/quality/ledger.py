@@ -7,7 +7,10 @@ step, and whatever is left unattributed), so nothing hides in a gap.
 
 Lost progress is measured from the last *committed* checkpoint the next attempt actually resumed
 from (its ``ckpt_load``), not inferred from repeated step numbers: every second an interrupted
-attempt spent after that commit, and every step it trained beyond it, is lost.
+attempt spent after that commit, and every step it trained beyond it, is lost. A step snapshot
+(``snapshot_committed``) is such a commit too; what its capture held training up is its own bucket,
+``snapshot_overhead``, apart from ``checkpoint_save``, and the steps redone are counted by the tier
+the next attempt resumed from (``redone_steps``).
 """
 
 from __future__ import annotations
@@ -21,12 +24,17 @@ BUCKETS = (
     "lost_progress",
     "restart_overhead",
     "checkpoint_save",
+    "snapshot_overhead",
     "checkpoint_load",
     "data_wait",
     "evaluation",
     "idle_other",
 )
 INTERRUPTED = ("crashed", "preempted", "failed")
+TIERS = ("persistent", "snapshot", "replica")
+"""Where a resume came from (a ``ckpt_load`` event's ``tier``; logs written before tiers say none: persistent)."""
+COMMITS = ("ckpt_committed", "snapshot_committed")
+"""Events that make a step a point a later attempt can resume from."""
 
 
 @dataclass
@@ -39,7 +47,9 @@ class AttemptAccount:
     last_step: int | None
     resumed_from_step: int | None
     devices: int = 1
+    resumed_from_tier: str | None = None  # "persistent", "snapshot" or "replica" where it loaded one
     lost_steps: int = 0
+    cut_back_to: str | None = None  # the tier a later attempt resumed from, where this one lost steps
     seconds: dict[str, float] = field(default_factory=dict)
 
 
@@ -56,6 +66,9 @@ class Ledger:
     mean_restart_s: float | None  # process start to first step (restore included) after an interruption
     lost_steps: int
     attempts: list[AttemptAccount]
+    redone_steps: dict[str, int] = field(default_factory=dict)
+    """Steps trained again after an interruption, by the tier the next attempt resumed from (``TIERS``):
+    what step snapshots save shows as steps redone after a "snapshot" (or "replica") resume."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -130,25 +143,35 @@ def _accounts(
                 last_step=progress.get("step"),
                 resumed_from_step=int(loads[-1]["step"]) if loads and loads[-1].get("step") is not None else None,
                 devices=devices[-1] if devices else 1,
+                resumed_from_tier=_tier(loads[-1]["payload"].get("tier")) if loads else None,
                 seconds={"load": sum(float(e["payload"].get("seconds") or 0.0) for e in loads)},
             )
         )
     return accounts
 
 
+def _tier(value: object) -> str:
+    return value if isinstance(value, str) and value in TIERS else "persistent"
+
+
 def _kept_step(
     account: AttemptAccount, later: list[AttemptAccount], own_commits: list[Mapping[str, Any]]
-) -> int | None:
-    """The step of this attempt's work that survives: what the next attempt to load a checkpoint
-    resumed from; 0 if a later attempt trained from scratch; None if nothing has cut it back."""
+) -> tuple[int | None, str | None]:
+    """The step of this attempt's work that survives and the tier that kept it: what the next attempt
+    to load a checkpoint resumed from; 0 if a later attempt trained from scratch; None if nothing
+    has cut it back."""
     for other in later:
         if other.resumed_from_step is not None:
-            return other.resumed_from_step
+            return other.resumed_from_step, other.resumed_from_tier
         if other.first_step_unix is not None:
-            return 0  # trained without loading anything: everything before it was thrown away
+            return 0, None  # trained without loading anything: everything before it was thrown away
     if account.status in INTERRUPTED:
-        return max((int(e["step"]) for e in own_commits if e.get("step") is not None), default=0)  # pending a restart
-    return None
+        newest = max(own_commits, key=lambda e: int(e["step"] if e.get("step") is not None else -1), default=None)
+        if newest is None or newest.get("step") is None:
+            return 0, None
+        tier = "snapshot" if newest["event"] == "snapshot_committed" else "persistent"
+        return int(newest["step"]), tier  # pending a restart
+    return None, None
 
 
 def goodput_ledger(events: Iterable[Mapping[str, Any]], now: float | None = None) -> Ledger:
@@ -217,6 +240,9 @@ def goodput_ledger(events: Iterable[Mapping[str, Any]], now: float | None = None
         mean_restart_s=sum(restarts) / len(restarts) if restarts else None,
         lost_steps=sum(a.lost_steps for a in accounts),
         attempts=accounts,
+        redone_steps={
+            tier: sum(a.lost_steps for a in accounts if a.cut_back_to == tier) for tier in (*TIERS, "none")
+        },
     )
 
 
@@ -230,13 +256,13 @@ def _split_training(
     """Divide one attempt's time from its first step to its end into useful, lost and tail."""
     assert account.first_step_unix is not None
     first = account.first_step_unix
-    own_commits = [e for e in own if e["event"] == "ckpt_committed"]
+    own_commits = [e for e in own if e["event"] in COMMITS]
     last_activity = max(
         [e["wall_time"] for e in own if e["event"] not in ("attempt_end", "attempt_crashed")]
         + [_last_beat(own) or first]
     )
     last_activity = min(max(last_activity, first), account.end_unix)
-    kept_step = _kept_step(account, later, own_commits)
+    kept_step, kept_tier = _kept_step(account, later, own_commits)
     last_step = account.last_step if account.last_step is not None else kept_step
     if kept_step is None or (last_step is not None and last_step <= kept_step):
         # Nothing it trained was thrown away.
@@ -250,25 +276,33 @@ def _split_training(
         useful_end = min(kept[-1]["wall_time"], account.end_unix) if kept else first
         waits = _data_wait(own, kept_step) if kept else 0.0
         account.lost_steps = max((last_step or 0) - kept_step, 0)
+        account.cut_back_to = kept_tier or "none"
         lost = account.end_unix - useful_end
         totals["lost_progress"] += lost
         account.seconds["lost_progress"] = lost
         tail = 0.0
-    saves = sum(
-        float(e["payload"].get("blocking_s") or 0.0) for e in own_commits if first <= e["wall_time"] <= useful_end
-    )
+    def blocking(event: str) -> float:
+        return sum(
+            float(e["payload"].get("blocking_s") or 0.0)
+            for e in own_commits
+            if e["event"] == event and first <= e["wall_time"] <= useful_end
+        )
+
+    saves, snapshots = blocking("ckpt_committed"), blocking("snapshot_committed")
     evals = sum(
         float(e["payload"].get("seconds") or 0.0)
         for e in own
         if e["event"] == "eval" and first <= e["wall_time"] <= useful_end
     )
-    productive = (useful_end - first) - saves - evals - waits
+    productive = (useful_end - first) - saves - snapshots - evals - waits
     totals["checkpoint_save"] += saves
+    totals["snapshot_overhead"] += snapshots
     totals["evaluation"] += evals
     totals["data_wait"] += waits
     totals["productive"] += productive
     account.seconds.update(
-        {"productive": productive, "checkpoint_save": saves, "evaluation": evals, "data_wait": waits, "tail": tail}
+        productive=productive, checkpoint_save=saves, snapshot_overhead=snapshots, evaluation=evals, data_wait=waits,
+        tail=tail,
     )
 
 

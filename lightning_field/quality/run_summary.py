@@ -56,6 +56,7 @@ def field_summary(
             "buckets_s": ledger.buckets,
             "interruptions": ledger.interruptions,
             "lost_steps": ledger.lost_steps,
+            "redone_steps": ledger.redone_steps,
             "attempts": ledger.attempts,
         }
         out["field/goodput"] = goodput["goodput"]
@@ -64,6 +65,8 @@ def field_summary(
             out[f"field/goodput/{bucket}_s"] = goodput["buckets_s"].get(bucket)
         out["field/interruptions"] = goodput["interruptions"]
         out["field/lost_steps"] = goodput["lost_steps"]
+        for tier, steps in (goodput.get("redone_steps") or {}).items():  # absent from summaries of earlier versions
+            out[f"field/redone_steps/{tier}"] = steps
         out["field/attempts"] = len(goodput["attempts"])
     if quality:
         reached = quality.get("reached") or {}

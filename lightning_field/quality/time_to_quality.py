@@ -274,11 +274,13 @@ class TimeToQuality(Callback):
             "interruptions": ledger.interruptions,
             "mean_time_between_interruptions_s": ledger.mean_time_between_interruptions_s,
             "lost_steps": ledger.lost_steps,
+            "redone_steps": ledger.redone_steps,
             "attempts": [
                 {
                     "attempt": a.attempt,
                     "status": a.status,
                     "resumed_from_step": a.resumed_from_step,
+                    "resumed_from_tier": a.resumed_from_tier,
                     "last_step": a.last_step,
                     "lost_steps": a.lost_steps,
                     "seconds": a.seconds,
