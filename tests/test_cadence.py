@@ -70,10 +70,10 @@ def test_with_may_lengthen_a_2s_save_and_a_5min_mtbf_grow_the_users_interval_to_
     assert "Daly's formula" in line and "measured save cost of 2" in line and "MTBF of 0.0833 h" in line
 
 
-def tour_run(tmp_path: Path, cadence: CheckpointCadence) -> tuple[ManifestCheckpoint, list[int]]:
+def tour_run(tmp_path: Path, cadence: CheckpointCadence, **options: object) -> tuple[ManifestCheckpoint, list[int]]:
     """The README tour's pair, ManifestCheckpoint(every_n_train_steps=10) and a cadence, for 40 steps;
     returns the checkpoint callback and the steps at which checkpoints committed."""
-    checkpoint = ManifestCheckpoint(dirpath=tmp_path / "ckpts", every_n_train_steps=10)
+    checkpoint = ManifestCheckpoint(dirpath=tmp_path / "ckpts", every_n_train_steps=10, **options)
     trainer = pl.Trainer(
         default_root_dir=tmp_path, max_steps=40, accelerator="cpu", logger=False, enable_progress_bar=False,
         enable_model_summary=False, limit_val_batches=0, callbacks=[SteadySteps(), cadence, checkpoint],
@@ -101,6 +101,28 @@ def test_a_users_every_10_steps_is_never_lengthened_by_default_and_the_hold_is_p
     events = [e["payload"] for e in read_events(tmp_path) if e["event"] == "cadence"]
     assert [(e["previous_steps"], e["steps"], e["applied"]) for e in events] == [(10, 10, False)] * 3
     assert events[0]["reason"] == line
+
+
+@pytest.mark.slow
+def test_with_snapshots_each_decision_shows_the_work_a_failure_loses_with_and_without_them_from_their_cost(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.INFO):
+        tour_run(tmp_path / "plain", plain := CheckpointCadence(mtbf_hours=6))
+        snapshots = {"snapshot_every_n_train_steps": 2, "snapshot_dir": tmp_path / "shm"}
+        tour_run(tmp_path / "snapshots", cadence := CheckpointCadence(mtbf_hours=6), **snapshots)
+    without, with_ = plain.decisions[0], cadence.decisions[0]
+    assert without.lost_per_failure_with_snapshots_s is None and without.snapshot_s is None
+    assert without.lost_per_failure_s == pytest.approx(10 * without.step_s / 2)
+    # A snapshot every 2 steps, committed in line on CPU: half of 2 steps lost, its measured cost beside it.
+    assert with_.snapshot_every_steps == 2 and with_.snapshot_commit_s == 0.0 and 0 < with_.snapshot_s < with_.step_s
+    assert with_.lost_per_failure_with_snapshots_s == pytest.approx(2 * with_.step_s / 2)
+    assert with_.lost_per_failure_with_snapshots_s < with_.lost_per_failure_s / 4
+    assert with_.predicted_waste_with_snapshots is not None and with_.predicted_waste_with_snapshots > 0
+    event = next(e["payload"] for e in read_events(tmp_path / "snapshots") if e["event"] == "cadence")
+    assert event["lost_per_failure_with_snapshots_s"] == with_.lost_per_failure_with_snapshots_s
+    line = next(line for line in cadence_lines(caplog) if "with a snapshot every 2 steps" in line)
+    assert "Expected work lost per failure:" in line and "from the persistent checkpoints alone" in line
 
 
 @pytest.mark.slow

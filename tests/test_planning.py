@@ -12,7 +12,15 @@ from omegaconf import OmegaConf
 from lightning_field.cli.main import main as field_main
 from lightning_field.conf import CONFIG_DIR
 from lightning_field.core.events import read_events
-from lightning_field.planning.intervals import DEFAULT_RESTART_SECONDS, daly_interval
+from lightning_field.planning.intervals import (
+    DEFAULT_RESTART_SECONDS,
+    daly_interval,
+    expected_waste_fraction,
+    expected_waste_with_snapshots,
+    lost_work_per_failure,
+    snapshot_lost_work_per_failure,
+    young_interval,
+)
 from lightning_field.planning.launch import LaunchInputs
 from lightning_field.planning.plan import PlanInputs
 from lightning_field.quality.ledger import goodput_ledger
@@ -155,3 +163,17 @@ def test_field_plan_and_field_train_assume_the_same_restart_time(capsys: pytest.
     assert "assumed 30 s, as field-train's estimate" in plan["inputs"]["sources"]["restart_seconds"]
     given = plan_json(capsys, *BASE, "--save-seconds", "60", "--mtbf-hours", "6", "--restart-seconds", "0")
     assert given["inputs"]["restart_seconds"] == 0 and given["inputs"]["sources"]["restart_seconds"] == "command line"
+
+
+def test_snapshots_cut_the_expected_lost_work_per_failure_from_half_an_interval_to_half_a_snapshot_interval() -> None:
+    tau = young_interval(60.0, 6 * 3600.0)  # the seed's scenario: a 60 s save, a 6 h MTBF
+    assert lost_work_per_failure(tau) == pytest.approx(tau / 2) == pytest.approx(804.98, abs=0.01)
+    assert snapshot_lost_work_per_failure(0.28) == pytest.approx(0.14)
+    assert snapshot_lost_work_per_failure(0.28, commit_s=0.05) == pytest.approx(0.19)
+    without = expected_waste_fraction(tau, 60.0, 6 * 3600.0, 30.0)
+    with_snapshots = expected_waste_with_snapshots(tau, 60.0, 6 * 3600.0, 30.0, 0.28, 0.016)
+    assert with_snapshots == pytest.approx(60 / tau + 0.016 / 0.28 + (0.14 + 30) / (6 * 3600))
+    assert with_snapshots > without  # a snapshot every 280 ms step costing 16 ms is no bargain at a 6 h MTBF...
+    assert expected_waste_with_snapshots(tau, 60.0, 6 * 3600.0, 30.0, 28.0, 0.016) < without  # ...every 100 steps is
+    with pytest.raises(ValueError, match="the snapshot cost must be a non-negative"):
+        expected_waste_with_snapshots(tau, 60.0, 6 * 3600.0, 30.0, 0.28, -1.0)

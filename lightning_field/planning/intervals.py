@@ -52,3 +52,46 @@ def expected_waste_fraction(interval_s: float, save_s: float, mtbf_s: float, res
     """First-order share of wall time lost to saving and to failures: δ/τ for the saves, plus, per
     failure (one every M), half an interval of lost work and the restart."""
     return save_s / interval_s + (interval_s / 2.0 + restart_s) / mtbf_s
+
+
+def _check_nonnegative(name: str, value: float) -> None:
+    if not (value >= 0 and math.isfinite(value)):
+        raise ValueError(f"{name} must be a non-negative number of seconds, got {value}")
+
+
+def lost_work_per_failure(interval_s: float) -> float:
+    """Expected work redone after a failure with persistent checkpoints alone (an estimate): half an
+    interval, failures falling uniformly between two saves."""
+    _check_nonnegative("the checkpoint interval", interval_s)
+    return interval_s / 2.0
+
+
+def snapshot_lost_work_per_failure(snapshot_interval_s: float, commit_s: float = 0.0) -> float:
+    """Expected work redone after a failure that step snapshots cover (a killed process; a lost machine
+    whose partner holds its replica), an estimate: half a snapshot interval, plus ``commit_s``, the
+    time a snapshot committed beside training takes to become resumable (0 for one committed in line)."""
+    _check_nonnegative("the snapshot interval", snapshot_interval_s)
+    _check_nonnegative("the snapshot commit", commit_s)
+    return snapshot_interval_s / 2.0 + commit_s
+
+
+def expected_waste_with_snapshots(
+    interval_s: float,
+    save_s: float,
+    mtbf_s: float,
+    restart_s: float,
+    snapshot_interval_s: float,
+    snapshot_s: float,
+    commit_s: float = 0.0,
+) -> float:
+    """First-order share of wall time lost with step snapshots beside persistent checkpoints (an
+    estimate): δ/τ for the persistent saves, σ/τₛ for the snapshots (σ: what each holds training up),
+    and per failure (one every M) the snapshot's lost work and the restart:
+    δ/τ + σ/τₛ + (τₛ/2 + c + R)/M. It takes every failure to be one the snapshots cover; a machine
+    lost with its partner still costs (τ/2 + R), which is what the persistent interval covers."""
+    _check(save_s, mtbf_s)
+    _check_nonnegative("the snapshot cost", snapshot_s)
+    if not interval_s > 0 or not snapshot_interval_s > 0:
+        raise ValueError(f"intervals must be positive, got {interval_s} and {snapshot_interval_s}")
+    lost = snapshot_lost_work_per_failure(snapshot_interval_s, commit_s)
+    return save_s / interval_s + snapshot_s / snapshot_interval_s + (lost + restart_s) / mtbf_s

@@ -37,7 +37,14 @@ from lightning_field.checkpoint.observe import (
 )
 from lightning_field.core.distributed import broadcast_object
 from lightning_field.core.events import read_events
-from lightning_field.planning.intervals import FORMULAS, expected_waste_fraction, interval
+from lightning_field.planning.intervals import (
+    FORMULAS,
+    expected_waste_fraction,
+    expected_waste_with_snapshots,
+    interval,
+    lost_work_per_failure,
+    snapshot_lost_work_per_failure,
+)
 from lightning_field.quality.ledger import goodput_ledger
 
 log = logging.getLogger(__name__)
@@ -55,6 +62,14 @@ class CadenceDecision:
     predicted_waste: float
     restart_s: float
     previous_steps: int = 0  # the interval this decision started from; 0: no step interval
+    # Expected work redone per failure (estimates): from the persistent checkpoints alone at this
+    # interval, and with the step snapshots (their measured cost) where they are on.
+    lost_per_failure_s: float = 0.0
+    snapshot_every_steps: int | None = None
+    snapshot_s: float | None = None  # median time a snapshot held training up
+    snapshot_commit_s: float | None = None  # median time before one is resumable (0: committed in line)
+    lost_per_failure_with_snapshots_s: float | None = None
+    predicted_waste_with_snapshots: float | None = None
     formula_steps: int = 0  # what the formula alone asks for, within min_steps and max_steps
     held_at_user_setting: bool = False  # the user's every_n_train_steps kept it below formula_steps
     reason: str = ""  # the sentence printed for this decision: old and new interval, and why
@@ -141,6 +156,9 @@ class CheckpointCadence(Callback):
         self.decisions: list[CadenceDecision] = []
         self._checkpoint: ManifestCheckpoint | None = None
         self._save_costs: deque[float] = deque(maxlen=20)
+        self._snapshot_costs: deque[tuple[float, float]] = deque(maxlen=50)  # (blocking, commit) per snapshot
+        self._snapshot_step: int | None = None
+        self._snapshots_in_line = False
         self._step_times: deque[float] = deque(maxlen=50)
         self._last_step_end: float | None = None
         self._last_step: int | None = None
@@ -160,6 +178,8 @@ class CheckpointCadence(Callback):
         if self._checkpoint is None:
             raise ValueError("CheckpointCadence drives a lightning_field.ManifestCheckpoint; add one to the callbacks")
         self._user_steps = configured_every_n_train_steps(self._checkpoint)
+        self._snapshots_in_line = self._checkpoint.snapshots.in_line(trainer)
+        self._snapshot_costs.clear()
         # Each fit() measures afresh.
         self._step_times.clear()
         self._last_step_end = self._last_step = None
@@ -199,6 +219,11 @@ class CheckpointCadence(Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
         checkpoint = self._checkpoint
+        snapshot = checkpoint.snapshots.last_costs if checkpoint is not None else None
+        if snapshot is not None and snapshot.step != self._snapshot_step:
+            self._snapshot_step = snapshot.step
+            commit = 0.0 if self._snapshots_in_line else snapshot.commit_s  # in line: resumable at once
+            self._snapshot_costs.append((snapshot.blocking_s, commit))
         if checkpoint is None or self._commits.new_commit(checkpoint, trainer) is None:
             return
         if checkpoint.last_blocking_seconds is not None:
@@ -228,7 +253,10 @@ class CheckpointCadence(Callback):
                 "cadence/save_s": decision.save_s,
                 "cadence/mtbf_h": decision.mtbf_s / 3600.0,
                 "cadence/predicted_waste": decision.predicted_waste,
+                "cadence/lost_per_failure_s": decision.lost_per_failure_s,
             }
+            if decision.lost_per_failure_with_snapshots_s is not None:
+                metrics["cadence/lost_per_failure_with_snapshots_s"] = decision.lost_per_failure_with_snapshots_s
             for logger in trainer.loggers:
                 logger.log_metrics(metrics, step=trainer.global_step)
 
@@ -256,8 +284,23 @@ class CheckpointCadence(Callback):
             formula_steps=formula_steps,
             held_at_user_setting=cap is not None and formula_steps > cap,
         )
+        self._with_snapshots(decision)
         decision.reason = self._explain(decision)
         return decision
+
+    def _with_snapshots(self, d: CadenceDecision) -> None:
+        """The expected work lost per failure with and without the step snapshots, from their measured cost."""
+        d.lost_per_failure_s = lost_work_per_failure(d.steps * d.step_s)
+        every = self._checkpoint.snapshots.every_n_train_steps if self._checkpoint is not None else None
+        if every is None or not self._snapshot_costs:
+            return
+        d.snapshot_every_steps = every
+        d.snapshot_s = statistics.median(b for b, _ in self._snapshot_costs)
+        d.snapshot_commit_s = statistics.median(c for _, c in self._snapshot_costs)
+        d.lost_per_failure_with_snapshots_s = snapshot_lost_work_per_failure(every * d.step_s, d.snapshot_commit_s)
+        d.predicted_waste_with_snapshots = expected_waste_with_snapshots(
+            d.steps * d.step_s, d.save_s, d.mtbf_s, d.restart_s, every * d.step_s, d.snapshot_s, d.snapshot_commit_s
+        )
 
     def _explain(self, d: CadenceDecision) -> str:
         """One sentence a user can check by hand: what changed, why, and the figures it came from."""
@@ -292,9 +335,17 @@ class CheckpointCadence(Callback):
         mtbf = f"an MTBF of {d.mtbf_s / 3600:.3g} h"
         if self._interruptions:
             mtbf += f" (prior {self.mtbf_prior_s / 3600:.3g} h, {self._interruptions} interruption(s) seen)"
+        lost = f" Expected work lost per failure: {d.lost_per_failure_s:.3g} s from the persistent checkpoints alone"
+        if d.lost_per_failure_with_snapshots_s is not None:
+            every = _steps(d.snapshot_every_steps or 0)
+            lost += (
+                f", {d.lost_per_failure_with_snapshots_s:.3g} s with a snapshot every {every}"
+                f" (each holding training {d.snapshot_s or 0.0:.3g} s, median of {len(self._snapshot_costs)}); with"
+                " snapshots the persistent interval need only cover a machine lost with its replica"
+            )
         return (
             f"CheckpointCadence: checkpoint interval {what}{why}. {d.formula.capitalize()}'s formula gives"
-            f" {d.interval_s:.1f} s between saves from {save} and {mtbf}, at {d.step_s:.3g} s per step."
+            f" {d.interval_s:.1f} s between saves from {save} and {mtbf}, at {d.step_s:.3g} s per step.{lost}."
         )
 
     @override
