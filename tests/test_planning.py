@@ -6,7 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import TESTS_DIR, run_child
+from conftest import TESTS_DIR, make_trainer, run_child
+from lightning.pytorch.demos.boring_classes import BoringModel
 from omegaconf import OmegaConf
 
 from lightning_field.cli.main import main as field_main
@@ -177,3 +178,52 @@ def test_snapshots_cut_the_expected_lost_work_per_failure_from_half_an_interval_
     assert expected_waste_with_snapshots(tau, 60.0, 6 * 3600.0, 30.0, 28.0, 0.016) < without  # ...every 100 steps is
     with pytest.raises(ValueError, match="the snapshot cost must be a non-negative"):
         expected_waste_with_snapshots(tau, 60.0, 6 * 3600.0, 30.0, 0.28, -1.0)
+
+
+def test_field_plan_shows_lost_work_and_waste_with_snapshots_beside_the_persistent_checkpoints_alone(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    plain = plan_json(capsys, *WORKED)["figures"]
+    assert plain["lost_work_per_failure"]["value"] == pytest.approx(plain["checkpoint_interval_daly"]["value"] / 2)
+    assert "expected_waste_with_snapshots" not in plain
+    # The main job's measured figures: a 16 ms snapshot every 154 ms step, committed in line.
+    figures = plan_json(capsys, *WORKED, "--snapshot-seconds", "0.016", "--snapshot-interval", "0.154")["figures"]
+    assert figures["snapshot_overhead"]["value"] == pytest.approx(0.016 / 0.154)
+    assert figures["lost_work_per_failure_with_snapshots"]["value"] == pytest.approx(0.077)
+    assert figures["expected_waste_with_snapshots"]["estimate"]
+    assert figures["time_to_budget_with_snapshots"]["value"] > figures["ideal_time"]["value"]
+    field_main([*WORKED, "--snapshot-seconds", "0.016", "--snapshot-interval", "0.154"])
+    assert "lost_work_per_failure_with_snapshots" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--snapshot-seconds", "0.02"], "--snapshot-seconds and --snapshot-interval go together"),
+        (["--snapshot-seconds", "-1", "--snapshot-interval", "1"], "cannot read '-1'"),
+        (["--snapshot-seconds", "0.02", "--snapshot-interval", "1", "--snapshot-commit-seconds", "-1"],
+         "--snapshot-commit-seconds must be >= 0"),
+    ],
+)  # fmt: skip
+def test_bad_snapshot_inputs_to_field_plan_are_refused_naming_the_flag(
+    extra: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert field_main([*WORKED, *extra]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_from_run_takes_the_snapshot_cost_and_interval_a_run_measured(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    make_trainer(tmp_path, 8, every_n_train_steps=4, snapshot_every_n_train_steps=1,
+                 snapshot_dir=tmp_path / "shm").fit(BoringModel())  # fmt: skip
+    snapshots = [e for e in read_events(tmp_path) if e["event"] == "snapshot_committed"]
+    assert len(snapshots) == 6 and all(e["payload"]["in_line"] for e in snapshots)  # 4 and 8 are persistent
+    plan = plan_json(capsys, *BASE, "--mtbf-hours", "6", "--from-run", str(tmp_path))
+    inputs = plan["inputs"]
+    assert inputs["snapshot_seconds"] > 0 and inputs["snapshot_interval_seconds"] > 0
+    assert inputs["snapshot_commit_seconds"] == 0.0  # committed in line: resumable at once
+    assert "median over 6 step snapshots" in inputs["sources"]["snapshot_seconds"]
+    assert plan["figures"]["lost_work_per_failure_with_snapshots"]["value"] == pytest.approx(
+        inputs["snapshot_interval_seconds"] / 2
+    )

@@ -313,6 +313,7 @@ class StepSnapshots:
         events = self._owner.events
         if events is not None:
             payload = {"path": str(job.final), "blocking_s": blocking, "commit_s": commit_s}
+            payload["in_line"] = self.in_line(trainer)  # its commit_s is inside blocking_s, not after it
             events.emit("snapshot_committed", step=job.step, payload=payload)
         leads = self._topology.is_leader if self._topology is not None else trainer.is_global_zero
         if not leads or self._checkpointer is None:

@@ -6,6 +6,7 @@ import argparse
 import json
 import statistics
 import sys
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,19 @@ def measured_from_run(run_dir: Path) -> tuple[dict[str, float], dict[str, str]]:
     if saves:
         values["save_seconds"] = statistics.median(saves)
         sources["save_seconds"] = f"median of {len(saves)} blocking saves in {run_dir}"
+    snapshots = [e for e in events if e["event"] == "snapshot_committed"]
+    if len(snapshots) >= 2:
+        values["snapshot_seconds"] = statistics.median(float(e["payload"].get("blocking_s") or 0.0) for e in snapshots)
+        # Committed in line, a snapshot is resumable once training goes on: no latency beyond its cost.
+        values["snapshot_commit_seconds"] = statistics.median(
+            0.0 if e["payload"].get("in_line") else float(e["payload"].get("commit_s") or 0.0) for e in snapshots
+        )
+        gaps = [b["wall_time"] - a["wall_time"] for a, b in pairwise(snapshots) if a.get("attempt") == b.get("attempt")]
+        if gaps:
+            values["snapshot_interval_seconds"] = statistics.median(gaps)
+        for name in ("snapshot_seconds", "snapshot_commit_seconds", "snapshot_interval_seconds"):
+            if name in values:
+                sources[name] = f"median over {len(snapshots)} step snapshots committed in {run_dir}"
     ledger = goodput_ledger(events)
     if ledger.interruptions and ledger.mean_time_between_interruptions_s:
         values["mtbf_hours"] = ledger.mean_time_between_interruptions_s / 3600
@@ -85,6 +99,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
             if given is not None:
                 sources[name] = "command line"
         restart = args.restart_seconds if args.restart_seconds is not None else measured.get("restart_seconds")
+        snapshot = parse_duration(args.snapshot_seconds, "--snapshot-seconds", "s") if args.snapshot_seconds else None
+        every = parse_duration(args.snapshot_interval, "--snapshot-interval", "s") if args.snapshot_interval else None
+        for name, given in (("snapshot_seconds", snapshot), ("snapshot_interval_seconds", every),
+                            ("snapshot_commit_seconds", args.snapshot_commit_seconds)):  # fmt: skip
+            if given is not None:
+                sources[name] = "command line"
         if restart is None:
             restart = DEFAULT_RESTART_SECONDS
             sources["restart_seconds"] = (
@@ -107,6 +127,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
             interconnect=args.interconnect,
             devices_per_node=args.devices_per_node,
             state_fraction=args.state_fraction,
+            snapshot_seconds=snapshot if snapshot is not None else measured.get("snapshot_seconds"),
+            snapshot_interval_seconds=every if every is not None else measured.get("snapshot_interval_seconds"),
+            snapshot_commit_seconds=(
+                args.snapshot_commit_seconds
+                if args.snapshot_commit_seconds is not None
+                else measured.get("snapshot_commit_seconds", 0.0)
+            ),
             sources=sources,
         )  # fmt: skip
         plan = make_plan(inputs)
@@ -124,6 +151,8 @@ def _value(figure: dict[str, Any]) -> str:
     value, unit = figure["value"], figure["unit"]
     if isinstance(value, dict):
         return ", ".join(f"{k} {v:.1f}" for k, v in value.items()) + f" {unit}"
+    if unit == "s" and value < 60:
+        return f"{value:.3g} s"  # a snapshot's lost work: tenths of a second, not "0 s"
     if unit == "s":
         return f"{value:,.0f} s ({value / 60:.1f} min)"
     if unit == "fraction":
@@ -170,14 +199,21 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help=f"time from a failure to training again (default: measured by --from-run, else {DEFAULT_RESTART_SECONDS:g}"
         " s, as field-train assumes)",
     )
+    p.add_argument("--snapshot-seconds", help="what one step snapshot holds training up, e.g. 0.02 or 0.02s")
+    p.add_argument("--snapshot-interval", help="time between step snapshots, e.g. 0.3 or 5s")
+    p.add_argument(
+        "--snapshot-commit-seconds",
+        type=float,
+        help="until a snapshot committed beside training is resumable (default 0: committed in line)",
+    )
     p.add_argument("--price-per-device-hour", type=float)
     p.add_argument("--interconnect", help="intra-node links, e.g. nvlink, pcie")
     p.add_argument("--devices-per-node", type=int, default=8)
     p.add_argument("--state-fraction", type=float, default=0.6, help="share of device memory for persistent state")
     p.add_argument(
         "--from-run",
-        help="a run directory: save cost, restart cost and MTBF from its event log; useful TFLOP/s from its "
-        "StragglerMonitor reports",
+        help="a run directory: save cost, snapshot cost and interval, restart cost and MTBF from its event log;"
+        " useful TFLOP/s from its StragglerMonitor reports",
     )
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_plan)

@@ -17,6 +17,9 @@ from lightning_field.planning.intervals import (
     DEFAULT_RESTART_SECONDS,
     daly_interval,
     expected_waste_fraction,
+    expected_waste_with_snapshots,
+    lost_work_per_failure,
+    snapshot_lost_work_per_failure,
     young_interval,
 )
 
@@ -90,11 +93,15 @@ class PlanInputs:
     interconnect: str | None = None
     devices_per_node: int = 8
     state_fraction: float = 0.6  # of device memory the persistent state may take; the rest is for activations
+    snapshot_seconds: float | None = None  # what one step snapshot holds training up
+    snapshot_interval_seconds: float | None = None  # time between step snapshots
+    snapshot_commit_seconds: float = 0.0  # until a snapshot committed beside training is resumable (0: in line)
     sources: dict[str, str] = field(default_factory=dict)
 
     def validate(self) -> None:
         for name in ("device_tflops", "bytes_per_param", "device_memory_gb", "save_seconds", "mtbf_hours",
-                     "restart_seconds", "price_per_device_hour", "state_fraction"):  # fmt: skip
+                     "restart_seconds", "price_per_device_hour", "state_fraction", "snapshot_seconds",
+                     "snapshot_interval_seconds", "snapshot_commit_seconds"):  # fmt: skip
             value = getattr(self, name)
             # argparse's float() reads "inf" and "nan"; a figure computed from one means nothing.
             if value is not None and not math.isfinite(value):
@@ -123,6 +130,16 @@ class PlanInputs:
                 f"no bytes-per-param rule for optimizer {self.optimizer!r} with precision {self.precision!r}"
                 f" (known: {known}); pass --bytes-per-param"
             )
+        if (self.snapshot_seconds is None) != (self.snapshot_interval_seconds is None):
+            raise PlanInputError(
+                "--snapshot-seconds and --snapshot-interval go together: what a snapshot costs and how often one is"
+            )
+        if self.snapshot_seconds is not None and self.snapshot_seconds < 0:
+            raise PlanInputError(f"--snapshot-seconds must be >= 0, got {self.snapshot_seconds}")
+        if self.snapshot_interval_seconds is not None and not self.snapshot_interval_seconds > 0:
+            raise PlanInputError(f"--snapshot-interval must be > 0, got {self.snapshot_interval_seconds}")
+        if self.snapshot_commit_seconds < 0:
+            raise PlanInputError(f"--snapshot-commit-seconds must be >= 0, got {self.snapshot_commit_seconds}")
         if not 0 < self.state_fraction <= 1:
             raise PlanInputError(f"--state-fraction must be in (0, 1], got {self.state_fraction}")
 
@@ -191,6 +208,10 @@ def make_plan(inp: PlanInputs) -> dict[str, Any]:
             "ideal_time / (1 - expected_waste)",
         )  # fmt: skip
         figures["time_to_budget_hours"] = _figure(total / 3600, "h", figures["time_to_budget"]["from"], "/ 3600")
+        figures["lost_work_per_failure"] = _figure(
+            lost_work_per_failure(daly), "s", ["save_seconds", "mtbf_hours"], "τ/2 at Daly's τ (persistent alone)"
+        )
+        _snapshot_figures(inp, figures, daly, mtbf, ideal_s)
     total_s = figures.get("time_to_budget", figures["ideal_time"])["value"]
     if inp.price_per_device_hour is not None:
         hours = total_s / 3600 * inp.devices
@@ -200,6 +221,31 @@ def make_plan(inp: PlanInputs) -> dict[str, Any]:
             hours * inp.price_per_device_hour, "currency", ["device_hours", "price_per_device_hour"], "device-h x price"
         )
     return plan
+
+
+def _snapshot_figures(inp: PlanInputs, figures: dict[str, dict[str, Any]], daly: float, mtbf: float, ideal_s: float
+                      ) -> None:  # fmt: skip
+    """With step snapshots (``--snapshot-seconds``, ``--snapshot-interval``): their overhead, the work a
+    failure they cover loses, and the waste and time to the budget with them beside the persistent cadence."""
+    if inp.snapshot_seconds is None or inp.snapshot_interval_seconds is None:
+        return
+    assert inp.save_seconds is not None
+    snap, every, commit = inp.snapshot_seconds, inp.snapshot_interval_seconds, inp.snapshot_commit_seconds
+    given = ["snapshot_seconds", "snapshot_interval"]
+    figures["snapshot_overhead"] = _figure(snap / every, "fraction", given, "σ/τₛ")
+    figures["lost_work_per_failure_with_snapshots"] = _figure(
+        snapshot_lost_work_per_failure(every, commit), "s", [*given[1:], "snapshot_commit_seconds"], "τₛ/2 + c"
+    )
+    waste = expected_waste_with_snapshots(daly, inp.save_seconds, mtbf, inp.restart_seconds, every, snap, commit)
+    inputs = ["save_seconds", "mtbf_hours", "restart_seconds", *given, "snapshot_commit_seconds"]
+    figures["expected_waste_with_snapshots"] = _figure(
+        waste, "fraction", inputs, "δ/τ + σ/τₛ + (τₛ/2 + c + R)/M at Daly's τ (failures the snapshots cover)"
+    )
+    if waste < 1:
+        total = ideal_s / (1.0 - waste)
+        figures["time_to_budget_with_snapshots"] = _figure(
+            total, "s", [*figures["ideal_time"]["from"], *inputs], "ideal_time / (1 - expected_waste_with_snapshots)"
+        )
 
 
 def _refuse_meaningless(inp: PlanInputs, interval_s: float, waste: float) -> None:
