@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from lightning_field.quality.ledger import BUCKETS, goodput_ledger
@@ -202,3 +205,49 @@ def test_steps_redone_after_a_resume_from_a_replica_or_a_persistent_checkpoint_a
     assert run("replica").redone_steps["replica"] == 2
     assert run(None).redone_steps["persistent"] == 5  # a log written before tiers: a persistent resume
     assert_partition(run("replica"))
+
+
+def snapshot_resume_log(data_wait_at_step_12: float = 0.0) -> Log:
+    """Persistent save at step 10, a snapshot every step after it (0.1 s each), killed in step 16, the
+    next attempt resumed from the snapshot of step 14 (its commit at t=14, the kill at t=16.9)."""
+    log = Log().start(process_start=0.0, t=1.0).add("run_start", 1.0, monitor="val_loss", target=1.0)
+    log.add("ckpt_committed", 10.0, 10, blocking_s=1.0)
+    for step in range(11, 16):
+        log.add("snapshot_committed", float(step), step, blocking_s=0.1, commit_s=0.05)
+        if step == 12:  # TimeToQuality's periodic report; a snapshot's commit writes none
+            log.progress(12.5, 12, first=2.0, data_wait=data_wait_at_step_12, batches=12)
+    log.progress(15.5, 15, first=2.0, data_wait=data_wait_at_step_12 + 0.5, batches=15)
+    log.start(process_start=20.0, t=21.0).crashed(21.1, attempt=1, step=16, first=2.0, last_beat=16.9, data_wait=1.0)
+    log.add("ckpt_load", 21.5, 14, seconds=0.5, tier="snapshot")
+    log.progress(30.0, 20, first=22.0, data_wait=0.0, batches=6).add("attempt_end", 30.5, 20, status="finished")
+    return log
+
+
+def test_data_wait_before_a_snapshot_resumed_from_is_the_newest_report_before_that_snapshot() -> None:
+    ledger = goodput_ledger(snapshot_resume_log(data_wait_at_step_12=0.3).events)
+    first = ledger.attempts[0]
+    # The report at step 15 (after the snapshot) and the heartbeat count waits whose steps were redone.
+    assert first.seconds["data_wait"] == pytest.approx(0.3) and first.seconds["lost_progress"] == pytest.approx(2.9)
+    assert first.seconds["snapshot_overhead"] == pytest.approx(4 * 0.1)  # steps 11-14; the one of step 15 was lost
+    assert_partition(ledger)
+
+
+def test_the_run_summary_and_the_printed_summary_show_snapshot_overhead_and_steps_redone_by_tier(
+    tmp_path: Path,
+) -> None:
+    from lightning_field.core.layout import EVENTS_RELPATH
+    from lightning_field.quality.run_summary import field_summary
+    from lightning_field.quality.target import render_summary
+
+    log = snapshot_resume_log()
+    (tmp_path / EVENTS_RELPATH).parent.mkdir(parents=True)
+    (tmp_path / EVENTS_RELPATH).write_text("".join(json.dumps(e) + "\n" for e in log.events))
+    summary = field_summary(tmp_path, now=31.0)
+    assert summary["field/goodput/snapshot_overhead_s"] == pytest.approx(0.4)
+    assert summary["field/redone_steps/snapshot"] == 2 and summary["field/redone_steps/persistent"] == 0
+    ledger = goodput_ledger(log.events)
+    printed = render_summary({
+        **quality_summary(log.events, "val_loss", 1.0, "min", None, None, now=31.0),
+        "goodput": {**ledger.to_dict(), "buckets_s": ledger.buckets},
+    })  # fmt: skip
+    assert "2 step(s) lost (redone after a resume from: snapshot 2)" in printed and "snapshot_overhead 0.4 s" in printed

@@ -33,6 +33,8 @@ BUCKETS = (
 INTERRUPTED = ("crashed", "preempted", "failed")
 TIERS = ("persistent", "snapshot", "replica")
 """Where a resume came from (a ``ckpt_load`` event's ``tier``; logs written before tiers say none: persistent)."""
+REDONE_FROM = (*TIERS, "none")
+"""Keys of ``Ledger.redone_steps``: the tier resumed from, or "none" where a later attempt started from scratch."""
 COMMITS = ("ckpt_committed", "snapshot_committed")
 """Events that make a step a point a later attempt can resume from."""
 
@@ -67,7 +69,7 @@ class Ledger:
     lost_steps: int
     attempts: list[AttemptAccount]
     redone_steps: dict[str, int] = field(default_factory=dict)
-    """Steps trained again after an interruption, by the tier the next attempt resumed from (``TIERS``):
+    """Steps trained again after an interruption, by the tier the next attempt resumed from (``REDONE_FROM``):
     what step snapshots save shows as steps redone after a "snapshot" (or "replica") resume."""
 
     def to_dict(self) -> dict[str, Any]:
@@ -240,9 +242,7 @@ def goodput_ledger(events: Iterable[Mapping[str, Any]], now: float | None = None
         mean_restart_s=sum(restarts) / len(restarts) if restarts else None,
         lost_steps=sum(a.lost_steps for a in accounts),
         attempts=accounts,
-        redone_steps={
-            tier: sum(a.lost_steps for a in accounts if a.cut_back_to == tier) for tier in (*TIERS, "none")
-        },
+        redone_steps={tier: sum(a.lost_steps for a in accounts if a.cut_back_to == tier) for tier in REDONE_FROM},
     )
 
 
@@ -281,6 +281,7 @@ def _split_training(
         totals["lost_progress"] += lost
         account.seconds["lost_progress"] = lost
         tail = 0.0
+
     def blocking(event: str) -> float:
         return sum(
             float(e["payload"].get("blocking_s") or 0.0)
@@ -301,7 +302,11 @@ def _split_training(
     totals["data_wait"] += waits
     totals["productive"] += productive
     account.seconds.update(
-        productive=productive, checkpoint_save=saves, snapshot_overhead=snapshots, evaluation=evals, data_wait=waits,
+        productive=productive,
+        checkpoint_save=saves,
+        snapshot_overhead=snapshots,
+        evaluation=evals,
+        data_wait=waits,
         tail=tail,
     )
 
@@ -316,7 +321,10 @@ def _data_wait(own: list[Mapping[str, Any]], kept_step: int | None) -> float:
     reports = [e["payload"] for e in own if e["event"] == "progress"]
     if kept_step is not None:
         # Reported at the first batch after that commit, with the counters as they stood at the commit.
-        reports = [r for r in reports if r.get("commit_step") == kept_step]
+        at_commit = [r for r in reports if r.get("commit_step") == kept_step]
+        # A step snapshot has no report of its own (one per snapshot would be I/O on the hot path): the
+        # newest report from before it is the data wait known by then, a lower bound.
+        reports = at_commit or [r for r in reports if r.get("step") is not None and int(r["step"]) <= kept_step]
     if not reports:
         return 0.0
     return float(max(reports, key=lambda r: r.get("batches", 0)).get("data_wait_s") or 0.0)

@@ -105,9 +105,16 @@ def render_summary(summary: Mapping[str, Any]) -> str:
         if fc.get("deadline_miss_probability") is not None:
             lines.append(f"  risk of missing the deadline: {100 * fc['deadline_miss_probability']:.0f}%")
     gp = summary["goodput"]
+    # Where the lost steps were cut back to (summaries written before tiers have no redone_steps).
+    redone = [
+        f"{'no checkpoint' if tier == 'none' else tier} {steps}"
+        for tier, steps in (gp.get("redone_steps") or {}).items()
+        if steps
+    ]
+    by_tier = f" (redone after a resume from: {', '.join(redone)})" if redone else ""
     lines.append(
         f"Goodput {100 * gp['goodput']:.1f}% of {_h(gp['elapsed_s'])}; {gp['interruptions']} interruption(s),"
-        f" {gp['lost_steps']} step(s) lost"
+        f" {gp['lost_steps']} step(s) lost{by_tier}"
     )
     lines.append("  " + ", ".join(f"{k} {_h(v)}" for k, v in gp["buckets_s"].items()))
     return "\n".join(lines)

@@ -283,6 +283,7 @@ class TimeToQuality(Callback):
                     "resumed_from_tier": a.resumed_from_tier,
                     "last_step": a.last_step,
                     "lost_steps": a.lost_steps,
+                    "cut_back_to": a.cut_back_to,
                     "seconds": a.seconds,
                 }
                 for a in ledger.attempts
