@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,7 @@ from lightning_field.planning.intervals import (
     young_interval,
 )
 from lightning_field.planning.launch import LaunchInputs
-from lightning_field.planning.plan import PlanInputs
+from lightning_field.planning.plan import PlanInputError, PlanInputs
 from lightning_field.quality.ledger import goodput_ledger
 
 WORKED = ["plan", "--params", "8B", "--tokens", "10B", "--devices", "8", "--device-tflops", "100",
@@ -227,3 +228,71 @@ def test_from_run_takes_the_snapshot_cost_and_interval_a_run_measured(
     assert plan["figures"]["lost_work_per_failure_with_snapshots"]["value"] == pytest.approx(
         inputs["snapshot_interval_seconds"] / 2
     )
+
+
+@pytest.mark.parametrize(
+    ("figures", "named"),
+    [
+        ({"restart_s": -1.0}, "the restart must be a non-negative"),
+        ({"interval_s": 0.0}, "the checkpoint interval must be a positive"),
+        ({"snapshot_interval_s": math.inf}, "the snapshot interval must be a positive"),
+        ({"commit_s": math.nan}, "the snapshot commit must be a non-negative"),
+    ],
+)
+def test_the_waste_with_snapshots_refuses_a_meaningless_figure_naming_it(figures: dict, named: str) -> None:
+    good = {"interval_s": 1570.0, "save_s": 60.0, "mtbf_s": 6 * 3600.0, "restart_s": 30.0,
+            "snapshot_interval_s": 15.4, "snapshot_s": 0.016, "commit_s": 0.0}  # fmt: skip
+    with pytest.raises(ValueError, match=named):
+        expected_waste_with_snapshots(**{**good, **figures})
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--snapshot-seconds", "2", "--snapshot-interval", "1"],
+         "--snapshot-seconds (2 s) must be shorter than --snapshot-interval (1 s)"),
+        (["--snapshot-seconds", "0.97", "--snapshot-interval", "1"],
+         "expected waste with snapshots 101% >= 100%"),
+    ],
+)  # fmt: skip
+def test_snapshots_costing_their_whole_interval_or_all_the_time_left_are_refused_naming_the_flags(
+    extra: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert field_main([*WORKED, *extra]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "--snapshot-interval" in err
+
+
+def test_a_non_finite_snapshot_interval_is_refused_by_its_flags_name() -> None:
+    with pytest.raises(PlanInputError, match="--snapshot-interval must be a finite number"):
+        PlanInputs(8e9, 1e10, 8, 100.0, snapshot_seconds=0.1, snapshot_interval_seconds=math.inf).validate()
+
+
+def test_without_a_save_cost_or_mtbf_field_plan_shows_the_snapshots_overhead_and_lost_work_alone(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    figures = plan_json(capsys, *BASE, "--snapshot-seconds", "0.016", "--snapshot-interval", "0.154",
+                        "--snapshot-commit-seconds", "0.05")["figures"]  # fmt: skip
+    assert figures["snapshot_overhead"]["value"] == pytest.approx(0.016 / 0.154)
+    assert figures["lost_work_per_failure_with_snapshots"]["value"] == pytest.approx(0.077 + 0.05)
+    assert figures["lost_work_per_failure_with_snapshots"]["from"] == [
+        "snapshot_interval_seconds", "snapshot_commit_seconds"
+    ]  # fmt: skip
+    assert "expected_waste_with_snapshots" not in figures and "lost_work_per_failure" not in figures
+
+
+def test_from_run_takes_no_snapshot_figures_from_a_run_with_no_two_snapshots_in_one_attempt(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    events = tmp_path / "field" / "events.jsonl"
+    events.parent.mkdir(parents=True)
+    lines = [(1, "attempt_start", 0.0, None, {}), (1, "snapshot_committed", 5.0, 5, {"blocking_s": 0.02}),
+             (2, "attempt_start", 20.0, None, {}), (2, "snapshot_committed", 25.0, 10, {"blocking_s": 0.02}),
+             (2, "attempt_end", 30.0, 10, {"status": "finished"})]  # fmt: skip
+    events.write_text("".join(
+        json.dumps({"attempt": a, "event": name, "wall_time": t, "step": step, "payload": payload}) + "\n"
+        for a, name, t, step, payload in lines
+    ))  # fmt: skip
+    plan = plan_json(capsys, *BASE, "--save-seconds", "60", "--mtbf-hours", "6", "--from-run", str(tmp_path))
+    assert plan["inputs"]["snapshot_seconds"] is None and "snapshot_overhead" not in plan["figures"]
+    assert "not measured: 2 step snapshot(s)" in plan["inputs"]["sources"]["snapshot_seconds"]

@@ -29,18 +29,24 @@ def measured_from_run(run_dir: Path) -> tuple[dict[str, float], dict[str, str]]:
         values["save_seconds"] = statistics.median(saves)
         sources["save_seconds"] = f"median of {len(saves)} blocking saves in {run_dir}"
     snapshots = [e for e in events if e["event"] == "snapshot_committed"]
-    if len(snapshots) >= 2:
+    # The interval is measured between two snapshots of one attempt (a restart is no interval); without
+    # one, the cost alone would make no figure (the plan takes the two together), so none is taken.
+    gaps = [b["wall_time"] - a["wall_time"] for a, b in pairwise(snapshots) if a.get("attempt") == b.get("attempt")]
+    if gaps:
         values["snapshot_seconds"] = statistics.median(float(e["payload"].get("blocking_s") or 0.0) for e in snapshots)
         # Committed in line, a snapshot is resumable once training goes on: no latency beyond its cost.
         values["snapshot_commit_seconds"] = statistics.median(
             0.0 if e["payload"].get("in_line") else float(e["payload"].get("commit_s") or 0.0) for e in snapshots
         )
-        gaps = [b["wall_time"] - a["wall_time"] for a, b in pairwise(snapshots) if a.get("attempt") == b.get("attempt")]
-        if gaps:
-            values["snapshot_interval_seconds"] = statistics.median(gaps)
-        for name in ("snapshot_seconds", "snapshot_commit_seconds", "snapshot_interval_seconds"):
-            if name in values:
-                sources[name] = f"median over {len(snapshots)} step snapshots committed in {run_dir}"
+        values["snapshot_interval_seconds"] = statistics.median(gaps)
+        for name in ("snapshot_seconds", "snapshot_commit_seconds"):
+            sources[name] = f"median over {len(snapshots)} step snapshots committed in {run_dir}"
+        sources["snapshot_interval_seconds"] = f"median of {len(gaps)} intervals between step snapshots in {run_dir}"
+    elif snapshots:
+        sources["snapshot_seconds"] = (
+            f"not measured: {len(snapshots)} step snapshot(s) in {run_dir}, no two in one attempt to time the"
+            " interval (--snapshot-seconds and --snapshot-interval to give both)"
+        )
     ledger = goodput_ledger(events)
     if ledger.interruptions and ledger.mean_time_between_interruptions_s:
         values["mtbf_hours"] = ledger.mean_time_between_interruptions_s / 3600
@@ -162,8 +168,9 @@ def _value(figure: dict[str, Any]) -> str:
 
 def render_plan(plan: dict[str, Any]) -> str:
     lines = ["Plan (estimates; each figure names the inputs it came from)"]
+    width = max(map(len, plan["figures"]), default=0)
     for name, figure in plan["figures"].items():
-        lines.append(f"  {name:<28} {_value(figure):<48} from {', '.join(figure['from'])}")
+        lines.append(f"  {name:<{width}} {_value(figure):<48} from {', '.join(figure['from'])}")
     layout = plan["layout"]
     # No recommendation is not a layout called "None": say that nothing was checked, and why.
     label = {None: "not checked", "does_not_fit": "does not fit"}.get(layout.get("recommendation"))

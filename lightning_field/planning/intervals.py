@@ -6,6 +6,22 @@ With a blocking save cost δ and a mean time between failures M:
 * Daly's higher-order optimum: τ = √(2δM)·[1 + ⅓·√(δ/2M) + (1/9)·(δ/2M)] − δ for δ < 2M, else τ = M.
 
 τ is compute time between the end of one save and the start of the next.
+
+Expected work redone per failure (estimates: failures fall uniformly in time, first order in τ/M):
+
+* persistent checkpoints alone: τ/2;
+* with step snapshots every n steps of s seconds (τₛ = n·s) that take c seconds after their capture
+  to become resumable (c = 0 for one committed in line, before training goes on): τₛ/2 + c.
+
+Expected waste (the share of wall time not spent on training; R the restart time):
+
+* persistent checkpoints alone: δ/τ + (τ/2 + R)/M;
+* with step snapshots, σ what each holds training up: δ/τ + σ/τₛ + (τₛ/2 + c + R)/M, every failure
+  taken to be one the snapshots cover (a killed process; a lost machine whose partner holds its replica).
+
+E.g. a 60 s save and a 6 h MTBF: τ = 1570 s (Daly), 785 s lost per failure, a waste of 7.6 % with
+R = 30 s; a 16 ms snapshot every 15.4 s (100 steps of 154 ms) loses 7.7 s per failure and adds
+0.1 % of snapshot overhead: 4.1 % in all.
 """
 
 from __future__ import annotations
@@ -59,17 +75,31 @@ def _check_nonnegative(name: str, value: float) -> None:
         raise ValueError(f"{name} must be a non-negative number of seconds, got {value}")
 
 
+def _check_positive(name: str, value: float) -> None:
+    if not (value > 0 and math.isfinite(value)):
+        raise ValueError(f"{name} must be a positive number of seconds, got {value}")
+
+
 def lost_work_per_failure(interval_s: float) -> float:
-    """Expected work redone after a failure with persistent checkpoints alone (an estimate): half an
-    interval, failures falling uniformly between two saves."""
+    """Expected work redone after a failure with persistent checkpoints alone (an estimate): τ/2, half
+    an interval, failures falling uniformly between two saves.
+
+    Raises:
+        ValueError: ``interval_s`` is negative or not finite (named "the checkpoint interval").
+    """
     _check_nonnegative("the checkpoint interval", interval_s)
     return interval_s / 2.0
 
 
 def snapshot_lost_work_per_failure(snapshot_interval_s: float, commit_s: float = 0.0) -> float:
     """Expected work redone after a failure that step snapshots cover (a killed process; a lost machine
-    whose partner holds its replica), an estimate: half a snapshot interval, plus ``commit_s``, the
-    time a snapshot committed beside training takes to become resumable (0 for one committed in line)."""
+    whose partner holds its replica), an estimate: τₛ/2 + c, half a snapshot interval plus ``commit_s``,
+    the time a snapshot committed beside training takes to become resumable (0 for one committed in
+    line): a failure in that time goes back to the snapshot before.
+
+    Raises:
+        ValueError: naming the snapshot interval or the snapshot commit, negative or not finite.
+    """
     _check_nonnegative("the snapshot interval", snapshot_interval_s)
     _check_nonnegative("the snapshot commit", commit_s)
     return snapshot_interval_s / 2.0 + commit_s
@@ -88,10 +118,16 @@ def expected_waste_with_snapshots(
     estimate): δ/τ for the persistent saves, σ/τₛ for the snapshots (σ: what each holds training up),
     and per failure (one every M) the snapshot's lost work and the restart:
     δ/τ + σ/τₛ + (τₛ/2 + c + R)/M. It takes every failure to be one the snapshots cover; a machine
-    lost with its partner still costs (τ/2 + R), which is what the persistent interval covers."""
+    lost with its partner still costs (τ/2 + R), which is what the persistent interval covers.
+
+    Raises:
+        ValueError: naming the figure (save cost, MTBF, checkpoint or snapshot interval, snapshot cost,
+            snapshot commit, restart) that is negative, not finite, or zero where it divides.
+    """
     _check(save_s, mtbf_s)
+    _check_positive("the checkpoint interval", interval_s)
+    _check_positive("the snapshot interval", snapshot_interval_s)
     _check_nonnegative("the snapshot cost", snapshot_s)
-    if not interval_s > 0 or not snapshot_interval_s > 0:
-        raise ValueError(f"intervals must be positive, got {interval_s} and {snapshot_interval_s}")
+    _check_nonnegative("the restart", restart_s)
     lost = snapshot_lost_work_per_failure(snapshot_interval_s, commit_s)
     return save_s / interval_s + snapshot_s / snapshot_interval_s + (lost + restart_s) / mtbf_s

@@ -105,7 +105,7 @@ class PlanInputs:
             value = getattr(self, name)
             # argparse's float() reads "inf" and "nan"; a figure computed from one means nothing.
             if value is not None and not math.isfinite(value):
-                raise PlanInputError(f"--{name.replace('_', '-')} must be a finite number, got {value}")
+                raise PlanInputError(f"{_flag(name)} must be a finite number, got {value}")
         if self.devices < 1:
             raise PlanInputError(f"--devices must be >= 1, got {self.devices}")
         if self.devices_per_node < 1:
@@ -140,8 +140,20 @@ class PlanInputs:
             raise PlanInputError(f"--snapshot-interval must be > 0, got {self.snapshot_interval_seconds}")
         if self.snapshot_commit_seconds < 0:
             raise PlanInputError(f"--snapshot-commit-seconds must be >= 0, got {self.snapshot_commit_seconds}")
+        snapshot, every = self.snapshot_seconds, self.snapshot_interval_seconds
+        if snapshot is not None and every is not None and snapshot >= every:
+            # The interval runs from one snapshot's commit to the next: it holds the snapshot's own cost.
+            raise PlanInputError(
+                f"--snapshot-seconds ({snapshot:g} s) must be shorter than --snapshot-interval ({every:g} s),"
+                " the time from one snapshot to the next, its cost included"
+            )
         if not 0 < self.state_fraction <= 1:
             raise PlanInputError(f"--state-fraction must be in (0, 1], got {self.state_fraction}")
+
+
+def _flag(name: str) -> str:
+    """The command-line flag of a ``PlanInputs`` field."""
+    return {"snapshot_interval_seconds": "--snapshot-interval"}.get(name, "--" + name.replace("_", "-"))
 
 
 def _figure(value: Any, unit: str, inputs: list[str], formula: str, estimate: bool = True) -> dict[str, Any]:
@@ -211,7 +223,7 @@ def make_plan(inp: PlanInputs) -> dict[str, Any]:
         figures["lost_work_per_failure"] = _figure(
             lost_work_per_failure(daly), "s", ["save_seconds", "mtbf_hours"], "τ/2 at Daly's τ (persistent alone)"
         )
-        _snapshot_figures(inp, figures, daly, mtbf, ideal_s)
+    _snapshot_figures(inp, figures, ideal_s)
     total_s = figures.get("time_to_budget", figures["ideal_time"])["value"]
     if inp.price_per_device_hour is not None:
         hours = total_s / 3600 * inp.devices
@@ -223,29 +235,37 @@ def make_plan(inp: PlanInputs) -> dict[str, Any]:
     return plan
 
 
-def _snapshot_figures(inp: PlanInputs, figures: dict[str, dict[str, Any]], daly: float, mtbf: float, ideal_s: float
-                      ) -> None:  # fmt: skip
-    """With step snapshots (``--snapshot-seconds``, ``--snapshot-interval``): their overhead, the work a
-    failure they cover loses, and the waste and time to the budget with them beside the persistent cadence."""
-    if inp.snapshot_seconds is None or inp.snapshot_interval_seconds is None:
-        return
-    assert inp.save_seconds is not None
+def _snapshot_figures(inp: PlanInputs, figures: dict[str, dict[str, Any]], ideal_s: float) -> None:
+    """With step snapshots (``--snapshot-seconds``, ``--snapshot-interval``): their overhead and the work a
+    failure they cover loses; with a save cost and an MTBF too, the waste and the time to the budget with
+    them beside the persistent cadence at Daly's τ."""
     snap, every, commit = inp.snapshot_seconds, inp.snapshot_interval_seconds, inp.snapshot_commit_seconds
-    given = ["snapshot_seconds", "snapshot_interval"]
+    if snap is None or every is None:
+        return
+    given = ["snapshot_seconds", "snapshot_interval_seconds"]
     figures["snapshot_overhead"] = _figure(snap / every, "fraction", given, "σ/τₛ")
     figures["lost_work_per_failure_with_snapshots"] = _figure(
-        snapshot_lost_work_per_failure(every, commit), "s", [*given[1:], "snapshot_commit_seconds"], "τₛ/2 + c"
-    )
+        snapshot_lost_work_per_failure(every, commit), "s", ["snapshot_interval_seconds", "snapshot_commit_seconds"],
+        "τₛ/2 + c",
+    )  # fmt: skip
+    if inp.save_seconds is None or inp.mtbf_hours is None:
+        return
+    mtbf = inp.mtbf_hours * 3600.0
+    daly = daly_interval(inp.save_seconds, mtbf)
     waste = expected_waste_with_snapshots(daly, inp.save_seconds, mtbf, inp.restart_seconds, every, snap, commit)
+    if waste >= 1:
+        raise PlanInputError(
+            f"expected waste with snapshots {waste:.0%} >= 100%: snapshots of {snap:g} s every {every:g} s beside saves"
+            f" of {inp.save_seconds:g} s leave no time to train (check --snapshot-seconds and --snapshot-interval)"
+        )
     inputs = ["save_seconds", "mtbf_hours", "restart_seconds", *given, "snapshot_commit_seconds"]
     figures["expected_waste_with_snapshots"] = _figure(
         waste, "fraction", inputs, "δ/τ + σ/τₛ + (τₛ/2 + c + R)/M at Daly's τ (failures the snapshots cover)"
     )
-    if waste < 1:
-        total = ideal_s / (1.0 - waste)
-        figures["time_to_budget_with_snapshots"] = _figure(
-            total, "s", [*figures["ideal_time"]["from"], *inputs], "ideal_time / (1 - expected_waste_with_snapshots)"
-        )
+    figures["time_to_budget_with_snapshots"] = _figure(
+        ideal_s / (1.0 - waste), "s", [*figures["ideal_time"]["from"], *inputs],
+        "ideal_time / (1 - expected_waste_with_snapshots)",
+    )  # fmt: skip
 
 
 def _refuse_meaningless(inp: PlanInputs, interval_s: float, waste: float) -> None:
