@@ -11,10 +11,11 @@ import lightning.pytorch as pl
 import pytest
 from lightning.pytorch.callbacks import Callback
 
-from lightning_field import CheckpointCadence, ManifestCheckpoint, read_events
+from lightning_field import CheckpointCadence, ManifestCheckpoint, TimeToQuality, read_events
 from lightning_field.checkpoint.commit import LocalStore
-from lightning_field.planning.intervals import daly_interval, young_interval
+from lightning_field.planning.intervals import daly_interval, expected_waste_with_snapshots, young_interval
 from lightning_field.quality.cadence import choose_steps, updated_mtbf
+from lightning_field.quality.ledger import goodput_ledger
 from lightning_field.workloads.demo import DemoDataModule, DemoRegressor
 
 SAVE_DELAY_S = 2.0
@@ -70,13 +71,15 @@ def test_with_may_lengthen_a_2s_save_and_a_5min_mtbf_grow_the_users_interval_to_
     assert "Daly's formula" in line and "measured save cost of 2" in line and "MTBF of 0.0833 h" in line
 
 
-def tour_run(tmp_path: Path, cadence: CheckpointCadence, **options: object) -> tuple[ManifestCheckpoint, list[int]]:
+def tour_run(
+    tmp_path: Path, cadence: CheckpointCadence, *extra: Callback, **options: object
+) -> tuple[ManifestCheckpoint, list[int]]:
     """The README tour's pair, ManifestCheckpoint(every_n_train_steps=10) and a cadence, for 40 steps;
     returns the checkpoint callback and the steps at which checkpoints committed."""
     checkpoint = ManifestCheckpoint(dirpath=tmp_path / "ckpts", every_n_train_steps=10, **options)
     trainer = pl.Trainer(
         default_root_dir=tmp_path, max_steps=40, accelerator="cpu", logger=False, enable_progress_bar=False,
-        enable_model_summary=False, limit_val_batches=0, callbacks=[SteadySteps(), cadence, checkpoint],
+        enable_model_summary=False, limit_val_batches=0, callbacks=[SteadySteps(), cadence, checkpoint, *extra],
     )  # fmt: skip
     trainer.fit(DemoRegressor(), datamodule=DemoDataModule())
     return checkpoint, [e["step"] for e in read_events(tmp_path) if e["event"] == "ckpt_committed"]
@@ -110,7 +113,9 @@ def test_with_snapshots_each_decision_shows_the_work_a_failure_loses_with_and_wi
     with caplog.at_level(logging.INFO):
         tour_run(tmp_path / "plain", plain := CheckpointCadence(mtbf_hours=6))
         snapshots = {"snapshot_every_n_train_steps": 2, "snapshot_dir": tmp_path / "shm"}
-        tour_run(tmp_path / "snapshots", cadence := CheckpointCadence(mtbf_hours=6), **snapshots)
+        # TimeToQuality writes the training clock the goodput ledger (the realised waste at the end) reads.
+        clock = TimeToQuality(monitor="val_loss", target=0.0)
+        tour_run(tmp_path / "snapshots", cadence := CheckpointCadence(mtbf_hours=6), clock, **snapshots)
     without, with_ = plain.decisions[0], cadence.decisions[0]
     assert without.lost_per_failure_with_snapshots_s is None and without.snapshot_s is None
     assert without.lost_per_failure_s == pytest.approx(10 * without.step_s / 2)
@@ -121,8 +126,17 @@ def test_with_snapshots_each_decision_shows_the_work_a_failure_loses_with_and_wi
     assert with_.predicted_waste_with_snapshots is not None and with_.predicted_waste_with_snapshots > 0
     event = next(e["payload"] for e in read_events(tmp_path / "snapshots") if e["event"] == "cadence")
     assert event["lost_per_failure_with_snapshots_s"] == with_.lost_per_failure_with_snapshots_s
+    assert with_.predicted_waste_with_snapshots == pytest.approx(expected_waste_with_snapshots(
+        10 * with_.step_s, with_.save_s, with_.mtbf_s, with_.restart_s, 2 * with_.step_s, with_.snapshot_s, 0.0
+    ))  # fmt: skip
     line = next(line for line in cadence_lines(caplog) if "with a snapshot every 2 steps" in line)
     assert "Expected work lost per failure:" in line and "from the persistent checkpoints alone" in line
+    assert f"predicted waste {with_.predicted_waste_with_snapshots:.2%} with the snapshots" in line
+    # At the end of fit the realised waste, which holds the snapshots' overhead, meets the prediction that does.
+    assert goodput_ledger(read_events(tmp_path / "snapshots")).buckets["snapshot_overhead"] > 0
+    plain_end, snapshots_end = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Checkpoint cad")]
+    assert "with the snapshots" not in plain_end and "snapshot overhead" not in plain_end
+    assert "with the snapshots" in snapshots_end and "(snapshot overhead " in snapshots_end
 
 
 @pytest.mark.slow

@@ -180,6 +180,7 @@ class CheckpointCadence(Callback):
         self._user_steps = configured_every_n_train_steps(self._checkpoint)
         self._snapshots_in_line = self._checkpoint.snapshots.in_line(trainer)
         self._snapshot_costs.clear()
+        self._snapshot_step = None
         # Each fit() measures afresh.
         self._step_times.clear()
         self._last_step_end = self._last_step = None
@@ -257,6 +258,8 @@ class CheckpointCadence(Callback):
             }
             if decision.lost_per_failure_with_snapshots_s is not None:
                 metrics["cadence/lost_per_failure_with_snapshots_s"] = decision.lost_per_failure_with_snapshots_s
+            if decision.predicted_waste_with_snapshots is not None:
+                metrics["cadence/predicted_waste_with_snapshots"] = decision.predicted_waste_with_snapshots
             for logger in trainer.loggers:
                 logger.log_metrics(metrics, step=trainer.global_step)
 
@@ -340,8 +343,10 @@ class CheckpointCadence(Callback):
             every = _steps(d.snapshot_every_steps or 0)
             lost += (
                 f", {d.lost_per_failure_with_snapshots_s:.3g} s with a snapshot every {every}"
-                f" (each holding training {d.snapshot_s or 0.0:.3g} s, median of {len(self._snapshot_costs)}); with"
-                " snapshots the persistent interval need only cover a machine lost with its replica"
+                f" (each holding training {d.snapshot_s or 0.0:.3g} s, median of {len(self._snapshot_costs)});"
+                f" predicted waste {d.predicted_waste_with_snapshots or 0.0:.2%} with the snapshots,"
+                f" {d.predicted_waste:.2%} without; with snapshots the persistent interval need only cover a machine"
+                " lost with its replica"
             )
         return (
             f"CheckpointCadence: checkpoint interval {what}{why}. {d.formula.capitalize()}'s formula gives"
@@ -357,17 +362,27 @@ class CheckpointCadence(Callback):
         spent = b["checkpoint_save"] + b["snapshot_overhead"] + b["lost_progress"] + b["restart_overhead"]
         realised = (spent + b["checkpoint_load"]) / max(ledger.elapsed_s, 1e-9)
         held = f", held at every_n_train_steps={self._user_steps}" if self.decision.held_at_user_setting else ""
+        predicted = self.decision.predicted_waste_with_snapshots
+        # With snapshots on, the realised waste holds their overhead: compare it with the prediction that does.
+        predicted_text = (
+            f"predicted waste {predicted:.2%} with the snapshots ({self.decision.predicted_waste:.2%} without)"
+            if predicted is not None
+            else f"predicted waste {self.decision.predicted_waste:.2%}"
+        )
+        share = b["snapshot_overhead"] / max(ledger.elapsed_s, 1e-9)
+        snapshots = f" (snapshot overhead {share:.2%} of the elapsed time)" if predicted is not None else ""
         log.info(
-            "Checkpoint cadence: every %d steps%s (%s asks for %.1f s; save %.2f s, MTBF %.2f h); predicted waste"
-            " %.2f%%, realised %.2f%%",
+            "Checkpoint cadence: every %d steps%s (%s asks for %.1f s; save %.2f s, MTBF %.2f h); %s, realised"
+            " %.2f%%%s",
             self.decision.steps,
             held,
             self.formula,
             self.decision.interval_s,
             self.decision.save_s,
             self.decision.mtbf_s / 3600,
-            100 * self.decision.predicted_waste,
+            predicted_text,
             100 * realised,
+            snapshots,
         )
         for logger in trainer.loggers:
             logger.log_metrics({"cadence/realised_waste": realised}, step=trainer.global_step)
