@@ -53,14 +53,14 @@ def test_a_replaced_node_receives_every_file_of_the_newest_snapshot_from_its_par
     plan = plan_restore([survivor, []], newer_than=4)
     assert plan is not None and (plan.name, plan.step, plan.holder) == ("s=6", 6, 0)
     assert plan.transfers == tuple(Transfer(f, 0, 1) for f in sorted(FILES)) and plan.from_replica
-    assert plan.complete_on == (0,)
+    assert {t.destination for t in plan.transfers} == {1}  # node 0 held all of it already
 
 
 def test_a_persistent_checkpoint_of_the_same_step_or_newer_wins_over_every_snapshot() -> None:
     nodes = [[held("s=6", 6, set(FILES))], [held("s=6", 6, set(FILES))]]
     assert plan_restore(nodes, newer_than=6) is None
     plan = plan_restore(nodes, newer_than=5)
-    assert plan is not None and not plan.from_replica and plan.complete_on == (0, 1)
+    assert plan is not None and not plan.from_replica and plan.transfers == ()  # both held all of it
 
 
 def test_over_three_nodes_a_snapshot_held_in_parts_is_completed_from_whichever_node_holds_each_file() -> None:
@@ -128,6 +128,8 @@ def test_over_two_nodes_of_two_ranks_every_node_holds_a_complete_snapshot_and_a_
     # Node 1 lost (its directory deleted): the plan sends it everything, and its new copy is node 0's, byte for byte.
     assert report["plan"] == {"name": "epoch=0-step=3", "transfers_to_node_1": 5, "from_replica": True}
     assert report["restored"] == "OK" and report["bitwise_equal_to_node_0"]
+    # A file a node must send but cannot read: the restore fails on every rank, instead of leaving receives waiting.
+    assert report["unreadable_send"] == [True] * 4
     # A forged replica (another rank's bytes under a hash they do not have) fails the commit, on every rank.
     assert report["forged_commit_errors"] == 4 * ["arrived with hash"]
     assert report["forged_published"] is False

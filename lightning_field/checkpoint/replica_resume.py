@@ -34,7 +34,7 @@ from lightning_field.checkpoint.replica import (
     write_checked,
 )
 from lightning_field.checkpoint.resume_policy import NoRecoverableCheckpointError
-from lightning_field.checkpoint.stores import CheckpointStore
+from lightning_field.checkpoint.stores import CheckpointStore, read_manifest
 from lightning_field.checkpoint.stores.local import temp_dir_for
 from lightning_field.checkpoint.verify import verify_against
 from lightning_field.core.distributed import all_gather_objects, broadcast_object
@@ -42,7 +42,6 @@ from lightning_field.core.fsio import atomic_write_bytes, exchange_or_replace_di
 from lightning_field.core.hashing import new_hasher
 from lightning_field.core.manifest import MANIFEST_NAME, Manifest, ManifestError, manifest_from_bytes
 from lightning_field.core.member_paths import UnsafeMemberError
-from lightning_field.core.storage import as_location
 
 __all__ = [
     "HeldSnapshot",
@@ -68,10 +67,6 @@ class HeldSnapshot:
     listed: frozenset[str]  # every file the manifest names
     intact: frozenset[str]  # those this node holds and whose bytes match the manifest
 
-    @property
-    def complete(self) -> bool:
-        return self.intact == self.listed
-
 
 def inventory(root: Path, store: CheckpointStore, log_skips: bool = True) -> list[HeldSnapshot]:
     """What ``root`` holds, verified file by file: a partial copy (a node that was sent only its
@@ -82,9 +77,8 @@ def inventory(root: Path, store: CheckpointStore, log_skips: bool = True) -> lis
     for listed_path in store.checkpoints(root):
         checkpoint = Path(listed_path)  # a LocalStore lists Paths
         try:
-            raw = store.read(checkpoint, MANIFEST_NAME)
-            manifest = manifest_from_bytes(raw, checkpoint / MANIFEST_NAME, None, checkpoint)
-        except (ManifestError, UnsafeMemberError) as err:
+            manifest = read_manifest(checkpoint, store=store)
+        except ManifestError as err:
             warn("Skipping snapshot %s: %s", checkpoint, err)
             continue
         if not manifest.recoverable:
@@ -131,7 +125,6 @@ class RestorePlan:
     digest: str
     holder: int  # the first node holding any of it: its leader sends the manifest
     transfers: tuple[Transfer, ...]
-    complete_on: tuple[int, ...]  # nodes that held all of it already
 
     @property
     def from_replica(self) -> bool:
@@ -165,8 +158,7 @@ def plan_restore(inventories: Sequence[Sequence[HeldSnapshot]], newer_than: int)
             for node, held in enumerate(inventories)
             for f in sorted(listed - next((h.intact for n, h in holders if n == node), frozenset()))
         )
-        complete = tuple(n for n, h in holders if h.complete)
-        plan = RestorePlan(name, step, digest, holders[0][0], transfers, complete)
+        plan = RestorePlan(name, step, digest, holders[0][0], transfers)
         if best is None or (step, created) > best[0]:
             best = ((step, created), plan)
     return best[1] if best is not None else None
@@ -197,35 +189,49 @@ def restore_from_nodes(
         problem = f"the manifest of {plan.name} sent by rank {leader}: {err}"
     if any(all_gather_objects(problem, group=group)):
         return problem or "another rank could not read the manifest sent"
+    sends: list[tuple[torch.Tensor, int]] = []
     if topology.is_leader:
-        problem = _exchange_files(root, plan, manifest, raw, topology, group)
+        sends, problem = _files_to_send(root, plan, manifest, topology)
+    # Every node first says whether it can send: a receive posted for a send that never comes would wait forever.
+    problems = all_gather_objects(problem, group=group)
+    if any(problems):
+        return joined_errors(problems)
+    if topology.is_leader:
+        problem = _receive_and_publish(root, plan, manifest, raw, topology, group, sends)
     return joined_errors(e for e in all_gather_objects(problem, group=group) if e)
 
 
-def _exchange_files(
-    root: Path, plan: RestorePlan, manifest: Manifest, raw: bytes, topology: NodeTopology, group: Any
-) -> str | None:
-    """This leader's part of the restore: send what others lack, receive and assemble what it lacks."""
+def _files_to_send(
+    root: Path, plan: RestorePlan, manifest: Manifest, topology: NodeTopology
+) -> tuple[list[tuple[torch.Tensor, int]], str | None]:
+    """This leader's files that other nodes lack, each with the leader it goes to; or the problem."""
+    here, node = root / plan.name, topology.node
+    try:
+        return [
+            (file_tensor(here / t.file, manifest.files[t.file].size), topology.leader(t.destination))
+            for t in plan.transfers
+            if t.source == node
+        ], None
+    except OSError as err:
+        return [], f"node {node}: reading {plan.name} to send it failed: {err}"
+
+
+def _receive_and_publish(
+    root: Path, plan: RestorePlan, manifest: Manifest, raw: bytes, topology: NodeTopology, group: Any,
+    sends: list[tuple[torch.Tensor, int]],
+) -> str | None:  # fmt: skip
+    """This leader's part of the restore: send what others lack, receive what its node lacks, check
+    each file against the manifest, and publish the node's complete copy."""
     node = topology.node
     mine = [t for t in plan.transfers if t.destination == node]
-    theirs = [t for t in plan.transfers if t.source == node]
-    here = root / plan.name
-    sends, receives = [], []
-    try:
-        for transfer in theirs:
-            size = manifest.files[transfer.file].size
-            sends.append((file_tensor(here / transfer.file, size), topology.leader(transfer.destination)))
-    except OSError as err:
-        return f"node {node}: reading {plan.name} to send it failed: {err}"
-    for transfer in mine:
-        receives.append((torch.empty(manifest.files[transfer.file].size, dtype=torch.uint8),
-                         topology.leader(transfer.source)))  # fmt: skip
+    receives = [(torch.empty(manifest.files[t.file].size, dtype=torch.uint8), topology.leader(t.source)) for t in mine]
     try:
         exchange_tensors(sends, receives, group)
     except RuntimeError as err:
         return f"node {node}: receiving {plan.name} failed: {err}"
     if not mine:
         return None
+    here = root / plan.name
     assembled = temp_dir_for(root, plan.name, f"restore-{uuid.uuid4().hex[:8]}")
     try:
         assembled.mkdir(parents=True)
@@ -246,7 +252,6 @@ def _exchange_files(
     finally:
         shutil.rmtree(assembled, ignore_errors=True)  # gone already once renamed into place
     return None
-
 
 
 def agree_across_nodes(
@@ -274,7 +279,7 @@ def agree_across_nodes(
         chosen = persistent()
     except NoRecoverableCheckpointError as err:
         chosen, refused = None, err
-    step = manifest_step(chosen, persistent_store(chosen)) if chosen else -1
+    step = read_manifest(chosen, store=persistent_store(chosen)).step if chosen else -1
     steps = sorted(set(all_gather_objects(step, group=group)))
     if len(steps) > 1:
         raise RuntimeError(f"ranks found different persistent checkpoints to resume from (steps {steps}) beside"
@@ -305,7 +310,3 @@ def agree_across_nodes(
                    " every recoverable persistent checkpoint.")  # fmt: skip
     return str(root / plan.name), "replica" if plan.from_replica else "snapshot"
 
-
-def manifest_step(checkpoint: str, store: CheckpointStore) -> int:
-    raw = store.read(as_location(checkpoint), MANIFEST_NAME)
-    return manifest_from_bytes(raw, f"{checkpoint}/{MANIFEST_NAME}", None, checkpoint).step

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
@@ -22,9 +23,10 @@ from rich.progress import (
 
 from lightning_field.checkpoint.resolver import CheckpointEntry, committed_checkpoints, latest_recoverable
 from lightning_field.checkpoint.snapshot_dirs import snapshot_dir_for
-from lightning_field.checkpoint.stores import location_exists
+from lightning_field.checkpoint.stores import LocalStore, location_exists
 from lightning_field.checkpoint.verify import VerifyReport, verify_checkpoint
 from lightning_field.core.manifest import MANIFEST_NAME, Manifest, ManifestError, read_manifest
+from lightning_field.core.member_paths import UnsafeMemberError
 from lightning_field.core.signing import keys_from_environment
 from lightning_field.core.storage import Location, StorageOptions, as_location, basename, open_fs, parent
 
@@ -201,9 +203,14 @@ def _snapshot_tier(root: str, parent: str | None) -> Path | None:
 
 
 def _files_here(entry: CheckpointEntry) -> int:
-    """How many of the manifest's files this copy holds (a node's copy of a multi-node snapshot may hold some)."""
-    assert entry.manifest is not None and isinstance(entry.path, Path)
-    return sum((entry.path / name).is_file() for name in entry.manifest.files)
+    """How many of the manifest's files this copy holds (a node's copy of a multi-node snapshot may hold
+    some), as the store sees them: a name that leads out of the checkpoint is not held."""
+    assert entry.manifest is not None and isinstance(entry.path, Path)  # snapshots are local
+    store, held = LocalStore(), 0
+    for name in entry.manifest.files:
+        with contextlib.suppress(UnsafeMemberError):
+            held += store.size(entry.path, name) is not None
+    return held
 
 
 def _status(entry: CheckpointEntry, report: VerifyReport | None, tier: str) -> str:
@@ -214,13 +221,6 @@ def _status(entry: CheckpointEntry, report: VerifyReport | None, tier: str) -> s
     if report is not None:
         return "recoverable" if report.recoverable else ("corrupt" if report.problems else "not recoverable")
     return "recoverable*" if m.recoverable else f"{m.kind}, incomplete" if m.kind == "recovery" else m.kind
-
-
-def _newer(a: tuple[Location, int] | None, b: tuple[Location, int] | None) -> tuple[Location, int] | None:
-    """The pick over two tiers, as a resume makes it: the newer step; the first (persistent) on a tie."""
-    if a is None or (b is not None and b[1] > a[1]):
-        return b
-    return a
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -245,7 +245,11 @@ def cmd_list(args: argparse.Namespace) -> int:
         found = latest_recoverable(where, storage, reports, log_skips=False) if where is not None else None
         manifest = next((e.manifest for t, e in tiers if t == tier and e.path == found), None)
         picks[tier] = (found, manifest.step) if found is not None and manifest is not None else None
-    resume = _newer(picks["persistent"], picks["snapshot"])
+    # As a resume picks over the tiers: the newer step, the persistent checkpoint on a tie.
+    persistent, snapshot = picks["persistent"], picks["snapshot"]
+    newer = snapshot is not None and (persistent is None or snapshot[1] > persistent[1])
+    resume_tier = "snapshot" if newer else "persistent"
+    resume = picks[resume_tier]
     now = time.time()
     entries = sorted(tiers, key=lambda te: (te[1].manifest.step if te[1].manifest else -1, te[0] == "persistent"),
                      reverse=True)  # fmt: skip
@@ -271,8 +275,8 @@ def cmd_list(args: argparse.Namespace) -> int:
         print(f"snapshot: a step snapshot on this machine, in {snapshots} (a run over several nodes agrees over"
               " every node's copies and their replicas; 'partial' = this node holds some of its files)")  # fmt: skip
     if resume is not None:
-        tier = "snapshot" if picks["snapshot"] == resume and picks["persistent"] != resume else "persistent"
-        print(f"resume: a restart with ckpt_path='last' resumes from {basename(resume[0])} ({tier}, step {resume[1]})")
+        where, step = resume
+        print(f"resume: a restart with ckpt_path='last' resumes from {basename(where)} ({resume_tier}, step {step})")
     elif tiers:
         print(
             f"NOTHING RECOVERABLE in {root}: none of the {len(tiers)} checkpoint(s) is recoverable and intact, so"

@@ -91,6 +91,17 @@ def main(base: Path) -> None:
         p.name for p in checkpoint[1].iterdir()
     ) and all((checkpoint[0] / p.name).read_bytes() == p.read_bytes() for p in checkpoint[1].iterdir())
 
+    # Node 1 lost again, and node 0 cannot read a file it must send: every rank says so, none hangs.
+    dist.barrier()
+    if rank == topology.leader(1):
+        shutil.rmtree(root)
+        root.mkdir(mode=0o700)
+    dist.barrier()
+    if rank == topology.leader(0):
+        (checkpoint[0] / rank_state_file(3)).unlink()  # after the plan: as if lost between verify and send
+    problem = restore_from_nodes(root, plan, topology, None, store)
+    report["unreadable_send"] = all_gather_objects(bool(problem and "reading epoch=0-step=3 to send" in problem))
+
     error = commit_replicated(save_job(root, 4, rank, DamagedAfterWrite(durable=False)), topology, None)
     marks = all_gather_objects("arrived with hash" if error and "arrived with hash" in error else error)
     report["forged_commit_errors"] = marks
