@@ -14,6 +14,7 @@ import torch
 from conftest import assert_bitwise_equal, make_trainer
 from lightning.pytorch.demos.boring_classes import BoringModel
 
+from lightning_field.checkpoint import snapshots as snapshot_tier
 from lightning_field.checkpoint.async_controller import AsyncSaves
 from lightning_field.checkpoint.snapshots import KEEP, snapshot_dir_for
 from lightning_field.cli.main import main as field_main
@@ -131,3 +132,15 @@ def test_field_ckpt_list_shows_both_tiers_with_their_steps_and_marks_the_snapsho
     assert rows[1][:5] == ["epoch=0-step=8", "snapshot", "8", "partial", f"{len(read_manifest(newest).files) - 1}/"
                            f"{len(read_manifest(newest).files)}"] and "<-" not in rows[1]  # fmt: skip
     assert rows[2][:2] == ["epoch=0-step=7", "snapshot"] and rows[2][-2:] == ["<-", "resume"]
+
+
+def test_a_snapshot_that_fails_to_commit_in_line_is_reported_and_training_and_persistent_saves_go_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(snapshot_tier, "commit_save", lambda job, group: "rank 0: the disk is full")
+    with pytest.warns(UserWarning, match="Step snapshot failed: .*step=3.* the disk is full"):
+        _, trainer = fit(tmp_path, 6)
+    assert trainer.global_step == 6 and trainer.checkpoint_callback.snapshots.every_n_train_steps == 1
+    failed = [e["step"] for e in read_events(tmp_path) if e["event"] == "ckpt_save_failed"]
+    assert failed == [1, 2, 3, 4, 6]  # every snapshot; step 5 is the persistent save, which committed
+    assert (tmp_path / "ckpts" / "epoch=0-step=5" / "manifest.json").is_file() and not snapshots(tmp_path)

@@ -134,12 +134,6 @@ class AsyncSaves:
         return self._snapshot
 
     @property
-    def host_group(self) -> Any:
-        """The gloo group of every rank that commits run on (None in a single process): off the
-        training backend's own, whose NCCL cannot move host memory."""
-        return self._host_group
-
-    @property
     def in_flight(self) -> bool:
         return self._pending is not None
 
@@ -256,16 +250,32 @@ class AsyncSaves:
             return
         if pending.job.snapshot_error is not None:
             self.copies_everything_first = True
+        self._report_failure(trainer, pending.job, outcome.error, "Background checkpoint save")
+
+    def commit_in_line(self, trainer: pl.Trainer, job: SaveJob, start: float, what: str = "Checkpoint save") -> None:
+        """Commit ``job`` on the training thread now, over the same host group, and advertise it or
+        report its failure as a background save's (no ``on_save_error`` stop: for step snapshots,
+        which training outlives). Collective: every rank, the same save."""
+        commit_start = time.perf_counter()
+        error = self._commit(job, self._host_group)
+        if error is None:
+            now = time.perf_counter()
+            self._advertise(trainer, job, now - start, now - commit_start)
+        else:
+            self._report_failure(trainer, job, error, what)
+
+    def _report_failure(self, trainer: pl.Trainer, job: SaveJob, error: str, what: str) -> None:
+        """Log, count (``checkpoint/save_failures``) and record (event log) a save that did not commit."""
         self.save_failures += 1
-        message = self._not_saved_message(pending.job.final, outcome.error)
+        message = self._not_saved_message(job.final, error)
         self.last_save_error = message
         if trainer.is_global_zero:
             for logger in trainer.loggers:
                 logger.log_metrics({"checkpoint/save_failures": float(self.save_failures)}, step=trainer.global_step)
         events = self._events()
         if events is not None:
-            events.emit("ckpt_save_failed", step=outcome.step, payload={"path": outcome.path, "error": message})
-        rank_zero_warn(f"Background checkpoint save failed: {message}")
+            events.emit("ckpt_save_failed", step=job.step, payload={"path": str(job.final), "error": message})
+        rank_zero_warn(f"{what} failed: {message}")
 
     def settle(self, trainer: pl.Trainer) -> None:
         """Wait for the in-flight save, then prune for it (a commit) or apply ``on_save_error``.

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import lightning.pytorch as pl
 from lightning.pytorch.trainer.states import TrainerFn
-from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from lightning_field.checkpoint import resume_policy, sharded
 from lightning_field.checkpoint.async_controller import AsyncSaves
@@ -267,7 +267,7 @@ class StepSnapshots:
         final = Path(self._checkpointer.dirpath) / f"epoch={trainer.current_epoch}-step={step}"
         job = self._owner._prepare_save(trainer, final, start, store=self._checkpointer.store)  # the owner's capture
         if self.in_line(trainer):
-            self._commit_in_line(trainer, job, start)
+            saves.commit_in_line(trainer, job, start, "Step snapshot")  # a failure is reported; training goes on
         else:
             saves.submit(trainer, job, start)
         self._last_step = step
@@ -285,22 +285,6 @@ class StepSnapshots:
         if self.commits_in_line is not None:
             return self.commits_in_line
         return trainer.strategy.root_device.type == "cpu"
-
-    def _commit_in_line(self, trainer: pl.Trainer, job: SaveJob, start: float) -> None:
-        assert self._saves is not None  # set up with the snapshots
-        commit_start = time.perf_counter()
-        error = self._commit(job, self._saves.host_group)  # every rank, at this step
-        if error is None:
-            now = time.perf_counter()
-            self._advertise(trainer, job, now - start, now - commit_start)
-            return
-        assert self._checkpointer is not None
-        self._saves.save_failures += 1
-        message = self._checkpointer.not_saved_message(job.final, error)
-        events = self._owner.events
-        if events is not None:
-            events.emit("ckpt_save_failed", step=job.step, payload={"path": str(job.final), "error": message})
-        rank_zero_warn(f"Step snapshot failed (training goes on; the persistent checkpoints are untouched): {message}")
 
     def _commit(self, job: SaveJob, group: Any) -> str | None:
         topology = self._topology
