@@ -21,6 +21,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lightning_field.checkpoint.resolver import read_last_pointer
+from lightning_field.checkpoint.tensor_file import MAGIC, TensorFileError
+from lightning_field.checkpoint.tensor_file_reader import read_tensor_file
 from lightning_field.checkpoint.verify import verify_checkpoint
 from lightning_field.cli.main import main as field_main
 from lightning_field.core.events import EventLogError, read_events
@@ -170,3 +172,35 @@ def test_a_hostile_event_log_is_refused_naming_it_and_the_ledger_never_crashes(s
         _names_the_file(str(err), log)
     except ValueError as err:
         assert "nothing to account for" in str(err)
+
+
+TENSOR_ENTRY = st.lists(
+    st.sampled_from(["float32", "int64", "bool", "object"]) | st.lists(st.integers(-2, 4), max_size=3)
+    | st.integers(-8, 2**40) | JSON,
+    min_size=6, max_size=6,
+)  # fmt: skip
+TREE = st.recursive(
+    st.none() | st.integers(-3, 3) | st.text(max_size=4),
+    lambda inner: st.tuples(st.sampled_from(["T", "d", "l", "t", "od", "ad", "b", "f", "np", "ns", "sz", "dt", "x"]),
+                            inner | st.lists(inner, max_size=3)).map(list),
+    max_leaves=10,
+)  # fmt: skip
+
+
+@fuzz(2000)
+@given(
+    header=st.fixed_dictionaries(
+        {"format": st.just("lightning_field.tensors/1") | JSON, "byteorder": st.just("little") | JSON,
+         "tensors": st.lists(TENSOR_ENTRY, max_size=3) | JSON, "tree": TREE | JSON}
+    ),
+    data=st.binary(max_size=96),
+    claimed=st.none() | st.integers(0, 2**64 - 1),
+)  # fmt: skip
+def test_a_hostile_raw_tensor_file_is_refused_naming_it(scratch: Path, header: Any, data: bytes, claimed: Any) -> None:
+    text = json.dumps(header, default=str).encode()
+    length = len(text) if claimed is None else claimed
+    path = _written(scratch, "tensors", "state.pt", MAGIC + length.to_bytes(8, "little") + text + data) / "state.pt"
+    try:
+        read_tensor_file(path)
+    except TensorFileError as err:
+        _names_the_file(str(err), path)

@@ -98,6 +98,11 @@ def torch_load_untrusted(path: str | os.PathLike[str], map_location: Any = None,
     copy into the model's own parameters is the only one. (Pages are private: writes to a loaded
     tensor never reach the file, and the mapping outlives a later deletion of the checkpoint.)
     """
+    # Step snapshots are raw tensor files (checkpoint/tensor_file.py): no pickle at all to refuse.
+    from lightning_field.checkpoint.tensor_file_reader import is_tensor_file, read_tensor_file
+
+    if is_tensor_file(path):
+        return read_tensor_file(path, map_location)
     return load_untrusted(
         lambda **kw: torch.load(path, map_location=map_location, mmap=True, **kw), path, trust_pickles
     )

@@ -45,7 +45,8 @@ from lightning_field.checkpoint.replica import (
 from lightning_field.checkpoint.replica_resume import agree_across_nodes
 from lightning_field.checkpoint.resume_policy import ResumeGuard
 from lightning_field.checkpoint.snapshot_dirs import make_private, snapshot_dir_for
-from lightning_field.checkpoint.stores import CheckpointStore, LocalStore, read_manifest
+from lightning_field.checkpoint.stores import CheckpointStore, read_manifest
+from lightning_field.checkpoint.stores.snapshot import SnapshotStore
 from lightning_field.checkpoint.verify import VerifyReport
 from lightning_field.compat import lightning as internals
 from lightning_field.core.distributed import all_gather_objects, global_rank, new_host_group
@@ -96,7 +97,7 @@ class StepSnapshots:
         self._saves: AsyncSaves | None = None
         self._last_step = -1
         self._reported = False
-        self._kept: list[Location] = []  # this tier's snapshots, oldest first (each node's leader)
+        self._kept: list[Location] | None = None  # this tier's snapshots, oldest first (each node's leader)
         self._topology: NodeTopology | None = None
         self._resume_group: Any = None
         self.last_costs: SnapshotCosts | None = None
@@ -131,8 +132,8 @@ class StepSnapshots:
     def _checkpointer_for(self, checkpoint_dir: Location) -> Checkpointer:
         root = snapshot_dir_for(checkpoint_dir, self.directory)
         if self._checkpointer is None or self._checkpointer.dirpath != root:
-            # No fsync: a snapshot need only outlive the process, and the page cache does.
-            store = cast(CheckpointStore, LocalStore(durable=False))  # it serves the Paths it is given
+            # No fsync, raw tensor files, the retired snapshot's files reused (stores/snapshot.py).
+            store = cast(CheckpointStore, SnapshotStore())  # it serves the Paths it is given
             self._checkpointer = Checkpointer(root, store=store, trust_pickles=self._owner.trust_pickles)
         return self._checkpointer
 
@@ -264,6 +265,7 @@ class StepSnapshots:
             return  # a persistent checkpoint holds this very step
         start = time.perf_counter()
         saves.settle(trainer)  # the previous snapshot commits before this one reuses its buffers
+        self._retire_oldest(trainer)
         final = Path(self._checkpointer.dirpath) / f"epoch={trainer.current_epoch}-step={step}"
         job = self._owner._prepare_save(trainer, final, start, store=self._checkpointer.store)  # the owner's capture
         if self.in_line(trainer):
@@ -271,6 +273,20 @@ class StepSnapshots:
         else:
             saves.submit(trainer, job, start)
         self._last_step = step
+
+    def _retire_oldest(self, trainer: pl.Trainer) -> None:
+        """Before a snapshot is written: with :data:`KEEP` held, the oldest is un-published and its
+        files are overwritten by the new one (:meth:`SnapshotStore.recycle`), on each node's leader,
+        before the commit's first collective orders every rank's writes after it."""
+        leads = self._topology.is_leader if self._topology is not None else trainer.is_global_zero
+        if not leads or not self._kept or len(self._kept) < KEEP or self._checkpointer is None:
+            return
+        store = self._checkpointer.store
+        retired = self._kept.pop(0)
+        if isinstance(store, SnapshotStore) and isinstance(retired, Path):
+            store.recycle(retired)
+        else:
+            store.remove(retired)
 
     def in_line(self, trainer: pl.Trainer) -> bool:
         """Whether snapshots commit on the training thread, before the next step, instead of beside it
@@ -298,13 +314,13 @@ class StepSnapshots:
         if events is not None:
             payload = {"path": str(job.final), "blocking_s": blocking, "commit_s": commit_s}
             payload["in_line"] = self.in_line(trainer)  # its commit_s is inside blocking_s, not after it
-            events.emit("snapshot_committed", step=job.step, payload=payload)
+            events.emit("snapshot_committed", step=job.step, payload=payload, durable=False)
         leads = self._topology.is_leader if self._topology is not None else trainer.is_global_zero
         if not leads or self._checkpointer is None:
             return
-        if not self._kept:
+        if self._kept is None:
             # The first commit of this attempt: the snapshots earlier attempts left are listed once
-            # (the resume has loaded its own by now); later commits retire the oldest they know.
+            # (the resume has loaded its own by now); later saves recycle the oldest they know.
             self._kept = [e.path for e in reversed(self._checkpointer.committed()) if e.path != job.final]
         if job.final in self._kept:
             self._kept.remove(job.final)

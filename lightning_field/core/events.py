@@ -139,7 +139,12 @@ class EventLog:
                 payload={"pid": os.getpid(), "process_start_unix": process_start_unix(), "world_size": world_size},
             )
 
-    def emit(self, event: str, step: int | None = None, payload: dict[str, Any] | None = None) -> None:
+    def emit(
+        self, event: str, step: int | None = None, payload: dict[str, Any] | None = None, durable: bool = True
+    ) -> None:
+        """Append one event. ``durable=False`` skips the fsync, for events as frequent as steps (a
+        snapshot's commit, every step): appended, it still outlives a killed process (the page
+        cache does), just not the machine, as the snapshot it records does not either."""
         record = {
             "run_id": self.run_id,
             "attempt": self.attempt,
@@ -153,7 +158,8 @@ class EventLog:
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
             os.write(fd, line)
-            os.fsync(fd)
+            if durable:
+                os.fsync(fd)
         finally:
             os.close(fd)
 

@@ -187,16 +187,21 @@ def write_staged(
 
 
 def write_rank_files(
-    tmp: Path, rank: int, files: dict[str, tuple[Any, list[str]]], durable: bool = True
+    tmp: Path,
+    rank: int,
+    files: dict[str, tuple[Any, list[str]]],
+    durable: bool = True,
+    save: Callable[[Any, Path, bool], tuple[int, str]] = save_durably,
 ) -> RankOutcome:
-    """Write this rank's files into ``tmp``; errors are returned, not raised, so every rank still
-    reaches the receipt exchange and nobody waits forever on a rank that failed."""
+    """Write this rank's files into ``tmp`` with ``save`` (``torch.save`` by default; the snapshot
+    store's raw tensor files); errors are returned, not raised, so every rank still reaches the
+    receipt exchange and nobody waits forever on a rank that failed."""
     start = time.perf_counter()
     receipts = []
     try:
         tmp.mkdir(parents=True, exist_ok=True)
         for name, (obj, contents) in files.items():
-            size, digest = save_durably(obj, tmp / name, durable)
+            size, digest = save(obj, tmp / name, durable)
             receipts.append(Receipt(name, size, digest, rank, contents))
         if durable:
             fsync_dir(tmp)
