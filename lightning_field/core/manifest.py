@@ -145,12 +145,17 @@ class Manifest:
     # written back unchanged when the manifest is rewritten, never dropped.
     unknown_fields: dict[str, Any] = field(default_factory=dict, repr=False)
 
-    def to_json(self) -> str:
-        data = asdict(self)
-        data.pop("read_content")
-        data.update(data.pop("unknown_fields"))
+    def to_json(self, compact: bool = False) -> str:
+        """The manifest as written: indented for people to read, or ``compact`` (step snapshots, one a
+        step: the indented form takes json's pure-Python encoder, several times slower)."""
+        # Not dataclasses.asdict: it deep-copies the provenance (the whole resolved config) per save.
+        data = {name: getattr(self, name) for name in self.__dataclass_fields__ if name not in _NOT_WRITTEN}
+        data["files"] = {name: asdict(entry) for name, entry in self.files.items()}
+        data.update(self.unknown_fields)
         if data["signature"] is None:
             del data["signature"]  # an unsigned manifest reads exactly as earlier versions wrote it
+        if compact:
+            return json.dumps(data, sort_keys=True, default=str, separators=(",", ":"))
         return json.dumps(data, indent=2, sort_keys=True, default=str)
 
     def signed_content(self) -> bytes:
@@ -178,8 +183,11 @@ class Manifest:
         unknown = {k: v for k, v in payload.items() if k not in known}
         return cls(**{k: v for k, v in payload.items() if k in known}, unknown_fields=unknown)
 
-    def write(self, directory: Path, durable: bool = True) -> None:
-        atomic_write_bytes(directory / MANIFEST_NAME, self.to_json().encode(), durable)
+    def write(self, directory: Path, durable: bool = True, compact: bool = False) -> None:
+        atomic_write_bytes(directory / MANIFEST_NAME, self.to_json(compact).encode(), durable)
+
+
+_NOT_WRITTEN = frozenset({"read_content", "unknown_fields"})
 
 
 def manifest_from_bytes(raw: bytes | None, where: Location, drill: bytes | None, drill_where: Location) -> Manifest:

@@ -192,9 +192,9 @@ def write_last_pointer(
     atomic_write_bytes(Path(dirpath) / LAST_POINTER, (Path(checkpoint).name + "\n").encode(), durable)
 
 
-def publish(tmp: Path, final: Path, manifest: Manifest, durable: bool = True) -> None:
+def publish(tmp: Path, final: Path, manifest: Manifest, durable: bool = True, compact: bool = False) -> None:
     """Rank 0's last step: manifest last, then the directory rename that makes it visible, then LAST."""
-    manifest.write(tmp, durable)
+    manifest.write(tmp, durable, compact)
     if durable:
         fsync_dir(tmp)
     replaced = exchange_or_replace_dir(tmp, final)
