@@ -38,7 +38,14 @@ from lightning_field.checkpoint.stores.base import (
 )
 from lightning_field.checkpoint.stores.local import LocalStore, clean_leftovers, publish, write_last_pointer
 from lightning_field.core.distributed import all_gather_objects, broadcast_object
-from lightning_field.core.manifest import SHARED_STATE_FILE, FileEntry, Manifest, Provenance, rank_state_file
+from lightning_field.core.manifest import (
+    SHARED_STATE_FILE,
+    FileEntry,
+    Manifest,
+    Provenance,
+    StopRecord,
+    rank_state_file,
+)
 from lightning_field.core.signing import keys_from_environment
 from lightning_field.core.storage import Location, StorageOptions, basename, parent
 from lightning_field.state import provenance
@@ -94,6 +101,7 @@ class SaveJob:
     shared_file: str = SHARED_STATE_FILE
     shards: dict[str, Any] | None = None  # DTensor state for DCP, under sharding strategies
     model_state: Any = None
+    stopped: StopRecord | None = None  # why training stopped at this save (``save_now(stopped=...)``)
 
     @classmethod
     def capture(
@@ -252,6 +260,7 @@ def build_manifest(job: SaveJob, gathered: list[RankReport]) -> Manifest:
         save_seconds=time.perf_counter() - job.start,
         data_restore={str(o.rank): restore for o, _, restore, _ in gathered},
         stream_positions={str(o.rank): positions for o, _, _, positions in gathered if positions},
+        stopped=job.stopped,
     )
 
 

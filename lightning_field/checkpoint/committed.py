@@ -28,14 +28,10 @@ from lightning_field.checkpoint.async_controller import AsyncSaves, SaveErrorPol
 from lightning_field.checkpoint.async_save import Stager
 from lightning_field.checkpoint.checkpointer import Checkpointer
 from lightning_field.checkpoint.commit import SaveJob
-from lightning_field.checkpoint.stores import (
-    DEFAULT_CONCURRENCY,
-    DEFAULT_PART_BYTES,
-    CheckpointStore,
-    CheckpointWriter,
-)
+from lightning_field.checkpoint.stores import DEFAULT_CONCURRENCY, DEFAULT_PART_BYTES, CheckpointStore, CheckpointWriter
 from lightning_field.core.distributed import broadcast_object
 from lightning_field.core.events import EventLog
+from lightning_field.core.manifest import StopRecord
 from lightning_field.core.storage import Location, as_location, fs_options, same_location
 
 __all__ = ["CommittedCheckpoint"]
@@ -91,6 +87,7 @@ class CommittedCheckpoint(ModelCheckpoint):
         )
         self._last_copy: str | None = None
         self._force_sync = False
+        self._stopped: StopRecord | None = None  # save_now's, for the save it makes
         # save_now's resume points (a stop, the end, a preemption) of this run and the attempts it
         # resumed: retention retires them once a newer checkpoint commits (kept in this callback's state).
         self._resume_points: list[str] = []
@@ -229,6 +226,7 @@ class CommittedCheckpoint(ModelCheckpoint):
         blocking: bool = False,
         unless_saved: bool = False,
         as_resume_point: bool = False,
+        stopped: StopRecord | None = None,
     ) -> str | None:
         """Save a checkpoint of this step now, named from ``name`` like ``filename``.
 
@@ -246,6 +244,7 @@ class CommittedCheckpoint(ModelCheckpoint):
                 unless ``save_top_k=-1``, retention retires it once a newer checkpoint commits, in this
                 attempt or a later one; with ``save_top_k=1`` and no monitor it is the one kept, as
                 ModelCheckpoint keeps its newest.
+            stopped: why training stops at this step, recorded in the manifest (``Manifest.stopped``).
 
         Returns:
             The path of the checkpoint (committed when ``blocking`` or not ``async_save``).
@@ -266,7 +265,7 @@ class CommittedCheckpoint(ModelCheckpoint):
         listed = as_resume_point and self.save_top_k != -1 and filepath not in self._resume_points
         if listed:
             self._resume_points.append(filepath)
-        self._force_sync = blocking
+        self._force_sync, self._stopped = blocking, stopped
         try:
             self._save_checkpoint(trainer, filepath)
         except BaseException:
@@ -274,7 +273,7 @@ class CommittedCheckpoint(ModelCheckpoint):
                 self._resume_points.remove(filepath)
             raise
         finally:
-            self._force_sync = False
+            self._force_sync, self._stopped = False, None
         if replaced and self._should_remove_checkpoint(trainer, replaced, filepath):
             self._remove_checkpoint(trainer, replaced)
         return self._last_checkpoint_saved
@@ -300,6 +299,7 @@ class CommittedCheckpoint(ModelCheckpoint):
         if trainer.model is None:
             raise AttributeError("Saving a checkpoint is only possible if a model is attached to the Trainer.")
         job = self._prepare_save(trainer, final, start)
+        job.stopped = self._stopped
         # ModelCheckpoint's own bookkeeping (no double save of a step, "last" as an alias of this
         # step's save). What others see (events, loggers, last_committed, pruning) waits for the commit.
         if not self.async_save or self._force_sync:

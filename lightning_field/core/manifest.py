@@ -80,6 +80,21 @@ class ModelProvenance(TypedDict, total=False):
     shapes: dict[str, list[int]]
 
 
+class StopRecord(TypedDict, total=False):
+    """Why training stopped at the step a checkpoint was saved (``manifest.stopped``), for the rerun.
+
+    ``by``, ``detail`` and ``finished`` are always there. Only ``finished: True`` means that the same
+    command, rerun, has nothing to do (``checkpoint.stop_points``); a save at an exception, an
+    interrupt or a preemption signal records ``finished: False``, and its rerun continues.
+    """
+
+    by: str  # what stopped it: "EarlyStopping", "max_time", "max_steps", "max_epochs", "should_stop", ...
+    detail: str  # in words, e.g. "EarlyStopping on val_loss"
+    finished: bool
+    epochs_done: int  # epochs the run had finished when it stopped (``max_epochs`` counts these)
+    stopper: dict[str, Any]  # what a rerun must still have for the stop to hold (a callback's settings, a limit)
+
+
 class Provenance(TypedDict, total=False):
     """Which code, config, data, model and environment produced a checkpoint (``manifest.provenance``).
 
@@ -135,6 +150,8 @@ class Manifest:
     data_restore: dict[str, list[str]] = field(default_factory=dict)
     # Per rank, per stream loader: each worker's dataset position (lightning_field.state.streams).
     stream_positions: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    # Set on a save where training stopped (a stop point, an interrupt): why, and whether it had finished.
+    stopped: StopRecord | None = None
     format: str = FORMAT
     hash_algorithm: str = HASH_ALGORITHM
     # A keyed MAC over the rest, set by the commit when a checkpoint key is configured (core/signing.py).
@@ -246,6 +263,7 @@ _FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "recoverable": (bool,), "missing": (list,), "kind": (str,), "provenance": (dict,), "created_unix": (int, float),
     "save_seconds": (int, float, type(None)), "restore_tested": (bool,), "restore_drill": (dict, type(None)),
     "data_restore": (dict,), "stream_positions": (dict,), "hash_algorithm": (str,), "signature": (dict, type(None)),
+    "stopped": (dict, type(None)),
 }  # fmt: skip
 
 
@@ -268,6 +286,30 @@ def _check_fields(data: dict[str, Any], where: Location) -> None:
     for component, ranks in data["components"].items():
         if not isinstance(ranks, list) or not all(type(r) is int and r >= 0 for r in ranks):
             raise ManifestError(f"{where}: component {component!r} does not list ranks")
+    _check_stopped(data.get("stopped"), where)
+
+
+def _shown(value: Any) -> str:
+    """An untrusted value in a refusal: its repr, cut short."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _check_stopped(stopped: dict[str, Any] | None, where: Location) -> None:
+    """``stopped`` (a :class:`StopRecord`) as the stop points write it, or None."""
+    if stopped is None:
+        return
+    by, detail, finished = stopped.get("by"), stopped.get("detail"), stopped.get("finished")
+    if not (isinstance(by, str) and isinstance(detail, str) and isinstance(finished, bool)):
+        raise ManifestError(
+            f"{where}: field 'stopped' needs by and detail (texts) and finished (true or false);"
+            f" got by={_shown(by)}, detail={_shown(detail)}, finished={_shown(finished)}"
+        )
+    epochs = stopped.get("epochs_done", 0)
+    if type(epochs) is not int or not 0 <= epochs < 2**53:
+        raise ManifestError(f"{where}: field 'stopped.epochs_done' is {_shown(epochs)}, not a count of epochs")
+    if not isinstance(stopped.get("stopper", {}), dict):
+        raise ManifestError(f"{where}: field 'stopped.stopper' is {type(stopped['stopper']).__name__}, not dict")
 
 
 def drill_record_bytes(record: dict[str, Any], passed: bool) -> bytes:
