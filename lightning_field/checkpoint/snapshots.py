@@ -45,6 +45,8 @@ from lightning_field.checkpoint.replica import (
 from lightning_field.checkpoint.replica_resume import agree_across_nodes
 from lightning_field.checkpoint.resume_policy import ResumeGuard
 from lightning_field.checkpoint.snapshot_dirs import make_private, snapshot_dir_for
+from lightning_field.checkpoint.snapshot_interval import DEFAULT_BUDGET, check_every_n_train_steps
+from lightning_field.checkpoint.snapshot_schedule import SnapshotSchedule, describe_tier, release_superseded
 from lightning_field.checkpoint.stores import CheckpointStore, read_manifest
 from lightning_field.checkpoint.stores.snapshot import SnapshotStore
 from lightning_field.checkpoint.verify import VerifyReport
@@ -83,13 +85,14 @@ class StepSnapshots:
     def __init__(
         self,
         owner: ManifestCheckpoint,
-        every_n_train_steps: int | None,
+        every_n_train_steps: int | str | None,
         directory: str | os.PathLike[str] | None,
         in_line: bool | None = None,
+        budget: float = DEFAULT_BUDGET,
     ) -> None:
-        if every_n_train_steps is not None and every_n_train_steps < 1:
-            raise ValueError(f"snapshot_every_n_train_steps must be >= 1 (or None: off), got {every_n_train_steps}")
-        self.every_n_train_steps = every_n_train_steps
+        check_every_n_train_steps(every_n_train_steps, budget)
+        self.requested = every_n_train_steps
+        self.schedule = SnapshotSchedule(every_n_train_steps, budget) if every_n_train_steps is not None else None
         self.directory = directory
         self.commits_in_line = in_line
         self._owner = owner
@@ -127,7 +130,17 @@ class StepSnapshots:
 
     @property
     def enabled(self) -> bool:
-        return self.every_n_train_steps is not None
+        """Whether this run has a snapshot tier (asked for; ``"auto"`` may still turn it off mid-run)."""
+        return self.schedule is not None
+
+    @property
+    def every_n_train_steps(self) -> int | None:
+        """The interval snapshots are taken at now: the user's, or the one ``"auto"`` chose; None: off."""
+        return self.schedule.every_n_train_steps if self.schedule is not None else None
+
+    def interval_record(self) -> dict[str, Any] | None:
+        """What each manifest says of this run's snapshots (asked for, chosen, why), or None when off."""
+        return self.schedule.record() if self.schedule is not None else None
 
     def _checkpointer_for(self, checkpoint_dir: Location) -> Checkpointer:
         root = snapshot_dir_for(checkpoint_dir, self.directory)
@@ -253,17 +266,18 @@ class StepSnapshots:
 
     def after_step(self, trainer: pl.Trainer) -> None:
         """At a step's end, where a step checkpoint would be taken (every rank, the same steps)."""
-        saves = self._saves
-        if saves is None or self._checkpointer is None:
+        saves, schedule = self._saves, self.schedule
+        if saves is None or self._checkpointer is None or schedule is None:
             return
         saves.check(trainer)
         step = trainer.global_step
-        assert self.every_n_train_steps is not None
-        if step == 0 or step % self.every_n_train_steps or step == self._last_step or _not_training(trainer):
+        schedule.step_ended(step)
+        if not schedule.due(step) or step == self._last_step or _not_training(trainer):
             return
         if step == self._owner.last_saved_step:
             return  # a persistent checkpoint holds this very step
         start = time.perf_counter()
+        failures = saves.save_failures
         saves.settle(trainer)  # the previous snapshot commits before this one reuses its buffers
         self._retire_oldest(trainer)
         final = Path(self._checkpointer.dirpath) / f"epoch={trainer.current_epoch}-step={step}"
@@ -273,6 +287,8 @@ class StepSnapshots:
         else:
             saves.submit(trainer, job, start)
         self._last_step = step
+        failure = saves.last_save_error if saves.save_failures > failures else None
+        schedule.snapshot_taken(trainer, time.perf_counter() - start, failure, self._owner.events)
 
     def _retire_oldest(self, trainer: pl.Trainer) -> None:
         """Before a snapshot is written: with :data:`KEEP` held, the oldest is un-published and its
@@ -332,23 +348,20 @@ class StepSnapshots:
             manifest = read_manifest(job.final, store=self._checkpointer.store_at(job.final))
             size = sum(entry.size for entry in manifest.files.values())
             buffers = self._saves.snapshot.nbytes if self._saves and self._saves.snapshot else 0
-            every, where = self.every_n_train_steps, self._checkpointer.dirpath
             nodes = len(self._topology.nodes) if self._topology is not None else 1
-            replicas = f", each node's files replicated to the next of {nodes} nodes" if nodes > 1 else ""
-            how = (
-                "committed in line before the next step, no host copy"
-                if self.in_line(trainer)
-                else f"committed beside training, {buffers / 1e6:.1f} MB of host buffers on rank 0"
-            )
-            rank_zero_info(
-                f"lightning_field: a snapshot every {every} step(s) into {where} ({size / 1e6:.1f} MB each,"
-                f" {KEEP} kept, {how}{replicas})"
-            )
+            assert self.schedule is not None
+            rank_zero_info(describe_tier(self.schedule, self._checkpointer.dirpath, size, KEEP,
+                                         None if self.in_line(trainer) else buffers, nodes))  # fmt: skip
 
     # ------------------------------------------------------------------ the end
-    def close(self, trainer: pl.Trainer) -> None:
+    def close(self, trainer: pl.Trainer, finished: bool = False) -> None:
+        """Wait for the last snapshot; after a ``finished`` fit, release the memory of snapshots that
+        a persistent checkpoint of the same or a later step supersedes (each node's leader, its own)."""
         if self._saves is not None:
             self._saves.close(trainer)
+        leads = self._topology.is_leader if self._topology is not None else trainer.is_global_zero
+        if finished and leads and self._checkpointer is not None and self._owner.dirpath is not None:
+            release_superseded(self._checkpointer, self._owner.checkpointer)
 
     def interrupt(self, trainer: pl.Trainer) -> None:
         if self._saves is not None:
@@ -379,3 +392,4 @@ def _not_training(trainer: pl.Trainer) -> bool:
     # fast_dev_run is set by the Trainer's argument parsing (absent from its annotations).
     fast_dev_run = bool(getattr(trainer, "fast_dev_run", False))
     return fast_dev_run or trainer.state.fn != TrainerFn.FITTING or trainer.sanity_checking
+
