@@ -17,16 +17,19 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 import lightning.pytorch as pl
+import torch
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from lightning_field.compat import lightning as internals
+from lightning_field.core.manifest import StopRecord
 
 if TYPE_CHECKING:
     from lightning_field.checkpoint.manifest_checkpoint import ManifestCheckpoint
@@ -118,6 +121,43 @@ class PreemptionWatcher:
         return self.received is not None
 
 
+class InterruptWatcher:
+    """Ctrl-C (SIGINT) while training: the first asks for a save at the end of the step under way and
+    a stop (:meth:`requested`); a second, before that, interrupts at once, as without this watcher
+    (a ``KeyboardInterrupt`` where the training thread is; ``checkpoint.exception_save`` then decides
+    whether that state can still be saved)."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous: Any = None
+        self._installed = False
+
+    def install(self) -> None:
+        if threading.current_thread() is not threading.main_thread() or self._installed:
+            return
+        self._previous = signal.getsignal(signal.SIGINT)
+        signal.signal(signal.SIGINT, self._handle)
+        self._installed = True
+
+    def uninstall(self) -> None:
+        if threading.current_thread() is not threading.main_thread() or not self._installed:
+            return
+        signal.signal(signal.SIGINT, self._previous if self._previous is not None else signal.default_int_handler)
+        self._installed = False
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.requested:
+            self.uninstall()
+            raise KeyboardInterrupt
+        self.requested = True
+        # Written, not logged: a handler may run while the logging module holds its lock.
+        sys.stderr.write(
+            "\nlightning_field: Ctrl-C: saving a resume point at the end of this step, then stopping"
+            " (press Ctrl-C again to stop at once)\n"
+        )
+        sys.stderr.flush()
+
+
 def requeue_slurm_job(env: dict[str, str] | None = None) -> bool:
     """Ask SLURM to requeue this job (``scontrol requeue``), as Lightning's auto-requeue does.
 
@@ -173,6 +213,7 @@ class PreemptionSave:
         self._trainer: pl.Trainer | None = None
         self._requeue_signal: int | None = None
         self._watcher = PreemptionWatcher(signals, on_first=self._forward_signal)
+        self._interrupt = InterruptWatcher()
 
     def start(self, trainer: pl.Trainer) -> None:
         """Watch the signals (``on_train_start``)."""
@@ -181,9 +222,12 @@ class PreemptionSave:
         if self._requeue_signal is not None and self._requeue_signal not in self._watcher.signals:
             self._watcher.signals = (*self._watcher.signals, self._requeue_signal)
         self._watcher.install()
+        self._interrupt.requested = False
+        self._interrupt.install()
 
     def stop(self) -> None:
         self._watcher.uninstall()
+        self._interrupt.uninstall()
 
     def is_agreement_step(self, trainer: pl.Trainer) -> bool:
         """Whether ranks agree on pending signals (and background-save failures) at this step."""
@@ -204,16 +248,23 @@ class PreemptionSave:
         Raises:
             TrainingPreempted: on every rank, once the checkpoint of this step is committed.
         """
+        preempted, interrupted = self._watcher.requested, self._interrupt.requested
         if trainer.world_size > 1:
             if not self.is_agreement_step(trainer):
                 return
-            agreed = trainer.strategy.reduce_boolean_decision(self._watcher.requested, all=False)
-        else:
-            agreed = self._watcher.requested
-        if not agreed:
+            # One all-reduce for both: any rank's signal, or Ctrl-C, stops every rank at this step.
+            votes = trainer.strategy.reduce(
+                torch.tensor([float(preempted), float(interrupted)], device=trainer.strategy.root_device),
+                reduce_op="sum",
+            )
+            preempted, interrupted = bool(votes[0].item() > 0), bool(votes[1].item() > 0)
+        if interrupted and not preempted:
+            self._stop_interrupted(trainer)
+        if not preempted:
             return
+        stopped: StopRecord = {"by": "preemption", "detail": "a preemption signal", "finished": False}
         self.saved = self._checkpoint.save_now(
-            trainer, "preempted-{step}", blocking=True, unless_saved=True, as_resume_point=True
+            trainer, "preempted-{step}", blocking=True, unless_saved=True, as_resume_point=True, stopped=stopped
         )
         trainer.should_stop = True
         sig = self._watcher.received
@@ -231,3 +282,20 @@ class PreemptionSave:
         # Where plain Lightning raises SIGTERMException: nothing after fit() runs on this model, and
         # the launcher sees an unfinished attempt.
         raise TrainingPreempted(self.saved, trainer.global_step, name)
+
+    def _stop_interrupted(self, trainer: pl.Trainer) -> None:
+        """Ctrl-C: the step under way is done; save it, then end as Lightning ends a KeyboardInterrupt
+        (its graceful shutdown, exit status 1), not as a preemption (75 asks a launcher to retry)."""
+        stopped: StopRecord = {"by": "KeyboardInterrupt", "detail": "Ctrl-C (SIGINT)", "finished": False}
+        saved = self._checkpoint.save_now(
+            trainer, "interrupted-{step}", blocking=True, unless_saved=True, as_resume_point=True, stopped=stopped
+        )
+        events = self._checkpoint.events
+        if events is not None:
+            events.emit("interrupted", step=trainer.global_step, payload={"signal": "SIGINT", "path": saved})
+        rank_zero_info(
+            f"lightning_field: Ctrl-C: saved the resume point {saved} at step {trainer.global_step}; rerun with"
+            " ckpt_path='last' to continue exactly."
+        )
+        self._interrupt.uninstall()
+        raise KeyboardInterrupt

@@ -39,7 +39,7 @@ from lightning_field.core.errors import ResumeMismatchError
 from lightning_field.state.data_position import restore_sampler_generators
 from lightning_field.state.epoch_metrics import LoggedValueMerge, restore_torchmetrics
 from lightning_field.state.loaders import Adoption, changed_loader_settings
-from lightning_field.state.prefetch import PrefetchedPosition
+from lightning_field.state.prefetch import PositionBeforeFetch, PrefetchedPosition
 from lightning_field.state.rank_state import capture_rank_state
 from lightning_field.state.rng import capture_rng_state, restore_rng_state
 from lightning_field.state.streams import set_stream_epochs
@@ -70,6 +70,7 @@ class RankStateTracker:
         self._pending_prefetch_rng: dict[str, Any] | None = None
         self._fetching_for: pl.Trainer | None = None
         self._rng_before_validation: dict[str, Any] | None = None
+        self.rng_at_batch_end: dict[str, Any] = {}
         self._loaded_loader_states: list[Any] | None = None
         self._loaded_sampler_state: list[dict[str, Any]] = []
         self._loaded_epoch_metrics: dict[str, Any] | None = None
@@ -277,8 +278,9 @@ class RankStateTracker:
         if self._logged_value_merge:
             self._logged_value_merge.merge(trainer)
         # Host-side copy (~50 µs, no device sync): validation may follow this batch, and its loader
-        # draws from the global generators before any validation hook runs.
-        self._rng_before_validation = capture_rng_state(self.generators)
+        # draws from the global generators before any validation hook runs. An exception save in
+        # the next step saves it as this step's streams (``rng_at_batch_end``).
+        self._rng_before_validation = self.rng_at_batch_end = capture_rng_state(self.generators)
 
     def validation_ended(self, trainer: pl.Trainer) -> None:
         """Validation inside fit leaves the training RNG streams as it found them."""
@@ -298,18 +300,30 @@ class RankStateTracker:
 
     # ------------------------------------------------------------------ saving
     def capture(
-        self, trainer: pl.Trainer, checkpoint: dict[str, Any], weights_only: bool
+        self,
+        trainer: pl.Trainer,
+        checkpoint: dict[str, Any],
+        weights_only: bool,
+        rewound: tuple[PositionBeforeFetch, dict[str, Any]] | None = None,
     ) -> tuple[dict[str, Any], list[str]]:
         """This rank's file of a checkpoint and what it lacks (see ``capture_rank_state``).
+
+        ``rewound``: for a save made after the step it holds (``checkpoint.exception_save``), the
+        loaders' position from before the next batch's fetch and the RNG streams at that step's end.
 
         The first save without a data position says so, once per run and loudly: a resume from it
         (and from every later one) could not continue exactly.
         """
         fetched_ahead, unseen = self.prefetched.at_save(trainer)
-        if fetched_ahead is not None:
+        rng = capture_rng_state(self.generators)
+        if rewound is not None:
+            position, rng = rewound
+            internals.set_saved_loader_states(checkpoint, position.loader_states)
+            fetched_ahead, unseen = (position if internals.fetches_ahead(trainer) else None), None
+        elif fetched_ahead is not None:
             internals.set_saved_loader_states(checkpoint, fetched_ahead.loader_states)
         state, missing = capture_rank_state(
-            trainer, checkpoint, capture_rng_state(self.generators), weights_only=weights_only,
+            trainer, checkpoint, rng, weights_only=weights_only,
             samples_seen=self.samples_seen, tokens_seen=self.tokens_seen, adoptions=self.adoptions,
             sees_fetches=self._prefetch_hook_installed,
         )  # fmt: skip
