@@ -47,6 +47,9 @@ class Outcome:
     killed_rc: int | None = None
     stopped_at_step: int | None = None  # where a first attempt that stopped (not killed) ended
     resumed_from_step: int | None = None
+    trained_batches: int | None = None  # batches the rerun trained
+    # Per checkpoint the rerun committed (field only): whether its manifest says the lineage is not exact.
+    inexact_lineage: list[bool] = field(default_factory=list)
     differences: list[str] = field(default_factory=list)
     error: str | None = None
     log: str = ""
@@ -81,6 +84,7 @@ def _child(name: str, root: Path, out: Path, checkpoint: str, kill: bool, resume
     # start a fork server of their own per run (a fresh interpreter importing Lightning, ~4 s, left
     # running after the run ends); a user's script starts them with the platform default.
     multiprocessing.set_start_method(None, force=True)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C raises KeyboardInterrupt, as in a script
     try:
         conformance_job.run(name, str(root), str(out), checkpoint, kill, resume)
     except BaseException:
@@ -308,14 +312,24 @@ def run_protocol(name: str, checkpoint: str, tmp: Path, shards: Path | None = No
     if rc != 0:
         outcome.error = f"resumed run exited {rc}: {_tail(log)}"
         return outcome
-    return _judged(outcome, reference, resumed)
+    # A finished run's rerun is judged against the state it stopped with, which the uninterrupted
+    # run (the same command) has left behind only after the rest of its epoch's end.
+    _judged(outcome, first if config.finished_rerun else reference, resumed)
+    if config.finished_rerun and outcome.trained_batches:
+        outcome.differences.insert(0, f"the rerun trained {outcome.trained_batches} batch(es) after the run had"
+                                      f" stopped at step {outcome.stopped_at_step}")  # fmt: skip
+    outcome.inexact_lineage = _lineage_marks(root / "checkpoints", outcome.resumed_from_step or 0)
+    return outcome
 
 
 def interrupted_exit_status(name: str) -> int:
-    """How the first attempt ends: -9 for a SIGKILL, 75 for a preemption save, 0 for a stop."""
+    """How the first attempt ends: -9 for a SIGKILL, 75 for a preemption save, 0 for a stop, 1 for
+    Ctrl-C (Lightning's graceful KeyboardInterrupt exits 1) or an exception in the user's code."""
     config = CONFIGS[name]
     if config.stop is not None:
         return 0
+    if config.interrupt == "SIGINT" or config.fault is not None:
+        return 1
     return 75 if config.interrupt == "SIGTERM" else -9
 
 
@@ -359,8 +373,24 @@ def _run_elastic_protocol(name: str, checkpoint: str, tmp: Path, shards: Path | 
 def _judged(outcome: Outcome, reference: Path, resumed: Path) -> Outcome:
     expected, got = torch.load(reference, weights_only=False), torch.load(resumed, weights_only=False)
     outcome.resumed_from_step = got["start_step"]
+    outcome.trained_batches = got.get("batches_trained")
+    if CONFIGS[outcome.name].finished_rerun:  # what training changes; a stopped run's epoch end is not training
+        expected = {**expected, "epoch": got["epoch"], "callbacks": got["callbacks"], "epoch_metrics": {}}
+        got = {**got, "epoch_metrics": {}}
     outcome.differences = compare(expected, got)
     return outcome
+
+
+def _lineage_marks(checkpoints: Path, after_step: int) -> list[bool]:
+    """For each checkpoint newer than ``after_step`` with a manifest: whether it records that its lineage
+    is not exact against an uninterrupted run (an allowed Trainer-setting change or an inexact resume)."""
+    from lightning_field.core.manifest import MANIFEST_NAME, read_manifest
+
+    marks = []
+    for path in sorted(checkpoints.iterdir()) if checkpoints.is_dir() else []:
+        if (path / MANIFEST_NAME).is_file() and (manifest := read_manifest(path)).step > after_step:
+            marks.append(bool(manifest.provenance.get("changed_settings") or manifest.provenance.get("inexact_resume")))
+    return marks
 
 
 def compare(expected: dict[str, Any], got: dict[str, Any]) -> list[str]:
@@ -411,9 +441,18 @@ def _tail(log: str, lines: int = 12) -> str:
     return "\n".join(log.strip().splitlines()[-lines:])
 
 
-def _cell(outcome: Outcome | None, refused_reason: str | None = None, changed: str | None = None) -> str:
+def _cell(
+    outcome: Outcome | None, refused_reason: str | None = None, changed: str | None = None, allowed: str | None = None
+) -> str:
     if outcome is None:
         return "not run"
+    stopped, trained = outcome.stopped_at_step, outcome.trained_batches
+    if CONFIGS[outcome.name].finished_rerun and outcome.exact:
+        return f"**nothing to do**: no step trained, the state stopped at step {stopped} as it was"
+    if CONFIGS[outcome.name].finished_rerun and trained:
+        return f"trains on: {trained} more batch(es) after the run had stopped at step {stopped}"
+    if allowed is not None and outcome.error is None and allowed in outcome.log and all(outcome.inexact_lineage):
+        return f"resumes, **marked inexact** in every later manifest: `{allowed}`"
     if outcome.exact:
         return "exact, bitwise"
     if refused_reason is not None and outcome.error is not None and refused_reason in outcome.log:
@@ -430,7 +469,7 @@ def main() -> None:
     ``cd tests && python conformance.py [NAME ...]``."""
     import tempfile
 
-    from test_conformance import CHANGED, REFUSED
+    from test_conformance import ALLOWED, CHANGED, REFUSED
 
     names = sys.argv[1:] or list(CONFIGS)
     print("| configuration | plain Lightning (`ModelCheckpoint`) | lightning_field (`ManifestCheckpoint`) |")
@@ -438,8 +477,8 @@ def main() -> None:
     for name in names:
         with tempfile.TemporaryDirectory() as tmp:
             field_outcome = run_protocol(name, "field", Path(tmp))
-            plain = run_protocol(name, "plain", Path(tmp)) if CONFIGS[name].interrupt == "SIGKILL" else None
-        cell = _cell(field_outcome, REFUSED.get(name), CHANGED.get(name))
+            plain = run_protocol(name, "plain", Path(tmp)) if CONFIGS[name].interrupt != "SIGTERM" else None
+        cell = _cell(field_outcome, REFUSED.get(name), CHANGED.get(name), ALLOWED.get(name))
         print(f"| `{name}`: {CONFIGS[name].what} | {_cell(plain)} | {cell} |", flush=True)
 
 

@@ -111,7 +111,7 @@ def test_with_snapshots_each_decision_shows_the_work_a_failure_loses_with_and_wi
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     with caplog.at_level(logging.INFO):
-        tour_run(tmp_path / "plain", plain := CheckpointCadence(mtbf_hours=6))
+        tour_run(tmp_path / "plain", plain := CheckpointCadence(mtbf_hours=6), snapshot_every_n_train_steps=None)
         snapshots = {"snapshot_every_n_train_steps": 2, "snapshot_dir": tmp_path / "shm"}
         # TimeToQuality writes the training clock the goodput ledger (the realised waste at the end) reads.
         clock = TimeToQuality(monitor="val_loss", target=0.0)

@@ -21,19 +21,22 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lightning_field.checkpoint.resolver import read_last_pointer
+from lightning_field.checkpoint.stop_points import finished_detail
 from lightning_field.checkpoint.tensor_file import MAGIC, TensorFileError
 from lightning_field.checkpoint.tensor_file_reader import read_tensor_file
 from lightning_field.checkpoint.verify import verify_checkpoint
 from lightning_field.cli.main import main as field_main
 from lightning_field.core.events import EventLogError, read_events
 from lightning_field.core.layout import EVENTS_RELPATH
-from lightning_field.core.manifest import MANIFEST_DOCUMENT, MANIFEST_NAME, ManifestError, read_manifest
+from lightning_field.core.manifest import MANIFEST_DOCUMENT, MANIFEST_NAME, Manifest, ManifestError, read_manifest
 from lightning_field.evidence.bundle_format import EVIDENCE_DOCUMENT, EVIDENCE_JSON
 from lightning_field.evidence.check import check_bundle
 from lightning_field.quality.ledger import goodput_ledger
 from lightning_field.record.check import RecordUnreadableError, check_record
 from lightning_field.record.document import RECORD_DOCUMENT, RECORD_JSON
 from lightning_field.record.errors import RecordConfigError
+from lightning_field.state.provenance_compare import inexact_lineage
+from lightning_field.state.trainer_settings import SETTINGS, changed_settings
 
 JSON = st.recursive(
     st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats() | st.text(max_size=12),
@@ -116,6 +119,46 @@ def test_field_ckpt_inspect_and_verify_answer_a_hostile_manifest_with_a_status(
     capsys.readouterr()
 
 
+SETTING_VALUE = st.none() | st.booleans() | st.integers(-2, 8) | st.floats() | st.sampled_from(["32-true", "DDP"])
+TRAINER_SETTINGS = st.dictionaries(st.sampled_from(SETTINGS), SETTING_VALUE | JSON, max_size=6) | JSON
+STOPPED = st.fixed_dictionaries(
+    {"by": st.sampled_from(["EarlyStopping", "max_time", "max_steps", "max_epochs", "should_stop"]) | JSON,
+     "detail": st.text(max_size=12) | JSON, "finished": st.booleans() | JSON},
+    optional={"epochs_done": st.integers(-1, 5) | JSON,
+              "stopper": st.dictionaries(st.sampled_from(["elapsed_s", "patience", "state_key"]), JSON) | JSON},
+) | JSON  # fmt: skip
+CHANGED_SETTINGS = st.lists(
+    st.fixed_dictionaries({"changes": st.dictionaries(st.sampled_from(SETTINGS), st.lists(JSON, max_size=3)) | JSON},
+                          optional={"checkpoint": JSON, "step": JSON}) | JSON, max_size=3,
+) | JSON  # fmt: skip
+
+
+@fuzz(2000)
+@given(
+    stopped=STOPPED,
+    provenance=st.fixed_dictionaries(
+        {}, optional={"trainer": TRAINER_SETTINGS, "changed_settings": CHANGED_SETTINGS, "inexact_resume": JSON}
+    ),
+)
+def test_a_hostile_stop_record_or_recorded_trainer_settings_are_refused_naming_the_manifest_or_read_safely(
+    scratch: Path, stopped: Any, provenance: dict[str, Any]
+) -> None:
+    document = json.loads(Manifest("x", 6, 0, 1, {}, {}, True, []).to_json())
+    document.update(stopped=stopped, provenance=provenance)
+    checkpoint = _written(scratch, "stopped", MANIFEST_NAME, json.dumps(document, default=str).encode())
+    try:
+        manifest = read_manifest(checkpoint)
+    except ManifestError as err:
+        _names_the_file(str(err), checkpoint)
+        return
+    # What the resume and the evidence do with what was read: answers, never a crash.
+    rerun = {"max_steps": 6, "max_epochs": 1, "max_time_s": [1.0], "early_stopping": [{"patience": 1}]}
+    detail = finished_detail(manifest.stopped, manifest.step, rerun)
+    assert detail is None or isinstance(detail, str)
+    changed_settings(manifest.provenance.get("trainer") or {}, {"accumulate_grad_batches": 2, "world_size": 1})
+    assert all(isinstance(reason, str) for reason in inexact_lineage(manifest.provenance))
+
+
 @fuzz(1000)
 @given(raw=st.binary(max_size=40) | st.sampled_from([b"../../etc\n", b"/\n", b"a/b\n", b"..\n", b"x\x00y\n"]))
 def test_a_hostile_last_pointer_names_a_checkpoint_in_its_directory_or_nothing(scratch: Path, raw: bytes) -> None:
@@ -148,9 +191,10 @@ def test_a_hostile_release_record_is_refused_naming_it(scratch: Path, raw: bytes
 
 
 EVENT = st.fixed_dictionaries(
-    {"event": st.sampled_from(["attempt_start", "attempt_end", "progress", "ckpt_load", "run_start"]) | JSON,
+    {"event": st.sampled_from(["attempt_start", "attempt_end", "progress", "ckpt_load", "run_start",
+                               "settings_changed"]) | JSON,
      "wall_time": st.floats(0, 2e9) | JSON, "attempt": st.integers(0, 3) | JSON},
-    optional={"payload": st.dictionaries(st.sampled_from(["world_size", "seconds", "attempt", "step"]), JSON)
+    optional={"payload": st.dictionaries(st.sampled_from(["world_size", "seconds", "attempt", "step", "changes"]), JSON)
               | JSON, "step": st.integers(0, 100) | JSON},
 )  # fmt: skip
 

@@ -45,7 +45,7 @@ NOT_STARTED = "no step had ended yet in this attempt"
 
 @dataclass(frozen=True)
 class Rewind:
-    """What a save made after the step it holds puts back (``ManifestCheckpoint._prepare_save``)."""
+    """What a save made after the step it holds puts back (:meth:`ExceptionSave.rewind_checkpoint`)."""
 
     progress: dict[str, Any]
     position: PositionBeforeFetch
@@ -68,6 +68,15 @@ class ExceptionSave:
         self._why_not = NOT_STARTED
         self.rewind: Rewind | None = None
         """Set only while the exception's save is captured."""
+
+    def rewind_checkpoint(self, checkpoint: dict[str, Any]) -> tuple[PositionBeforeFetch, dict[str, Any]] | None:
+        """While the exception's save is captured: its loop progress put back to the step's end in
+        ``checkpoint``, and the loaders' position and RNG streams the rank state must record instead
+        of the live ones; else None (every other save holds the live state)."""
+        if self.rewind is None:
+            return None
+        internals.rewind_progress(checkpoint, self.rewind.progress)
+        return self.rewind.position, self.rewind.rng
 
     def start(self, trainer: pl.Trainer) -> None:
         """A new fit: nothing to rewind to yet; copies of the loaders' position taken before every

@@ -23,11 +23,13 @@ from typing_extensions import override
 
 from lightning_field.checkpoint import sharded, sharded_load
 from lightning_field.checkpoint.async_controller import SaveErrorPolicy
-from lightning_field.checkpoint.commit import SaveJob
+from lightning_field.checkpoint.commit import CheckpointSaveError, SaveJob
 from lightning_field.checkpoint.committed import CommittedCheckpoint
+from lightning_field.checkpoint.exception_save import ExceptionSave
 from lightning_field.checkpoint.io import FIELD_KEY, ManifestCheckpointIO
 from lightning_field.checkpoint.preemption import DEFAULT_SIGNALS, PreemptionSave, TrainingPreempted
 from lightning_field.checkpoint.resume_policy import NoRecoverableCheckpointError, ResumeGuard
+from lightning_field.checkpoint.snapshot_interval import DEFAULT_BUDGET
 from lightning_field.checkpoint.snapshots import StepSnapshots
 from lightning_field.checkpoint.stop_points import StopPointSave
 from lightning_field.checkpoint.stores import DEFAULT_CONCURRENCY, DEFAULT_PART_BYTES, CheckpointStore, CheckpointWriter
@@ -51,52 +53,49 @@ class ManifestCheckpoint(CommittedCheckpoint):
             the module's and datamodule's hparams. Recorded (secrets redacted) and compared on resume.
         allow_resume_mismatch: provenance differences to accept on resume, by dotted name or prefix,
             e.g. ``["world_size", "code.git_commit", "config"]``.
-        preemption_signals: signals that trigger a save at the next step boundary, after which the
-            attempt ends with :class:`TrainingPreempted` (exit status 75 when uncaught). Under
-            SLURM with Lightning's auto-requeue, its requeue signal is watched too, and global rank
-            0 runs ``scontrol requeue`` once the checkpoint is committed.
-        preemption_check_every_n_steps: in multi-rank runs, how often ranks agree on a pending signal
-            (one small all-reduce): by default every step on CPU, every 10 steps on accelerators, where
-            reading the result synchronises the device; single-process runs check every step for free.
+        allow_changed: Trainer settings a resume may change, e.g. ``{"accumulate_grad_batches"}`` (else refused by
+            name; ``state.trainer_settings.ALLOWABLE``); the lineage is then recorded as inexact.
+        preemption_signals: signals that trigger a save at the next step boundary, then :class:`TrainingPreempted`
+            (exit status 75 uncaught); under SLURM auto-requeue its signal too, and a requeue once committed.
+        preemption_check_every_n_steps: over several ranks, how often they agree on a pending signal (one
+            small all-reduce): by default every step on CPU, every 10 on accelerators (the read syncs).
         code_dir: where the user's code lives, for the git commit; default: the git repository of the
             LightningModule's folder, the main script's, then the working directory's.
         save_on_train_end: also commit the state training ends with at ``max_steps`` or ``max_epochs``
             (unless saved): a rerun with larger limits then redoes none of the last steps.
-        save_on_stop: commit a recoverable checkpoint where ``trainer.should_stop`` ends fit
-            before its limits (``max_time``, ``EarlyStopping``, any callback), so a rerun with
-            larger limits continues exactly; see :mod:`lightning_field.checkpoint.stop_points`.
+        save_on_stop: commit a recoverable checkpoint where ``trainer.should_stop`` ends fit before its limits
+            (``max_time``, ``EarlyStopping``, any callback): see :mod:`lightning_field.checkpoint.stop_points`.
         storage_options: fsspec options for a ``dirpath`` URL such as ``s3://bucket/run/ckpts`` (e.g.
             ``{"endpoint_url": ..., "key": ...}``); the manifest object is the commit there.
         upload_part_bytes, upload_concurrency: multipart part size and parts in flight per file (object stores).
-        async_save: a background thread runs the commit; the save copies what training may change
-            next into reusable host buffers (on CPU while the next forward and backward run), and an
-            in-place write before the copy fails that save. One save is in flight at most, and a
-            checkpoint is advertised, resolvable and retained only once committed.
+        async_save: a background thread commits from reusable host buffers (copied on CPU while the next step
+            runs; an in-place write before the copy fails that save); one in flight, advertised once committed.
         on_save_error: after a failed background save is reported (log, ``checkpoint/save_failures``,
             event log), ``"stop"`` raises :class:`CheckpointSaveError` on every rank, ``"warn"`` trains on.
         store: a :class:`~lightning_field.checkpoint.stores.CheckpointStore` for every write and read
             (default: a ``LocalStore`` for a path, an ``ObjectStore`` for a URL), or your own backend.
-        resume_inexact: when ``ckpt_path="last"`` finds checkpoints but none is recoverable, resume the
-            newest one's weights, optimizer and loops instead of raising :class:`NoRecoverableCheckpointError`;
-            every later manifest records ``provenance.inexact_resume``, and no evidence may call it exact.
+        resume_inexact: where ``ckpt_path="last"`` finds no recoverable checkpoint, resume the newest one anyway
+            (not :class:`NoRecoverableCheckpointError`); later manifests record ``provenance.inexact_resume``.
         trust_pickles: fully unpickle files that need it; off, each loads ``weights_only`` and such a
             file is refused naming its type (:mod:`~lightning_field.checkpoint.safe_load` says why).
-        snapshot_every_n_train_steps: also commit a snapshot every this many steps into ``snapshot_dir``
-            (default ``/dev/shm``), replicated to a partner node over several; ``ckpt_path="last"`` takes
-            the newest that verifies, so a crash redoes at most these steps (``checkpoint.snapshots``).
+        snapshot_every_n_train_steps: also snapshot every this many steps into ``snapshot_dir`` (default
+            ``/dev/shm``, replicated to a partner node), which ``ckpt_path="last"`` takes where newer; ``"auto"``
+            (default): the smallest interval within ``snapshot_overhead_budget`` of the step time, measured
+            (``checkpoint.snapshot_interval``); ``None``: off.
+        snapshot_overhead_budget: the share of step time ``"auto"`` snapshots may take (default 0.01).
         snapshot_in_line: commit snapshots before the next step (True) or beside it from a host copy
             (False); default: in line where training computes on the CPU, beside it on an accelerator.
 
     Raises:
-        ValueError: ``on_save_error`` is not ``"stop"``/``"warn"``, ``preemption_check_every_n_steps`` or
-            ``snapshot_every_n_train_steps`` is below 1; at setup (on every rank alike), ``dirpath`` is
+        ValueError: ``on_save_error`` is not ``"stop"``/``"warn"``, ``preemption_check_every_n_steps`` is
+            below 1, ``snapshot_every_n_train_steps`` is not ``"auto"``, ``None`` or an integer >= 1, or
+            ``snapshot_overhead_budget`` is not in (0, 1); at setup (on every rank alike), ``dirpath`` is
             unusable on any rank (under a file, not writable), or snapshots cannot be replicated.
         TypeError: ``store`` does not implement :class:`~lightning_field.checkpoint.stores.CheckpointStore`.
         NotImplementedError: at setup, a strategy other than single-device, DDP or ModelParallel.
         ResumeMismatchError: on ``fit(ckpt_path=...)``, before anything is unpickled, the checkpoint is
-            not recoverable or was written by another run (code, config, data, model or world size).
-        NoRecoverableCheckpointError: on ``fit(ckpt_path="last")``, checkpoints exist but none
-            resumes exactly (see ``resume_inexact``).
+            not recoverable, written by another run (code, config, data, model, world size) or other Trainer settings.
+        NoRecoverableCheckpointError: on ``fit(ckpt_path="last")``, none of the checkpoints resumes exactly.
 
     Example::
 
@@ -132,6 +131,7 @@ class ManifestCheckpoint(CommittedCheckpoint):
         generators: Mapping[str, torch.Generator] | None = None,
         config: Mapping[str, Any] | None = None,
         allow_resume_mismatch: Iterable[str] = (),
+        allow_changed: Iterable[str] = (),
         preemption_signals: Sequence[int] = DEFAULT_SIGNALS,
         preemption_check_every_n_steps: int | None = None,
         code_dir: str | os.PathLike[str] | None = None,
@@ -145,42 +145,33 @@ class ManifestCheckpoint(CommittedCheckpoint):
         resume_inexact: bool = False,
         store: CheckpointStore | None = None,
         trust_pickles: bool = False,
-        snapshot_every_n_train_steps: int | None = None,
+        snapshot_every_n_train_steps: int | Literal["auto"] | None = "auto",
         snapshot_dir: str | os.PathLike[str] | None = None,
         snapshot_in_line: bool | None = None,
+        snapshot_overhead_budget: float = DEFAULT_BUDGET,
     ) -> None:
         super().__init__(
-            dirpath=dirpath,
-            filename=filename,
-            monitor=monitor,
-            verbose=verbose,
-            save_last=save_last,
-            save_top_k=save_top_k,
-            save_on_exception=save_on_exception,
-            save_weights_only=save_weights_only,
-            mode=mode,
-            auto_insert_metric_name=auto_insert_metric_name,
-            every_n_train_steps=every_n_train_steps,
-            train_time_interval=train_time_interval,
-            every_n_epochs=every_n_epochs,
-            save_on_train_epoch_end=save_on_train_epoch_end,
-            enable_version_counter=enable_version_counter,
-            storage_options=storage_options,
-            upload_part_bytes=upload_part_bytes,
-            upload_concurrency=upload_concurrency,
-            async_save=async_save,
-            on_save_error=on_save_error,
-            store=store,
-        )
+            dirpath=dirpath, filename=filename, monitor=monitor, verbose=verbose, save_last=save_last,
+            save_top_k=save_top_k, save_on_exception=save_on_exception, save_weights_only=save_weights_only,
+            mode=mode, auto_insert_metric_name=auto_insert_metric_name, every_n_train_steps=every_n_train_steps,
+            train_time_interval=train_time_interval, every_n_epochs=every_n_epochs,
+            save_on_train_epoch_end=save_on_train_epoch_end, enable_version_counter=enable_version_counter,
+            storage_options=storage_options, upload_part_bytes=upload_part_bytes,
+            upload_concurrency=upload_concurrency, async_save=async_save, on_save_error=on_save_error, store=store,
+        )  # fmt: skip
         self._preemption = PreemptionSave(self, preemption_signals, preemption_check_every_n_steps)
-        self._ranks = self.make_rank_tracker(generators)
-        self._guard = ResumeGuard(allow_resume_mismatch)
+        self.rank_tracker = self.make_rank_tracker(generators)
+        self._guard = ResumeGuard(allow_resume_mismatch, allow_changed, lambda: self._events)
         self.config = config
         self.code_dir = code_dir
         self.save_on_train_end = save_on_train_end
         self.save_on_stop = save_on_stop
         self._stops = StopPointSave(self)
-        self._snapshots = StepSnapshots(self, snapshot_every_n_train_steps, snapshot_dir, snapshot_in_line)
+        self._exception_save = ExceptionSave(self)
+        # The step-snapshot tier: ``every_n_train_steps`` (None: off), ``last_costs``, ``root``.
+        self.snapshots = StepSnapshots(
+            self, snapshot_every_n_train_steps, snapshot_dir, snapshot_in_line, snapshot_overhead_budget
+        )
         self.resume_inexact = resume_inexact
         self.trust_pickles = trust_pickles
         self._deferred_batch_end: tuple[Any, Any, int] | None = None
@@ -195,7 +186,7 @@ class ManifestCheckpoint(CommittedCheckpoint):
     @property
     def generators(self) -> dict[str, torch.Generator]:
         """The named generators captured and restored per rank, with the global RNG streams."""
-        return self._ranks.generators
+        return self.rank_tracker.generators
 
     @property
     def allow_resume_mismatch(self) -> tuple[str, ...]:
@@ -209,11 +200,6 @@ class ManifestCheckpoint(CommittedCheckpoint):
     @property
     def preemption_check_every_n_steps(self) -> int | None:
         return self._preemption.check_every_n_steps
-
-    @property
-    def snapshots(self) -> StepSnapshots:
-        """The step-snapshot tier: ``every_n_train_steps`` (None: off), ``last_costs``, ``root``."""
-        return self._snapshots
 
     @property
     def preempted_checkpoint(self) -> str | None:
@@ -241,7 +227,7 @@ class ManifestCheckpoint(CommittedCheckpoint):
         if self.async_save:
             self._saves.setup(trainer, self.state_key)
         if not isinstance(trainer.strategy.checkpoint_io, ManifestCheckpointIO):
-            verified = self._snapshots.verified_here_or(self.checkpointer)  # by either tier's resolution
+            verified = self.snapshots.verified_here_or(self.checkpointer)  # by either tier's resolution
             trainer.strategy.checkpoint_io = ManifestCheckpointIO(
                 trainer.strategy.checkpoint_io, self._guard.check, self.store_at, self.trust_pickles, verified
             )
@@ -251,8 +237,8 @@ class ManifestCheckpoint(CommittedCheckpoint):
                 log.info("Removed leftover from an interrupted save: %s", leftover)
             self._events = EventLog(trainer.default_root_dir, world_size=trainer.world_size)
         if stage == "fit":
-            self._ranks.install(trainer)
-            self._snapshots.setup(trainer)
+            self.rank_tracker.install(trainer)
+            self.snapshots.setup(trainer)
 
     @override
     def _is_agreement_step(self, trainer: pl.Trainer) -> bool:
@@ -264,43 +250,55 @@ class ManifestCheckpoint(CommittedCheckpoint):
         super().on_train_start(trainer, pl_module)
         self._preemption.start(trainer)
         self._stops.reset()
+        self._exception_save.start(trainer)
         self._guard.check_ranks_resumed_alike(trainer.ckpt_path)
         self._guard.check_data(trainer, list(internals.iter_loaders(trainer.train_dataloader)))
-        self._ranks.restore_on_train_start(trainer, pl_module)
+        self.rank_tracker.restore_on_train_start(trainer, pl_module)
         if self._events is not None:
             self._events.emit("fit_start", step=trainer.global_step)
 
     @override
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._ranks.epoch_started(trainer)
+        self.rank_tracker.epoch_started(trainer)
 
     @override
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *_: Any) -> None:
-        self._ranks.batch_started()
+        self.rank_tracker.batch_started()
 
     @override
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        self._ranks.batch_ended(trainer, batch)
+        self.rank_tracker.batch_ended(trainer, batch)
         if self.async_save:
             self._saves.check(trainer)
         if internals.is_last_batch_of_epoch(trainer):
             # Lightning 2.6 restores a save at the last batch's end as an unfinished epoch, then counts it
             # twice (shifting epoch-seeded samplers); the same step saved at the epoch's end restores cleanly.
             self._deferred_batch_end = (outputs, batch, batch_idx)
+            self._exception_save.spoil("the epoch's end was under way")
             return
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
-        self._snapshots.after_step(trainer)
+        self.snapshots.after_step(trainer)
         self._preemption.after_step(trainer)
         self._stops.after_batch(trainer)
+        self._exception_save.step_ended(trainer)
+
+    @override
+    def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any) -> None:
+        self._exception_save.spoil("an optimizer step had begun, so the weights were neither step's")
+
+    @override
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._exception_save.spoil("a validation had begun after it")
 
     @override
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._exception_save.spoil("the epoch's end was under way")
         deferred, self._deferred_batch_end = self._deferred_batch_end, None
         if deferred is not None:
             super().on_train_batch_end(trainer, pl_module, *deferred)
-            self._snapshots.after_step(trainer)
+            self.snapshots.after_step(trainer)
             self._preemption.after_step(trainer)
         if self._deferred_validation_end:
             self._deferred_validation_end = False
@@ -318,7 +316,7 @@ class ManifestCheckpoint(CommittedCheckpoint):
 
     @override
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._ranks.validation_ended(trainer)
+        self.rank_tracker.validation_ended(trainer)
         fitting = trainer.state.fn == TrainerFn.FITTING and not trainer.sanity_checking
         if fitting and internals.is_last_batch_of_epoch(trainer):
             # A save here sits inside the epoch's last batch, and resumes like one saved at that
@@ -331,8 +329,10 @@ class ManifestCheckpoint(CommittedCheckpoint):
 
     @override
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        if not isinstance(exception, (TrainingPreempted, CheckpointSaveError)):  # saved, or a save that failed
+            self._exception_save.at_exception(trainer, exception)
         self._saves.interrupt(trainer)
-        self._snapshots.interrupt(trainer)
+        self.snapshots.interrupt(trainer)
         failed = f"failed: {type(exception).__name__}"
         self._end_attempt(trainer, "preempted" if isinstance(exception, TrainingPreempted) else failed)
         super().on_exception(trainer, pl_module, exception)
@@ -340,13 +340,13 @@ class ManifestCheckpoint(CommittedCheckpoint):
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._saves.close(trainer)
-        self._snapshots.close(trainer)
+        self.snapshots.close(trainer, finished=stage == "fit")  # Lightning tears callbacks down after a clean fit only
         self._end_attempt(trainer, "finished")  # a preemption ends in on_exception
         super().teardown(trainer, pl_module, stage)
 
     def _end_attempt(self, trainer: pl.Trainer, status: str) -> None:
         self._preemption.stop()
-        self._ranks.uninstall()
+        self.rank_tracker.uninstall()
         if self._events is not None:
             self._events.end(status, step=trainer.global_step)
             self._events = None
@@ -358,7 +358,9 @@ class ManifestCheckpoint(CommittedCheckpoint):
         """Everything a commit needs, captured on the training thread: after this, the commit reads
         nothing from the trainer, so it can run while training moves on."""
         checkpoint = internals.dump_checkpoint(trainer, self.save_weights_only)
-        rank_state, rank_missing = self._ranks.capture(trainer, checkpoint, self.save_weights_only)
+        # Put back to the step it holds where the save is made after it (exception_save.py).
+        rewound = self._exception_save.rewind_checkpoint(checkpoint)
+        rank_state, rank_missing = self.rank_tracker.capture(trainer, checkpoint, self.save_weights_only, rewound)
         return SaveJob.capture(
             trainer, final, start, store=store or self._store, checkpoint=checkpoint, rank_state=rank_state,
             rank_missing=rank_missing, weights_only=self.save_weights_only,
@@ -370,7 +372,7 @@ class ManifestCheckpoint(CommittedCheckpoint):
         where = internals.checkpoint_dir(self, trainer)
         guard = self._guard if self.resume_inexact else None
         verified = self.checkpointer.verifications  # handed to the load: no second hash
-        found = self._snapshots.resolve_last(trainer, where, guard, self.store_at(where), verified)
+        found = self.snapshots.resolve_last(trainer, where, guard, self.store_at(where), verified)
         if found is None:
             self._show_hint_again = internals.hide_no_last_checkpoint_hint()
             return set()
@@ -379,7 +381,7 @@ class ManifestCheckpoint(CommittedCheckpoint):
     @override
     def wait_for_snapshot_copy(self) -> None:
         super().wait_for_snapshot_copy()
-        self._snapshots.wait_for_copy()  # and a step snapshot's, pending on its own writer
+        self.snapshots.wait_for_copy()  # and a step snapshot's, pending on its own writer
 
     # ------------------------------------------------------------------ resuming
     @override
@@ -391,8 +393,8 @@ class ManifestCheckpoint(CommittedCheckpoint):
             return
         rank_state = field.get("rank_state")
         if rank_state is not None:
-            self._ranks.load(rank_state, checkpoint, str(field["path"]))
+            self.rank_tracker.load(rank_state, checkpoint, str(field["path"]))
         if self._events is not None:
-            tier = self._snapshots.tier_of(field["path"])
+            tier = self.snapshots.tier_of(field["path"])
             payload = {"path": field["path"], "seconds": field["load_seconds"], "tier": tier}
             self._events.emit("ckpt_load", step=field["manifest"].step, payload=payload)

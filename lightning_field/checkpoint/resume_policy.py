@@ -10,25 +10,30 @@ side (its provenance, the checkpoint it resumed from) for ``ManifestCheckpoint``
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping, MutableMapping, Sequence
-from pathlib import Path
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import lightning.pytorch as pl
-from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
+from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
-from lightning_field.checkpoint.resolver import committed_checkpoints, latest_recoverable
-from lightning_field.checkpoint.stores import CheckpointReader, read_manifest
-from lightning_field.checkpoint.verify import VerifyReport
+from lightning_field.checkpoint import stop_points
+
+# Defined in resume_last (which checkpoint "last" resumes); importable from here, where they were first.
+from lightning_field.checkpoint.resume_last import NoRecoverableCheckpointError as NoRecoverableCheckpointError
+from lightning_field.checkpoint.resume_last import no_recoverable_message as no_recoverable_message
+from lightning_field.checkpoint.resume_last import resolve_last as resolve_last
 from lightning_field.compat import lightning as internals
 from lightning_field.core.distributed import all_gather_objects, broadcast_object
 from lightning_field.core.errors import ResumeMismatchError
-from lightning_field.core.launcher_env import env_global_rank
-from lightning_field.core.manifest import DataProvenance, Manifest, Provenance
+from lightning_field.core.events import EventLog
+from lightning_field.core.manifest import DataProvenance, Manifest, Provenance, TrainerSettings
 from lightning_field.core.signing import keys_from_environment
-from lightning_field.core.storage import Location, basename, same_location
+from lightning_field.core.storage import Location, same_location
 from lightning_field.state import provenance, reshard
 from lightning_field.state.provenance_compare import diff_provenance
+from lightning_field.state.trainer_settings import allowed_changes, change_lines, refuse_changed_settings
+from lightning_field.state.trainer_settings import trainer_settings as settings_of
 
 log = logging.getLogger(__name__)
 
@@ -153,53 +158,6 @@ def check_resume(
     }
 
 
-class NoRecoverableCheckpointError(RuntimeError):
-    """``ckpt_path="last"`` found committed checkpoints, but none that resumes exactly.
-
-    Training from step 0 instead would silently throw the run's work away, so it is refused; the
-    message lists every checkpoint with what it lacks, and the ways out.
-    """
-
-
-def no_recoverable_message(
-    where: Location, entries: Sequence[Any], skipped: Mapping[Location, str] | None = None
-) -> str:
-    """Why ``ckpt_path="last"`` refuses: each checkpoint (up to 10) with what it lacks or why it was
-    passed over (``skipped``: a damaged file, a failed drill), and the ways out that fit."""
-    skipped = skipped or {}
-    lines = []
-    for entry in entries[:10]:
-        manifest = entry.manifest
-        if entry.path in skipped:
-            why = skipped[entry.path]
-        elif manifest is None:
-            why = f"unreadable manifest ({entry.error})"
-        elif manifest.kind != "recovery":
-            why = "a weights-only export"
-        else:
-            why = "; ".join(manifest.missing) or "failed verification"
-        lines.append(f"  {basename(entry.path)}: {why}")
-    more = f"\n  ... and {len(entries) - 10} more" if len(entries) > 10 else ""
-    ways = []
-    if any(e.path in skipped for e in entries):
-        ways.append(
-            "a damaged checkpoint cannot be resumed, exactly or not: put the named file back from a copy if you"
-            " have one; a fallback needs an older recoverable checkpoint, so keep two or more"
-            " (ManifestCheckpoint(save_top_k=2) or -1, as docs/checkpoints.md says)"
-        )
-    if any(e.manifest is not None and e.manifest.kind == "recovery" and e.path not in skipped for e in entries):
-        ways.append(
-            "fix what they lack and start a new run (these checkpoints stay as they are); or resume their weights"
-            " and optimizer anyway, knowing the continuation is not exact, with ManifestCheckpoint(resume_inexact=True)"
-        )
-    ways.append("pass ckpt_path=None to start over on purpose")
-    return (
-        f'ckpt_path="last": {len(entries)} checkpoint(s) under {where}, none recoverable, so this run would'
-        " silently start over from step 0. Refusing.\n" + "\n".join(lines) + more + "\n"
-        "Ways out: " + "; or ".join(ways) + "."
-    )
-
-
 class ResumeGuard:
     """One run's identity, recorded at set-up, and the checkpoint it resumed from, if any.
 
@@ -209,16 +167,28 @@ class ResumeGuard:
 
     Args:
         allowed: provenance differences to accept on resume (``allow_resume_mismatch``).
+        allow_changed: Trainer settings a resume may change (``state.trainer_settings.ALLOWABLE``).
+        events: the run's event log, where there is one (rank 0, while fitting).
+
+    Raises:
+        ValueError: ``allow_changed`` names something else.
     """
 
-    def __init__(self, allowed: Iterable[str] = ()) -> None:
+    def __init__(
+        self, allowed: Iterable[str] = (), allow_changed: Iterable[str] = (),
+        events: Callable[[], EventLog | None] = lambda: None,
+    ) -> None:  # fmt: skip
         self.allowed = tuple(allowed)
+        self.allow_changed = allowed_changes(allow_changed)
         self.resumed: Manifest | None = None
         self.resharded_from: dict[str, Any] | None = None
         self.inexact: dict[str, Any] | None = None
+        self.changed_settings: list[dict[str, Any]] = []  # the lineage's allowed changes (provenance.changed_settings)
         self._static: Provenance = {}
+        self._settings: TrainerSettings = {}
         self._trainer: pl.Trainer | None = None
         self._data: DataProvenance | None = None
+        self._events = events
 
     def record(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, config: Mapping[str, Any] | None, code_dir: Any
@@ -237,6 +207,7 @@ class ResumeGuard:
             "config": provenance.config_provenance(dict(config)),
             "environment": provenance.environment_provenance(trainer),
         }
+        self._settings = settings_of(trainer)
 
     def choose_inexact(self, checkpoint: Location, missing: Sequence[str]) -> None:
         """``resume_inexact``: this unrecoverable checkpoint may be resumed, and every later
@@ -262,7 +233,33 @@ class ResumeGuard:
             allowed=self.allowed,
             inexact_allowed=self.inexact is not None and same_location(self.inexact["checkpoint"], path),
         )
+        if trainer is not None and trainer.state.fn == TrainerFn.FITTING:
+            self._check_lineage(manifest, path)
+            stop_points.announce_finished(trainer, manifest, path, self._events())
         self.resumed = manifest
+
+    def _check_lineage(self, manifest: Manifest, path: Location) -> None:
+        """Refuse changed Trainer settings (:func:`~lightning_field.state.trainer_settings.refuse_changed_settings`);
+        an allowed change, those the lineage carries already and an inexact resume it carries go into
+        every later manifest: a lineage once inexact stays so, whichever checkpoint of it resumes."""
+        carried = list(manifest.provenance.get("changed_settings") or [])
+        saved = manifest.provenance.get("trainer")
+        if saved is None:
+            log.info("%s records no Trainer settings (written before they were recorded): not compared", path)
+        changes = refuse_changed_settings(saved or {}, self._settings, self.allow_changed, path)
+        if changes:
+            rank_zero_warn(
+                f"lightning_field: resuming from {path} with changed Trainer settings, as allow_changed allows"
+                f" ({'; '.join(change_lines(changes))}): this lineage is no longer exact against an uninterrupted"
+                " run. Every later manifest records provenance.changed_settings."
+            )
+            entry = {"checkpoint": str(path), "step": manifest.step, "changes": {k: [*v] for k, v in changes.items()}}
+            carried.append(entry)
+            if (events := self._events()) is not None:
+                events.emit("settings_changed", step=manifest.step, payload=entry)
+        self.changed_settings = carried
+        if self.inexact is None and manifest.provenance.get("inexact_resume"):
+            self.inexact = dict(manifest.provenance["inexact_resume"])
 
     def check_ranks_resumed_alike(self, ckpt_path: Any) -> None:
         """Every rank must have resumed from the same save: its name, step and commit time (each node
@@ -292,6 +289,7 @@ class ResumeGuard:
             datamodule = internals.trainer_datamodule(trainer)
             fingerprint = provenance.data_provenance(datamodule, loaders[0] if loaders else None)
         self._data = broadcast_object(fingerprint)
+        self._settings["train_loaders"] = len(loaders)
         saved = self.resumed.provenance.get("data") if self.resumed is not None else None
         if self.resumed is not None and saved is not None:
             refuse_on_differences({"data": saved}, {"data": self._data}, self.allowed, self.resumed.name)
@@ -304,80 +302,11 @@ class ResumeGuard:
     def manifest_provenance(self, world_size: int) -> Provenance:
         """What a manifest records about this run (all but the model's, hashed at commit time)."""
         recorded: Provenance = {**self._static, "data": self._data, "world_size": world_size}
+        recorded["trainer"] = {**self._settings, "world_size": world_size}
         if self.resharded_from:
             recorded["resharded_from"] = self.resharded_from
         if self.inexact:
             recorded["inexact_resume"] = self.inexact
+        if self.changed_settings:
+            recorded["changed_settings"] = self.changed_settings
         return recorded
-
-
-def resolve_last(
-    where: Location,
-    inexact_guard: ResumeGuard | None = None,
-    store: CheckpointReader | None = None,
-    reports: MutableMapping[Location, VerifyReport] | None = None,
-    snapshot: tuple[Location, int] | None = None,
-) -> str | None:
-    """``ckpt_path="last"``: the newest recoverable checkpoint under a local ``where``, or None when
-    there is no committed checkpoint at all (training starts at step 0, and says so).
-    ``reports`` receives the verifications made, for the load to hand on. ``snapshot``: the newest
-    step snapshot that verifies, and its step, taken instead where it is newer (one resume rule
-    over the tiers: the newest verified step wins, a persistent checkpoint on a tie).
-
-    With ``inexact_guard`` (``resume_inexact=True``), the newest unrecoverable recovery checkpoint
-    is chosen when no recoverable one exists, and the guard records it for every later manifest.
-
-    Raises:
-        ValueError: ``where`` is a URL, which ``ckpt_path="last"`` cannot resolve through Lightning.
-        NoRecoverableCheckpointError: checkpoints exist, but none may be resumed.
-    """
-    if not isinstance(where, Path):  # a URL (a local location is a Path)
-        # Lightning would re-open the found URL without the storage options and read a prefix's
-        # modification time, which object stores do not have: resolve it explicitly instead.
-        raise ValueError(
-            f'ckpt_path="last" cannot be resolved by Lightning for the object-store dirpath {where}. Pass'
-            f" ckpt_path=lightning_field.latest_recoverable({str(where)!r}, storage_options) instead."
-        )
-    if snapshot is not None:
-        snapshot_path, snapshot_step = snapshot
-        try:
-            persistent = resolve_last(where, inexact_guard, store, reports)
-        except NoRecoverableCheckpointError:
-            persistent = None  # none of them may be resumed; the snapshot, which verified, may
-        if persistent is not None and read_manifest(persistent, store=store).step >= snapshot_step:
-            return persistent
-        if inexact_guard is not None:
-            inexact_guard.inexact = None  # the snapshot is recoverable: this continuation is exact
-        rank_zero_info(f"lightning_field: resuming from the snapshot {snapshot_path} (step {snapshot_step}),"
-                       f" newer than every recoverable checkpoint under {where}.")  # fmt: skip
-        return str(snapshot_path)
-    skipped: dict[Location, str] = {}
-    found = latest_recoverable(where, reports=reports, skipped=skipped, log_skips=env_global_rank() == 0, store=store)
-    if found is not None and not Path(found).exists():
-        # Lightning drops a "last" it cannot see on the filesystem and starts over: never silently.
-        raise ValueError(
-            f'ckpt_path="last" found {found} in the store given to ManifestCheckpoint, where Lightning cannot'
-            f" see it, and would start over. Pass ckpt_path=lightning_field.latest_recoverable({str(where)!r},"
-            " store=store) instead."
-        )
-    if found is not None:
-        return str(found)
-    entries = committed_checkpoints(where, store=store)
-    if not entries:
-        rank_zero_info(f"lightning_field: no committed checkpoint under {where} yet: training starts at step 0.")
-        return None
-    # A damaged checkpoint cannot be resumed inexactly either: its bytes are not what was saved.
-    resumable = [
-        e for e in entries if e.manifest is not None and e.manifest.kind == "recovery" and e.path not in skipped
-    ]
-    if inexact_guard is not None and resumable:
-        chosen = resumable[0]
-        assert chosen.manifest is not None
-        inexact_guard.choose_inexact(chosen.path, chosen.manifest.missing)
-        rank_zero_warn(
-            f"lightning_field: resuming from {chosen.path}, which is NOT recoverable"
-            f" ({'; '.join(chosen.manifest.missing)}): weights, optimizer and loop state are restored, but"
-            " this continuation is not exact. Every later manifest records provenance.inexact_resume."
-        )
-        return str(chosen.path)
-    raise NoRecoverableCheckpointError(no_recoverable_message(where, entries, skipped))

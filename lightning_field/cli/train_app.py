@@ -288,9 +288,12 @@ def refusal_message(run_dir: Path, refused: Exception) -> str:
             lines.append(f"  {short_key(key)}: {value[0]!r} (checkpoint) -> {value[1]!r} (this command)")
         else:
             lines += [f"  {short_key(key)}: {change}" for change in value]
-    names = ",".join(short_key(k) for k in sorted(differences))
+    allowed_by = getattr(refused, "allowed_by", "allow_resume_mismatch")  # allow_changed: Trainer settings
+    prefix = "trainer." if allowed_by == "allow_changed" else ""
+    names = ",".join(short_key(k).removeprefix(prefix) for k in sorted(differences))
     lines.append("  a new run:        add run_name=<new name>")
-    lines.append(f"  resume anyway:    add 'callbacks.checkpoint.allow_resume_mismatch=[{names}]'")
+    if allowed_by:
+        lines.append(f"  resume anyway:    add 'callbacks.checkpoint.{allowed_by}=[{names}]'")
     return "\n".join(lines)
 
 

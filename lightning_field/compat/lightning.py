@@ -27,7 +27,7 @@ import lightning.pytorch as pl
 import torch
 from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.fabric.strategies.model_parallel import _load_checkpoint
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import ModelCheckpoint, Timer
 
 from lightning_field.compat.lightning_fetcher import (
     batches_fetched_ahead,
@@ -67,6 +67,7 @@ from lightning_field.compat.lightning_metrics import (
     training_results,
     validation_results,
 )
+from lightning_field.compat.lightning_progress import rewind_progress, step_progress
 from lightning_field.compat.lightning_samplers import (
     set_wrapped_sampler_order,
     wrapped_sampler_datasets,
@@ -84,6 +85,7 @@ __all__ = [
     "convert_params",
     "detached_trainer",
     "dump_checkpoint",
+    "epochs_processed",
     "fetches_ahead",
     "forget_computed",
     "forget_loader_states",
@@ -103,6 +105,7 @@ __all__ = [
     "reopen_finished_epoch",
     "result_reduction",
     "resume_as_next_epoch",
+    "rewind_progress",
     "saved_loaders",
     "set_metric_update_count",
     "set_saved_loader_states",
@@ -112,13 +115,16 @@ __all__ = [
     "start_next_epoch_iterator",
     "start_process_group_early",
     "step_plateau_schedulers_missed_at_epoch_end",
+    "step_progress",
     "successful_fetches",
+    "timer_limit_seconds",
     "trainer_callbacks",
     "trainer_datamodule",
     "training_results",
     "unapplied_loader_states",
     "undo_epoch_end_double_count",
     "unsupported_lightning",
+    "val_check_interval",
     "validation_results",
     "wrap_strategy_load",
     "wrapped_sampler_datasets",
@@ -256,3 +262,28 @@ def trainer_datamodule(trainer: pl.Trainer) -> pl.LightningDataModule | None:
     """``trainer.datamodule``: public API, but assigned by Lightning 2.6's data connector and not
     declared on ``Trainer``, so a type checker does not see it."""
     return trainer.datamodule  # type: ignore[attr-defined]  # assigned by the data connector
+
+
+def epochs_processed(trainer: pl.Trainer) -> int:
+    """The epochs this fit has finished training, as ``max_epochs`` counts them
+    (``FitLoop.epoch_progress.current.processed``): the stop points record it, so a rerun knows
+    whether its ``max_epochs`` is already reached before any loop state is restored."""
+    progress = trainer.fit_loop.epoch_progress.current  # a _ProcessedTracker for the fit loop's epochs
+    return int(progress.processed)  # type: ignore[attr-defined]  # declared as its base, _ReadyCompletedTracker
+
+
+def timer_limit_seconds(timer: Timer) -> float | None:
+    """A ``Timer``'s limit in seconds (``Timer._duration``; ``Trainer(max_time=...)`` adds one), None
+    without one: public only as ``time_remaining()``, which depends on its restored state, and a
+    rerun is judged against the limit before that state is loaded."""
+    return timer._duration
+
+
+def val_check_interval(trainer: pl.Trainer) -> int | float | dict[str, float]:
+    """``Trainer(val_check_interval=...)`` as it was given: a batch count or an epoch fraction
+    (``trainer.val_check_interval``), or a duration as ``{"seconds": s}``: Lightning 2.6 then keeps
+    it as ``Trainer._val_check_time_interval`` and leaves ``val_check_interval`` unset."""
+    seconds = getattr(trainer, "_val_check_time_interval", None)
+    if seconds is not None:
+        return {"seconds": float(seconds)}
+    return trainer.val_check_interval

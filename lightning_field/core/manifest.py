@@ -17,6 +17,12 @@ from typing import Any, TypedDict
 from lightning_field.core.documents import DocumentFormat, check_envelope, parse_document
 from lightning_field.core.fsio import atomic_write_bytes
 from lightning_field.core.hashing import HASH_ALGORITHM
+from lightning_field.core.manifest_records import (
+    StopRecord,
+    TrainerSettings,
+    lineage_problem,
+    stop_record_problem,
+)
 from lightning_field.core.member_paths import member_name_problem
 from lightning_field.core.signing import ManifestKeys, canonical_bytes
 from lightning_field.core.storage import Location, StorageOptions
@@ -80,21 +86,6 @@ class ModelProvenance(TypedDict, total=False):
     shapes: dict[str, list[int]]
 
 
-class StopRecord(TypedDict, total=False):
-    """Why training stopped at the step a checkpoint was saved (``manifest.stopped``), for the rerun.
-
-    ``by``, ``detail`` and ``finished`` are always there. Only ``finished: True`` means that the same
-    command, rerun, has nothing to do (``checkpoint.stop_points``); a save at an exception, an
-    interrupt or a preemption signal records ``finished: False``, and its rerun continues.
-    """
-
-    by: str  # what stopped it: "EarlyStopping", "max_time", "max_steps", "max_epochs", "should_stop", ...
-    detail: str  # in words, e.g. "EarlyStopping on val_loss"
-    finished: bool
-    epochs_done: int  # epochs the run had finished when it stopped (``max_epochs`` counts these)
-    stopper: dict[str, Any]  # what a rerun must still have for the stop to hold (a callback's settings, a limit)
-
-
 class Provenance(TypedDict, total=False):
     """Which code, config, data, model and environment produced a checkpoint (``manifest.provenance``).
 
@@ -111,6 +102,10 @@ class Provenance(TypedDict, total=False):
     world_size: int
     resharded_from: dict[str, Any]
     inexact_resume: dict[str, Any]
+    trainer: TrainerSettings
+    # Each resume of this lineage that accepted a changed Trainer setting (allow_changed): the
+    # checkpoint, its step and each change as [checkpoint's value, the run's value].
+    changed_settings: list[dict[str, Any]]
 
 
 def rank_state_file(rank: int) -> str:
@@ -286,30 +281,9 @@ def _check_fields(data: dict[str, Any], where: Location) -> None:
     for component, ranks in data["components"].items():
         if not isinstance(ranks, list) or not all(type(r) is int and r >= 0 for r in ranks):
             raise ManifestError(f"{where}: component {component!r} does not list ranks")
-    _check_stopped(data.get("stopped"), where)
-
-
-def _shown(value: Any) -> str:
-    """An untrusted value in a refusal: its repr, cut short."""
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
-
-
-def _check_stopped(stopped: dict[str, Any] | None, where: Location) -> None:
-    """``stopped`` (a :class:`StopRecord`) as the stop points write it, or None."""
-    if stopped is None:
-        return
-    by, detail, finished = stopped.get("by"), stopped.get("detail"), stopped.get("finished")
-    if not (isinstance(by, str) and isinstance(detail, str) and isinstance(finished, bool)):
-        raise ManifestError(
-            f"{where}: field 'stopped' needs by and detail (texts) and finished (true or false);"
-            f" got by={_shown(by)}, detail={_shown(detail)}, finished={_shown(finished)}"
-        )
-    epochs = stopped.get("epochs_done", 0)
-    if type(epochs) is not int or not 0 <= epochs < 2**53:
-        raise ManifestError(f"{where}: field 'stopped.epochs_done' is {_shown(epochs)}, not a count of epochs")
-    if not isinstance(stopped.get("stopper", {}), dict):
-        raise ManifestError(f"{where}: field 'stopped.stopper' is {type(stopped['stopper']).__name__}, not dict")
+    for problem in (stop_record_problem(data.get("stopped")), lineage_problem(data.get("provenance", {}))):
+        if problem is not None:
+            raise ManifestError(f"{where}: {problem}")
 
 
 def drill_record_bytes(record: dict[str, Any], passed: bool) -> bytes:

@@ -1,8 +1,9 @@
 """Does an evidence bundle support a recovery claim? The check behind ``field evidence check``.
 
 A bundle supports a claim only when its own gate passed, its raw artifacts are all there and
-unaltered, and, for a given checkpoint, that checkpoint is intact, recoverable and of the identity
-(code, config, data, model) the evidence tested. Every reason it does not is returned, not raised:
+unaltered, and, for a given checkpoint, that checkpoint is intact, recoverable, of an exact lineage
+(no inexact resume, no Trainer setting changed on resume) and of the identity (code, config, data,
+model) the evidence tested. Every reason it does not is returned, not raised:
 the command and the release record list them all.
 """
 
@@ -20,7 +21,7 @@ from lightning_field.core.manifest import ManifestError, read_manifest
 from lightning_field.core.member_paths import UnsafeMemberError, check_member_name
 from lightning_field.evidence.bundle_format import EVIDENCE_DOCUMENT, EVIDENCE_JSON
 from lightning_field.evidence.identity import identity_differences, identity_of
-from lightning_field.state.provenance_compare import diff_provenance
+from lightning_field.state.provenance_compare import diff_provenance, inexact_lineage
 
 __all__ = ["check_bundle", "claim_problems"]
 
@@ -53,6 +54,7 @@ def claim_problems(
         problems.append("the checkpoint is damaged: " + "; ".join(report.problems))
     elif not manifest.recoverable:
         problems.append("the checkpoint is not recoverable, it lacks: " + "; ".join(manifest.missing))
+    problems += [f"the checkpoint's lineage is not exact: {reason}" for reason in inexact_lineage(manifest.provenance)]
     actual = identity_of(manifest.provenance)
     problems += [f"stale, {d}" for d in identity_differences(identity, actual)]
     saved = (manifest.provenance.get("config") or {}).get("resolved")

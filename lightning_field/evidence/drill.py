@@ -202,6 +202,9 @@ class RestoreDrill(Callback):
                 "deterministic": torch.are_deterministic_algorithms_enabled(),
                 "max_epochs": trainer.max_epochs,
                 "limit_train_batches": trainer.limit_train_batches,
+                # Compared on resume with the checkpoint's (state/trainer_settings.py), validation or not.
+                "val_check_interval": internals.val_check_interval(trainer),
+                "check_val_every_n_epoch": trainer.check_val_every_n_epoch,
             },
             "threads": torch.get_num_threads(),
             "rtol": self.rtol,

@@ -19,6 +19,7 @@ from lightning_field.evidence import compare
 from lightning_field.evidence.check import claim_problems
 from lightning_field.evidence.identity import identity_differences, identity_of
 from lightning_field.evidence.protocol import EvidenceSettings, RunResult
+from lightning_field.state.provenance_compare import inexact_lineage
 
 __all__ = ["Condition", "critical_conditions", "effective_records", "resumed_checkpoint"]
 
@@ -103,6 +104,8 @@ def _restore_problems(interrupted: Sequence[RunResult]) -> list[str]:
             problems.append(f"{r.name}: resumed from {used['name']}, which is not an intact recoverable checkpoint")
         elif r.kill is not None and int(used["step"]) >= r.kill.step:
             problems.append(f"{r.name}: resumed from step {used['step']}, not before the kill at {r.kill.step}")
+        elif inexact := [(c["name"], why) for c in r.checkpoints for why in inexact_lineage(c.get("provenance") or {})]:
+            problems.append(f"{r.name}: {inexact[0][0]} records a lineage that is not exact: {inexact[0][1]}")
     return problems
 
 

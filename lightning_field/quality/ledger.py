@@ -53,6 +53,10 @@ class AttemptAccount:
     lost_steps: int = 0
     cut_back_to: str | None = None  # the tier a later attempt resumed from, where this one lost steps
     seconds: dict[str, float] = field(default_factory=dict)
+    # Trainer settings this attempt changed from its checkpoint's, as allow_changed allowed (a
+    # ``settings_changed`` event): name -> [checkpoint's, this attempt's]. From here on the run is not
+    # exact against an uninterrupted one.
+    changed_settings: dict[str, list[Any]] = field(default_factory=dict)
 
 
 @dataclass
@@ -147,9 +151,16 @@ def _accounts(
                 devices=devices[-1] if devices else 1,
                 resumed_from_tier=_tier(loads[-1]["payload"].get("tier")) if loads else None,
                 seconds={"load": sum(float(e["payload"].get("seconds") or 0.0) for e in loads)},
+                changed_settings=_changed_settings(own),
             )
         )
     return accounts
+
+
+def _changed_settings(own: list[Mapping[str, Any]]) -> dict[str, list[Any]]:
+    """The attempt's ``settings_changed`` events, merged (a malformed payload contributes nothing)."""
+    changes = [e["payload"].get("changes") for e in own if e["event"] == "settings_changed"]
+    return {str(k): list(v) for c in changes if isinstance(c, dict) for k, v in c.items() if isinstance(v, list)}
 
 
 def _tier(value: object) -> str:

@@ -47,3 +47,32 @@ def diff_provenance(
         elif a != b and not (a == LEGACY_REDACTED and is_redacted(b)) and not _same_moved_target(key, a, b):
             out[name] = (a, b)
     return out
+
+
+def inexact_lineage(provenance: Mapping[str, Any]) -> list[str]:
+    """Why a checkpoint's lineage is not exact against an uninterrupted run, from its manifest's
+    provenance (empty when nothing says so): an inexact resume (``resume_inexact``) or a Trainer
+    setting changed on resume (``allow_changed``), anywhere in the lineage before it. Evidence of an
+    exact resume cannot cover such a checkpoint."""
+    reasons = []
+    inexact = provenance.get("inexact_resume")
+    if isinstance(inexact, Mapping):
+        missing = inexact.get("missing")
+        lacking = "; ".join(map(str, missing)) if isinstance(missing, list) and missing else "state it needed"
+        where = inexact.get("checkpoint")
+        reasons.append(f"it continues {where!r}, resumed inexactly (resume_inexact) without {lacking}")
+    changed = provenance.get("changed_settings")
+    for entry in changed if isinstance(changed, list) else []:
+        changes = entry.get("changes") if isinstance(entry, Mapping) else None
+        if not isinstance(changes, Mapping):
+            continue
+        listed = "; ".join(
+            f"{name}: {pair[0]!r} (checkpoint) -> {pair[1]!r} (now)"
+            for name, pair in changes.items()
+            if isinstance(pair, (list, tuple)) and len(pair) == 2
+        )
+        reasons.append(
+            f"it continues {entry.get('checkpoint')!r} (step {entry.get('step')}) with changed Trainer settings"
+            f" (allow_changed): {listed}"
+        )
+    return reasons

@@ -347,12 +347,20 @@ class Config:
     shuffle: bool = True
     resumed_with: dict[str, Any] = field(default_factory=dict)  # Config fields the rerun changes
     cli: bool = False  # a user's LightningCLI script (jobs/cli_job.py), killed and rerun with --ckpt_path last
-    snapshot_every: int | None = None  # ManifestCheckpoint(snapshot_every_n_train_steps=...), into the run's folder
+    # ManifestCheckpoint(snapshot_every_n_train_steps=...), into the run's folder
+    snapshot_every: int | str | None = "auto"
     # Under torchrun: the second simulated node (its agent, its worker, its snapshot directory) is lost at
     # kill_at and a new, empty one joins the restarted group (tests/conformance.py, node-loss protocol).
     lose_node: bool = False
     damage_newest_snapshot: bool = False  # the rerun first flips a byte in the newest snapshot's state file
     snapshot_in_line: bool | None = None  # ManifestCheckpoint(snapshot_in_line=...): None in line on CPU
+    # "raise": instead of a kill, the module's training_step raises at step kill_at, before it touches
+    # anything (a check on the batch); the first attempt ends with the exception (exit status 1).
+    fault: str | None = None
+    allow_changed: tuple[str, ...] = ()  # ManifestCheckpoint(allow_changed=...): Trainer settings the rerun may change
+    # The first attempt stops by itself (``stop``) and the rerun is the same command: a finished run,
+    # whose rerun must train no step and hold the stopped state (judged against the first attempt).
+    finished_rerun: bool = False
     what: str = ""
 
 
@@ -513,7 +521,36 @@ CONFIGS: dict[str, Config] = {
                                 what="rerun with drop_last=True"),
     "changed-sampler": Config(kill_at=6, max_steps=20, resumed_with={"shuffle": False},
                               what="rerun with shuffle=False (SequentialSampler for RandomSampler)"),
+    # --- a Trainer setting changed between the runs (issue 39): refused before training, or allowed and marked inexact
+    "changed-accumulate-grad-batches": Config(kill_at=6, max_steps=20, trainer={"accumulate_grad_batches": 2},
+                                              resumed_with={"trainer": {"accumulate_grad_batches": 4}},
+                                              what="rerun with accumulate_grad_batches=4 after 2"),
+    "changed-accumulate-allowed": Config(kill_at=6, max_steps=20, trainer={"accumulate_grad_batches": 2},
+                                         resumed_with={"trainer": {"accumulate_grad_batches": 4}},
+                                         allow_changed=("accumulate_grad_batches",),
+                                         what="the same, allowed: ManifestCheckpoint(allow_changed=...)"),
+    "changed-limit-train-batches": Config(kill_at=6, max_epochs=4, every_n_train_steps=2,
+                                          trainer={"limit_train_batches": 0.5},
+                                          resumed_with={"trainer": {"limit_train_batches": 0.75}},
+                                          what="rerun with limit_train_batches=0.75 after 0.5"),
+    "changed-val-check-interval": Config(kill_at=_EPOCH + 3, max_epochs=3, validate=True,
+                                         trainer={"val_check_interval": 0.5},
+                                         resumed_with={"trainer": {"val_check_interval": 0.25}},
+                                         what="rerun with val_check_interval=0.25 after 0.5"),
+    # --- a finished run rerun with the same command (issue 39): nothing to do
+    "rerun-after-early-stopping": Config(kill_at=0, max_epochs=3, stop="callbacks", validate=True,
+                                         every_n_train_steps=3, trainer={"val_check_interval": 0.5},
+                                         callbacks=("early_stopping_threshold",), finished_rerun=True,
+                                         what="EarlyStopping ended the run; the same command rerun"),
     # --- the user's own entry point
+    # --- snapshots on by default (issue 39): "auto" measures the first ones, every step
+    "snapshots-auto": Config(kill_at=3, max_steps=12, every_n_train_steps=10,
+                             what="the default snapshots (auto), killed while their cost is measured"),
+    # --- every stop is saved (issue 39): Ctrl-C, an exception in the user's code
+    "keyboard-interrupt": Config(kill_at=6, max_steps=20, interrupt="SIGINT",
+                                 what="Ctrl-C (SIGINT) at step 6: Lightning's graceful KeyboardInterrupt"),
+    "exception-in-training-step": Config(kill_at=6, max_steps=20, fault="raise",
+                                         what="training_step raises at step 6 (a check on the batch)"),
     "lightning-cli": Config(kill_at=6, max_steps=20, cli=True,
                             what="a user's LightningCLI script, killed, rerun with --ckpt_path last"),
     "torchrun-elastic-sigterm": Config(kill_at=2, max_steps=10, nodes=2, every_n_train_steps=4, interrupt="SIGTERM",
@@ -602,6 +639,19 @@ class SlowSteps(Callback):
         time.sleep(self.seconds)
 
 
+def fail_training_step_at(model: pl.LightningModule, step: int) -> None:
+    """The module's ``training_step`` raises at ``step``, before it does anything, as a user's check
+    on the batch would."""
+    original = model.training_step
+
+    def training_step(batch: Any, batch_idx: int) -> Any:
+        if model.trainer.global_step == step:
+            raise RuntimeError(f"conformance: a bad batch at step {step}")
+        return original(batch, batch_idx)
+
+    model.training_step = training_step  # type: ignore[method-assign]
+
+
 def under_torchrun() -> bool:
     return "TORCHELASTIC_RESTART_COUNT" in os.environ
 
@@ -612,10 +662,18 @@ class RecordRun(Callback):
     def __init__(self) -> None:
         self.start_step: int | None = None
         self.epoch_metrics: dict[int, dict[str, float]] = {}
+        self.batches_trained = 0
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.start_step = trainer.global_step
         print(f"conformance: training starts at step {trainer.global_step}", flush=True)
+
+    def on_train_batch_start(self, *args: Any) -> None:
+        self.batches_trained += 1
+
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.start_step is None:  # fit restored a checkpoint and never started training
+            self.start_step = trainer.global_step
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if not k.endswith("_step")}
@@ -660,15 +718,17 @@ def run(name: str, root: str, out: str, checkpoint: str, kill: bool, resume: boo
         from lightning_field import ManifestCheckpoint
 
         cls: type[ModelCheckpoint] = ManifestCheckpoint
-        if config.snapshot_every:
-            # Each simulated node its own "node-local" directory, as /dev/shm is on a real machine.
-            where = os.path.join(root, "snapshots", os.environ.get("CONFORMANCE_NODE", ""))
-            snapshots = {"snapshot_every_n_train_steps": config.snapshot_every, "snapshot_dir": where,
-                         "snapshot_in_line": config.snapshot_in_line}  # fmt: skip
-            if resume and config.damage_newest_snapshot:
-                print(f"conformance: damaged {damage_newest_snapshot(Path(root, 'checkpoints'), Path(where))}")
+        # Snapshots as configured (by default "auto", as ManifestCheckpoint's own default), each simulated
+        # node into its own "node-local" directory, as /dev/shm is on a real machine.
+        where = os.path.join(root, "snapshots", os.environ.get("CONFORMANCE_NODE", ""))
+        snapshots = {"snapshot_every_n_train_steps": config.snapshot_every, "snapshot_dir": where,
+                     "snapshot_in_line": config.snapshot_in_line}  # fmt: skip
+        if config.snapshot_every is not None and resume and config.damage_newest_snapshot:
+            print(f"conformance: damaged {damage_newest_snapshot(Path(root, 'checkpoints'), Path(where))}")
+        allowed = {"allow_changed": set(config.allow_changed)} if config.allow_changed else {}
     else:
         cls = ModelCheckpoint
+        allowed = {}
     saver = cls(
         dirpath=os.path.join(root, "checkpoints"),
         every_n_train_steps=config.every_n_train_steps,
@@ -676,6 +736,7 @@ def run(name: str, root: str, out: str, checkpoint: str, kill: bool, resume: boo
         save_top_k=-1,
         save_last=True,
         **snapshots,
+        **allowed,
     )
     record = RecordRun()
     callbacks: list[Callback] = [saver, record, *_callbacks(config.callbacks)]
@@ -695,8 +756,9 @@ def run(name: str, root: str, out: str, checkpoint: str, kill: bool, resume: boo
         callbacks.append(StopAtStep(config.kill_at, after_micro_batches=config.kill_after_micro_batches))
     elif kill and config.stop == "max_time":
         callbacks.append(SlowSteps(0.15))
-    elif kill and config.stop is None:
-        callbacks.append(KillAtStep(config.kill_at, after_micro_batches=config.kill_after_micro_batches))
+    elif kill and config.stop is None and config.fault is None:
+        callbacks.append(KillAtStep(config.kill_at, signum=signal.Signals[config.interrupt],
+                                    after_micro_batches=config.kill_after_micro_batches))  # fmt: skip
     limits = {"max_time": {"seconds": 1}} if kill and config.stop == "max_time" else {}
     needs_logger = "lr_monitor" in config.callbacks
     trainer = pl.Trainer(
@@ -717,6 +779,8 @@ def run(name: str, root: str, out: str, checkpoint: str, kill: bool, resume: boo
         **config.trainer,
     )
     model = _model(config)
+    if kill and config.fault == "raise":
+        fail_training_step_at(model, config.kill_at)
     data = None
     if config.model != "boring":
         data = UserData(config.loader, config.workers, config.dataset, config.build_in_setup, config.combined,
@@ -734,6 +798,7 @@ def write_result(
         return
     result = {
         "start_step": record.start_step,
+        "batches_trained": record.batches_trained,
         "step": trainer.global_step,
         "epoch": trainer.current_epoch,
         "state_dict": model.state_dict(),

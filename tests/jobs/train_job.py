@@ -175,6 +175,7 @@ def main() -> None:
     p.add_argument("--allow-mismatch", action="append", default=[], help="ManifestCheckpoint(allow_resume_mismatch)")
     p.add_argument("--hold-writer-step", type=int, default=None, help="the async writer of this save never finishes")
     p.add_argument("--dump-loaded", default=None, help="save the full state right after the resume's load here")
+    p.add_argument("--no-snapshots", action="store_true", help="snapshot_every_n_train_steps=None (default: auto)")
     args = p.parse_args()
 
     pl.seed_everything(1234, workers=False)
@@ -197,6 +198,7 @@ def main() -> None:
             async_save=args.async_save,
             allow_resume_mismatch=args.allow_mismatch,
             store=store,
+            snapshot_every_n_train_steps=None if args.no_snapshots else "auto",
         )
     else:
         checkpoint = ModelCheckpoint(dirpath=ckpt_dir, every_n_train_steps=args.every, save_top_k=-1, save_last=True)

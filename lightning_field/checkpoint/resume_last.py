@@ -1,0 +1,145 @@
+"""Which checkpoint ``ckpt_path="last"`` resumes, and the refusal when none may be.
+
+The newest recoverable checkpoint (or a newer step snapshot that verifies); with ``resume_inexact``
+the newest unrecoverable one, recorded by the :class:`~lightning_field.checkpoint.resume_policy.ResumeGuard`;
+none at all starts at step 0 and says so. Checkpoints that exist but none of which may be resumed
+are refused (:class:`NoRecoverableCheckpointError`) rather than silently starting over.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, MutableMapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
+
+from lightning_field.checkpoint.resolver import committed_checkpoints, latest_recoverable
+from lightning_field.checkpoint.stores import CheckpointReader, read_manifest
+from lightning_field.checkpoint.verify import VerifyReport
+from lightning_field.core.launcher_env import env_global_rank
+from lightning_field.core.storage import Location, basename
+
+if TYPE_CHECKING:
+    from lightning_field.checkpoint.resume_policy import ResumeGuard
+
+__all__ = ["NoRecoverableCheckpointError", "no_recoverable_message", "resolve_last"]
+
+
+class NoRecoverableCheckpointError(RuntimeError):
+    """``ckpt_path="last"`` found committed checkpoints, but none that resumes exactly.
+
+    Training from step 0 instead would silently throw the run's work away, so it is refused; the
+    message lists every checkpoint with what it lacks, and the ways out.
+    """
+
+
+def no_recoverable_message(
+    where: Location, entries: Sequence[Any], skipped: Mapping[Location, str] | None = None
+) -> str:
+    """Why ``ckpt_path="last"`` refuses: each checkpoint (up to 10) with what it lacks or why it was
+    passed over (``skipped``: a damaged file, a failed drill), and the ways out that fit."""
+    skipped = skipped or {}
+    lines = []
+    for entry in entries[:10]:
+        manifest = entry.manifest
+        if entry.path in skipped:
+            why = skipped[entry.path]
+        elif manifest is None:
+            why = f"unreadable manifest ({entry.error})"
+        elif manifest.kind != "recovery":
+            why = "a weights-only export"
+        else:
+            why = "; ".join(manifest.missing) or "failed verification"
+        lines.append(f"  {basename(entry.path)}: {why}")
+    more = f"\n  ... and {len(entries) - 10} more" if len(entries) > 10 else ""
+    ways = []
+    if any(e.path in skipped for e in entries):
+        ways.append(
+            "a damaged checkpoint cannot be resumed, exactly or not: put the named file back from a copy if you"
+            " have one; a fallback needs an older recoverable checkpoint, so keep two or more"
+            " (ManifestCheckpoint(save_top_k=2) or -1, as docs/checkpoints.md says)"
+        )
+    if any(e.manifest is not None and e.manifest.kind == "recovery" and e.path not in skipped for e in entries):
+        ways.append(
+            "fix what they lack and start a new run (these checkpoints stay as they are); or resume their weights"
+            " and optimizer anyway, knowing the continuation is not exact, with ManifestCheckpoint(resume_inexact=True)"
+        )
+    ways.append("pass ckpt_path=None to start over on purpose")
+    return (
+        f'ckpt_path="last": {len(entries)} checkpoint(s) under {where}, none recoverable, so this run would'
+        " silently start over from step 0. Refusing.\n" + "\n".join(lines) + more + "\n"
+        "Ways out: " + "; or ".join(ways) + "."
+    )
+
+
+def resolve_last(
+    where: Location,
+    inexact_guard: ResumeGuard | None = None,
+    store: CheckpointReader | None = None,
+    reports: MutableMapping[Location, VerifyReport] | None = None,
+    snapshot: tuple[Location, int] | None = None,
+) -> str | None:
+    """``ckpt_path="last"``: the newest recoverable checkpoint under a local ``where``, or None when
+    there is no committed checkpoint at all (training starts at step 0, and says so).
+    ``reports`` receives the verifications made, for the load to hand on. ``snapshot``: the newest
+    step snapshot that verifies, and its step, taken instead where it is newer (one resume rule
+    over the tiers: the newest verified step wins, a persistent checkpoint on a tie).
+
+    With ``inexact_guard`` (``resume_inexact=True``), the newest unrecoverable recovery checkpoint
+    is chosen when no recoverable one exists, and the guard records it for every later manifest.
+
+    Raises:
+        ValueError: ``where`` is a URL, which ``ckpt_path="last"`` cannot resolve through Lightning.
+        NoRecoverableCheckpointError: checkpoints exist, but none may be resumed.
+    """
+    if not isinstance(where, Path):  # a URL (a local location is a Path)
+        # Lightning would re-open the found URL without the storage options and read a prefix's
+        # modification time, which object stores do not have: resolve it explicitly instead.
+        raise ValueError(
+            f'ckpt_path="last" cannot be resolved by Lightning for the object-store dirpath {where}. Pass'
+            f" ckpt_path=lightning_field.latest_recoverable({str(where)!r}, storage_options) instead."
+        )
+    if snapshot is not None:
+        snapshot_path, snapshot_step = snapshot
+        try:
+            persistent = resolve_last(where, inexact_guard, store, reports)
+        except NoRecoverableCheckpointError:
+            persistent = None  # none of them may be resumed; the snapshot, which verified, may
+        if persistent is not None and read_manifest(persistent, store=store).step >= snapshot_step:
+            return persistent
+        if inexact_guard is not None:
+            inexact_guard.inexact = None  # the snapshot is recoverable: this continuation is exact
+        rank_zero_info(f"lightning_field: resuming from the snapshot {snapshot_path} (step {snapshot_step}),"
+                       f" newer than every recoverable checkpoint under {where}.")  # fmt: skip
+        return str(snapshot_path)
+    skipped: dict[Location, str] = {}
+    found = latest_recoverable(where, reports=reports, skipped=skipped, log_skips=env_global_rank() == 0, store=store)
+    if found is not None and not Path(found).exists():
+        # Lightning drops a "last" it cannot see on the filesystem and starts over: never silently.
+        raise ValueError(
+            f'ckpt_path="last" found {found} in the store given to ManifestCheckpoint, where Lightning cannot'
+            f" see it, and would start over. Pass ckpt_path=lightning_field.latest_recoverable({str(where)!r},"
+            " store=store) instead."
+        )
+    if found is not None:
+        return str(found)
+    entries = committed_checkpoints(where, store=store)
+    if not entries:
+        rank_zero_info(f"lightning_field: no committed checkpoint under {where} yet: training starts at step 0.")
+        return None
+    # A damaged checkpoint cannot be resumed inexactly either: its bytes are not what was saved.
+    resumable = [
+        e for e in entries if e.manifest is not None and e.manifest.kind == "recovery" and e.path not in skipped
+    ]
+    if inexact_guard is not None and resumable:
+        chosen = resumable[0]
+        assert chosen.manifest is not None
+        inexact_guard.choose_inexact(chosen.path, chosen.manifest.missing)
+        rank_zero_warn(
+            f"lightning_field: resuming from {chosen.path}, which is NOT recoverable"
+            f" ({'; '.join(chosen.manifest.missing)}): weights, optimizer and loop state are restored, but"
+            " this continuation is not exact. Every later manifest records provenance.inexact_resume."
+        )
+        return str(chosen.path)
+    raise NoRecoverableCheckpointError(no_recoverable_message(where, entries, skipped))
