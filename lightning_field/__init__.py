@@ -44,6 +44,8 @@ _EXPORTS: dict[str, str] = {
     "log_evidence_bundle": "lightning_field.integrations",
     "read_offline_run": "lightning_field.integrations",
     "register_configs": "lightning_field.integrations.hydra_configs",
+    "HANG_EXIT_CODE": "lightning_field.profiling",
+    "HangWatchdog": "lightning_field.profiling",
     "ProfiledDDPStrategy": "lightning_field.profiling",
     "StragglerMonitor": "lightning_field.profiling",
     "CheckpointCadence": "lightning_field.quality",
@@ -58,6 +60,7 @@ _EXPORTS: dict[str, str] = {
 }
 
 __all__ = [
+    "HANG_EXIT_CODE",
     "PREEMPTED_EXIT_CODE",
     "CheckpointCadence",
     "CheckpointCorruptError",
@@ -66,6 +69,7 @@ __all__ = [
     "EventLog",
     "EvidenceSettings",
     "FieldWandbLogger",
+    "HangWatchdog",
     "JumpRandomSampler",
     "JumpSequentialSampler",
     "Manifest",
@@ -135,7 +139,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
     from lightning_field.evidence import EvidenceSettings, RestoreDrill, StepTracer, check_bundle
     from lightning_field.integrations import FieldWandbLogger, WandbReview, log_evidence_bundle, read_offline_run
     from lightning_field.integrations.hydra_configs import register_configs
-    from lightning_field.profiling import ProfiledDDPStrategy, StragglerMonitor
+    from lightning_field.profiling import HANG_EXIT_CODE, HangWatchdog, ProfiledDDPStrategy, StragglerMonitor
     from lightning_field.quality import CheckpointCadence, TimeToQuality, goodput_ledger
     from lightning_field.record import build_record, check_record
     from lightning_field.state.samplers import JumpRandomSampler, JumpSequentialSampler

@@ -1,4 +1,4 @@
-"""A per-attempt heartbeat: where the attempt was, updated every step without a system call.
+"""Heartbeats: where an attempt was (rank 0, for the ledger) and where each rank is (for the hang watchdog).
 
 A SIGKILL leaves no last event, and fsyncing an event every step would put I/O on the hot path.
 The heartbeat is a small file mapped into memory (``MAP_SHARED``): each step stores a few numbers
@@ -10,6 +10,8 @@ much work the kill destroyed.
 
 from __future__ import annotations
 
+import json
+import math
 import mmap
 import os
 import struct
@@ -64,3 +66,72 @@ def read_heartbeat(path: str | os.PathLike[str]) -> dict[str, Any] | None:
         return None
     values = _LAYOUT.unpack(raw)[1:]
     return dict(zip(FIELDS, values, strict=True))
+
+
+# ---------------------------------------------------------------------- per-rank progress records
+# The hang watchdog's heartbeats (profiling/watchdog.py): one small file per rank, published by that
+# rank's watchdog thread (never by the training thread), read by the other ranks' watchdogs without a
+# collective. Each is rewritten in place at a fixed size (JSON padded with spaces), opened and closed
+# at every publication: NFS's close-to-open consistency then shows it to readers on other hosts, which
+# also open it afresh. A reader may catch a write half done; that read is refused and the next is used.
+
+RANK_RECORD_FORMAT = "lightning_field.rank_heartbeat/1"
+RANK_RECORD_BYTES = 2048
+_RECORD_FIELDS: dict[str, tuple[type, ...]] = {
+    "format": (str,), "token": (str,), "rank": (int,), "host": (str,), "pid": (int,), "published": (int,),
+    "marks": (int,), "step": (int,), "phase": (str,), "no_progress_s": (int, float), "timeout_s": (int, float),
+    "declared": (int,), "stacks": (int,),
+}  # fmt: skip
+
+
+def rank_heartbeat_path(run_dir: str | os.PathLike[str], rank: int) -> Path:
+    return Path(run_dir) / HEARTBEAT_DIR / f"rank-{rank:05d}.json"
+
+
+def rank_stacks_path(run_dir: str | os.PathLike[str], rank: int) -> Path:
+    """Where a rank's watchdog writes its process's Python stacks (faulthandler) when it sees a hang."""
+    return Path(run_dir) / HEARTBEAT_DIR / f"rank-{rank:05d}-stacks.txt"
+
+
+def write_rank_record(path: str | os.PathLike[str], record: dict[str, Any]) -> None:
+    """Publish ``record`` in place (fields of :data:`_RECORD_FIELDS`, ``format`` added).
+
+    Raises:
+        ValueError: the record does not fit in :data:`RANK_RECORD_BYTES`.
+        OSError: the file could not be written.
+    """
+    data = json.dumps({"format": RANK_RECORD_FORMAT, **record}).encode()
+    if len(data) >= RANK_RECORD_BYTES:
+        raise ValueError(f"a rank heartbeat record must fit in {RANK_RECORD_BYTES} bytes, got {len(data)}")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        os.pwrite(fd, data.ljust(RANK_RECORD_BYTES - 1) + b"\n", 0)
+    finally:
+        os.close(fd)
+
+
+def read_rank_record(path: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """A rank's last published record, or None: absent, caught mid-write, or not a record of this
+    format (the file lives in storage others can write, so every field is checked)."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(RANK_RECORD_BYTES + 1)
+    except OSError:
+        return None
+    if len(raw) > RANK_RECORD_BYTES:
+        return None
+    try:
+        record = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+        return None
+    if not isinstance(record, dict) or record.get("format") != RANK_RECORD_FORMAT:
+        return None
+    for name, types in _RECORD_FIELDS.items():
+        value = record.get(name)
+        if isinstance(value, bool) or not isinstance(value, types):
+            return None
+        if isinstance(value, float) and not math.isfinite(value):
+            return None
+        if isinstance(value, str) and len(value) > 256:
+            return None
+    return record

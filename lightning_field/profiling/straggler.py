@@ -61,6 +61,7 @@ from lightning_field.profiling.throughput import (
     peak_memory_bytes,
 )
 from lightning_field.profiling.timers import FetchClock, SectionHooks, SectionTimer
+from lightning_field.profiling.watchdog import HangWatchdog
 
 log = logging.getLogger(__name__)
 
@@ -82,10 +83,12 @@ class StragglerMonitor(SectionHooks):
             ``flops_per_batch`` attribute, else measured once with FlopCounterMode.
         peak_flops: dense peak FLOP/s per device for MFU; default from a sourced table (GPUs only).
         max_reports: how many reports ``monitor.reports`` keeps in memory (all are in the JSONL files).
+        hang_floor_s, hang_factor, hang_long_phase_s, hang_grace_s: a :class:`HangWatchdog` with these
+            ``floor_s``, ``factor``, ``long_phase_s`` and ``grace_s``, or none while ``hang_floor_s`` is None.
 
     Raises:
         ValueError: ``report_interval_s`` is not positive, ``threshold`` is outside (0, 1), ``k`` and
-            ``n`` do not satisfy 1 <= k <= n, or ``policy`` is unknown.
+            ``n`` do not satisfy 1 <= k <= n, ``policy`` is unknown, or a ``hang_*`` setting is refused.
 
     Example::
 
@@ -109,6 +112,10 @@ class StragglerMonitor(SectionHooks):
         flops_per_batch: float | None = None,
         peak_flops: float | None = None,
         max_reports: int = 1000,
+        hang_floor_s: float | None = None,
+        hang_factor: float = 10.0,
+        hang_long_phase_s: float = 900.0,
+        hang_grace_s: float = 30.0,
     ) -> None:
         if report_interval_s <= 0:
             raise ValueError(f"report_interval_s must be > 0, got {report_interval_s}")
@@ -119,9 +126,9 @@ class StragglerMonitor(SectionHooks):
         if policy not in POLICIES:
             raise ValueError(f"policy must be one of {', '.join(POLICIES)}, got {policy!r}")
         self._rules = ScoringRules(threshold, min_share, k, n, data_wait_warn_share)
+        self.hang_watchdog = HangWatchdog.optional(hang_floor_s, hang_factor, hang_long_phase_s, hang_grace_s)
         self.report_interval_s = report_interval_s
-        self.threshold = threshold
-        self.min_share = min_share
+        self.threshold, self.min_share = threshold, min_share
         self.k, self.n = k, n
         self.policy = policy
         self.process_group = process_group
@@ -139,14 +146,10 @@ class StragglerMonitor(SectionHooks):
         self._steps: list[Any] = []
         self._comm_steps: list[dict[str, Any]] = []
         self._fetch = FetchClock()
-        self._next_report = 0
-        self._first_counted = 0
-        self._interval_steps = 0
+        self._next_report = self._first_counted = self._interval_steps = 0
         self._interval_started = 0.0
-        self._samples = 0
+        self._samples = self._optimizer_steps = self._batches = 0
         self._tokens: int | None = None
-        self._optimizer_steps = 0
-        self._batches = 0
         self._flop_counter: FlopCounterMode | None = None
         self._measured_flops: float | None = None
         self._checkpoint: ManifestCheckpoint | None = None
@@ -159,6 +162,8 @@ class StragglerMonitor(SectionHooks):
     # ------------------------------------------------------------------ setup
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if self.hang_watchdog is not None:
+            self.hang_watchdog.attach(trainer, pl_module, stage, after=self)
         if stage != "fit":
             return
         self._timer = SectionTimer(trainer.strategy.root_device)
