@@ -30,7 +30,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
 from lightning_field.compat import lightning as internals
 from lightning_field.state.prefetch import PositionBeforeFetch
-from lightning_field.state.step_end import StepEnd, changed_since
+from lightning_field.state.step_end import StepEnd, WatchedTensors, changed_since
 
 if TYPE_CHECKING:
     from lightning_field.checkpoint.manifest_checkpoint import ManifestCheckpoint
@@ -65,6 +65,7 @@ class ExceptionSave:
     def __init__(self, checkpoint: ManifestCheckpoint) -> None:
         self._checkpoint = checkpoint
         self._end: StepEnd | None = None
+        self._watch = WatchedTensors(())
         self._why_not = NOT_STARTED
         self.rewind: Rewind | None = None
         """Set only while the exception's save is captured."""
@@ -83,6 +84,8 @@ class ExceptionSave:
         fetch where an exception save is possible at all (a single process)."""
         self._end, self._why_not = None, NOT_STARTED
         self._checkpoint.rank_tracker.prefetched.for_every_loader = trainer.world_size == 1
+        if trainer.world_size == 1:
+            self._watch = WatchedTensors.of(trainer.lightning_module)
 
     def step_ended(self, trainer: pl.Trainer) -> None:
         if trainer.world_size > 1:
@@ -91,7 +94,7 @@ class ExceptionSave:
             self.spoil(f"it came inside a gradient-accumulation window of step {trainer.global_step + 1}, whose"
                        " accumulated gradients are in no checkpoint")  # fmt: skip
             return
-        self._end = StepEnd.capture(trainer, self._checkpoint.rank_tracker.rng_at_batch_end)
+        self._end = StepEnd.capture(trainer, self._checkpoint.rank_tracker.rng_at_batch_end, self._watch)
         self._why_not = ""
 
     def spoil(self, why: str) -> None:

@@ -290,13 +290,23 @@ class RankStateTracker:
             self._rng_before_validation = None
 
     def _count_batch(self, batch: Any) -> None:
-        # Shapes are host metadata: counting does not synchronise the device.
-        try:
-            self.samples_seen += extract_batch_size(batch)
-        except Exception:  # an exotic batch without a discoverable size is simply not counted
-            return
-        if isinstance(batch, Mapping) and isinstance(batch.get("input_ids"), torch.Tensor):
-            self.tokens_seen = (self.tokens_seen or 0) + int(batch["input_ids"].numel())
+        # Shapes are host metadata: counting does not synchronise the device. A tensor, or a tuple or
+        # list led by one or a dict whose first value is one, is sized as extract_batch_size sizes it,
+        # without its walk (~25 µs a step).
+        first = batch[0] if isinstance(batch, (tuple, list)) and batch else batch
+        if type(batch) is dict and batch:
+            first = next(iter(batch.values()))  # extract_batch_size too takes a dict's first tensor value
+        if isinstance(first, torch.Tensor) and first.ndim > 0:
+            self.samples_seen += first.shape[0]
+        else:
+            try:
+                self.samples_seen += extract_batch_size(batch)
+            except Exception:  # an exotic batch without a discoverable size is simply not counted
+                return
+        if type(batch) is dict or isinstance(batch, Mapping):
+            ids = batch.get("input_ids")
+            if isinstance(ids, torch.Tensor):
+                self.tokens_seen = (self.tokens_seen or 0) + ids.numel()
 
     # ------------------------------------------------------------------ saving
     def capture(

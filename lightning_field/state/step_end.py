@@ -27,7 +27,32 @@ from lightning_field.compat import lightning as internals
 from lightning_field.compat.lightning_progress import step_progress
 from lightning_field.compat.torch import tensor_version
 
-__all__ = ["StepEnd", "changed_since"]
+__all__ = ["StepEnd", "WatchedTensors", "changed_since"]
+
+
+@dataclass(frozen=True)
+class WatchedTensors:
+    """Where the tensors a step may write in place live: (label, owner, attribute) for each module
+    buffer and torchmetrics state. Found once per fit (walking the modules every step would cost more
+    than the rest of a step's bookkeeping together); a module tree that has gained or lost one since
+    is a change in itself (:func:`changed_since`)."""
+
+    places: tuple[tuple[str, Any, str], ...]
+
+    @classmethod
+    def of(cls, module: pl.LightningModule) -> WatchedTensors:
+        places = []
+        for prefix, submodule in module.named_modules():
+            for name, buffer in submodule._buffers.items():
+                if buffer is not None:
+                    places.append((f"buffer {prefix + '.' if prefix else ''}{name}", submodule, name))
+            if isinstance(submodule, Metric):
+                places.extend((f"torchmetrics state {prefix}.{name}", submodule, name) for name in submodule._defaults)
+        return cls(tuple(places))
+
+    def read(self) -> tuple[tuple[Any, int], ...]:
+        """Each place's current value and its in-place write counter."""
+        return tuple((value := getattr(owner, name, None), _version(value)) for _, owner, name in self.places)
 
 
 @dataclass(frozen=True)
@@ -39,8 +64,10 @@ class StepEnd:
     fetches: int  # the train fetcher's count of batches fetched this epoch at that point
     rng: dict[str, Any]
     progress: dict[str, Any]
-    watched: tuple[tuple[str, Any, str, Any, int], ...]  # (name, owner, attribute, tensor, version)
-    logged: tuple[str, ...]  # the keys self.log had accumulated: a new one is a change too
+    watch: WatchedTensors
+    watched: tuple[tuple[Any, int], ...]  # watch.read() then
+    # self.log's accumulators: (key, result, attribute, value, version)
+    logged: tuple[tuple[str, Any, str, Any, int], ...]
 
     @property
     def trained(self) -> int:
@@ -48,30 +75,21 @@ class StepEnd:
         return int(self.progress["epoch_loop.batch_progress"]["current"]["processed"])
 
     @classmethod
-    def capture(cls, trainer: pl.Trainer, rng: dict[str, Any]) -> StepEnd:
+    def capture(cls, trainer: pl.Trainer, rng: dict[str, Any], watch: WatchedTensors) -> StepEnd:
         return cls(
             trainer.global_step, trainer.current_epoch, internals.successful_fetches(trainer), rng,
-            step_progress(trainer), tuple(_watched(trainer)), tuple(internals.training_results(trainer)),
+            step_progress(trainer), watch, watch.read(), _logged(trainer),
         )  # fmt: skip
 
 
-def _watched(trainer: pl.Trainer) -> list[tuple[str, Any, str, Any, int]]:
+def _logged(trainer: pl.Trainer) -> tuple[tuple[str, Any, str, Any, int], ...]:
     found = []
-    module = trainer.lightning_module
-    for prefix, submodule in module.named_modules():
-        for name, buffer in submodule._buffers.items():
-            if buffer is not None:
-                found.append((f"buffer {prefix + '.' if prefix else ''}{name}", submodule, name, buffer, 0))
-        if isinstance(submodule, Metric):
-            for name in submodule._defaults:
-                value = getattr(submodule, name)
-                found.append((f"torchmetrics state {prefix}.{name}", submodule, name, value, 0))
     for key, result in internals.training_results(trainer).items():
         for name in ("value", "cumulated_batch_size"):
             value = getattr(result, name, None)
             if value is not None:
-                found.append((f"the logged value {key}", result, name, value, 0))
-    return [(label, owner, name, value, _version(value)) for label, owner, name, value, _ in found]
+                found.append((key, result, name, value, _version(value)))
+    return tuple(found)
 
 
 def _version(value: Any) -> int:
@@ -86,10 +104,21 @@ def _version(value: Any) -> int:
 def changed_since(end: StepEnd, trainer: pl.Trainer) -> str | None:
     """The first watched tensor that was written in place or replaced since ``end``, or None."""
     logged = tuple(internals.training_results(trainer))
-    if logged != end.logged:
-        return f"the values logged with self.log ({', '.join(sorted(set(logged) - set(end.logged))) or 'fewer'})"
-    for label, owner, name, value, version in end.watched:
+    before = tuple(dict.fromkeys(key for key, *_ in end.logged))
+    if logged != before:
+        return f"the values logged with self.log ({', '.join(sorted(set(logged) - set(before))) or 'fewer'})"
+    for key, owner, name, value, version in end.logged:
         now = getattr(owner, name, None)
         if now is not value or _version(now) != version:
+            return f"the logged value {key}"
+    found = WatchedTensors.of(trainer.lightning_module)
+    if [(label, id(owner), name) for label, owner, name in found.places] != [
+        (label, id(owner), name) for label, owner, name in end.watch.places
+    ]:
+        return "the module's buffers or metrics (one registered or removed since the fit began)"
+    for (label, _, _), (value, version), (now, now_version) in zip(
+        end.watch.places, end.watched, end.watch.read(), strict=True
+    ):
+        if now is not value or now_version != version:
             return label
     return None
