@@ -183,3 +183,25 @@ def test_a_malformed_drill_record_is_refused_naming_its_file(run: Path, text: st
     with pytest.raises(ManifestError, match=re.escape(str(checkpoint / DRILL_RECORD_NAME))) as refused:
         read_manifest(checkpoint)
     assert named in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("record", "named"),
+    [
+        ("every 5", "field 'snapshot_interval' is str"),
+        ({"every_n_train_steps": "5", "reason": "r"}, "field 'snapshot_interval.every_n_train_steps' is '5'"),
+        ({"every_n_train_steps": True, "reason": "r"}, "field 'snapshot_interval.every_n_train_steps' is True"),
+        ({"every_n_train_steps": 5}, "field 'snapshot_interval' needs a reason"),
+    ],
+)
+def test_a_malformed_snapshot_interval_record_is_refused_naming_the_manifest_and_the_field(
+    run: Path, tmp_path: Path, record: object, named: str
+) -> None:
+    checkpoint = tmp_path / "epoch=0-step=3"
+    shutil.copytree(run / "ckpts" / "epoch=0-step=3", checkpoint)
+    manifest = json.loads((checkpoint / MANIFEST_NAME).read_text())
+    manifest["snapshot_interval"] = record
+    (checkpoint / MANIFEST_NAME).write_text(json.dumps(manifest))
+    with pytest.raises(ManifestError, match=re.escape(str(checkpoint))) as refused:
+        read_manifest(checkpoint)
+    assert named in str(refused.value)

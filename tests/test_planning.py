@@ -235,6 +235,20 @@ def test_from_run_takes_the_snapshot_cost_and_interval_a_run_measured(
     )
 
 
+def test_from_run_shows_the_snapshot_interval_auto_chose_and_why(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    make_trainer(tmp_path, 10, every_n_train_steps=100, snapshot_dir=tmp_path / "shm").fit(BoringModel())  # defaults
+    chosen = [e["payload"] for e in read_events(tmp_path) if e["event"] == "snapshot_interval"][-1]
+    plan = plan_json(capsys, *BASE, "--mtbf-hours", "6", "--from-run", str(tmp_path))
+    said = plan["inputs"]["sources"]["snapshot_every_n_train_steps"]
+    assert said == f"every {chosen['every_n_train_steps']} steps (auto) in {tmp_path}: {chosen['reason']}"
+    assert field_main([*BASE, "--mtbf-hours", "6", "--from-run", str(tmp_path)]) == 0
+    assert f"input snapshot_every_n_train_steps: every {chosen['every_n_train_steps']} steps (auto)" in (
+        capsys.readouterr().out
+    )
+
+
 @pytest.mark.parametrize(
     ("figures", "named"),
     [

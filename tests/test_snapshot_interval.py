@@ -14,6 +14,7 @@ import torch
 from conftest import make_trainer
 from lightning.pytorch.demos.boring_classes import BoringModel
 
+from lightning_field import latest_recoverable, read_manifest
 from lightning_field.checkpoint.snapshot_interval import (
     COUNTED,
     PROBES,
@@ -98,7 +99,9 @@ def test_by_default_a_run_measures_its_snapshots_and_says_the_interval_in_log_ev
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     torch.manual_seed(0)
-    trainer = make_trainer(tmp_path, 12, every_n_train_steps=100, snapshot_dir=tmp_path / "shm")  # no snapshot args
+    trainer = make_trainer(  # no snapshot arguments
+        tmp_path, 12, every_n_train_steps=100, snapshot_dir=tmp_path / "shm", save_on_train_end=True
+    )
     with caplog.at_level(logging.INFO):
         trainer.fit(BoringModel())
     said = [r.getMessage() for r in caplog.records if "lightning_field: snapshots" in r.getMessage()]
@@ -113,7 +116,12 @@ def test_by_default_a_run_measures_its_snapshots_and_says_the_interval_in_log_ev
     assert all(step % every == 0 for step in committed[PROBES:])
     assert trainer.checkpoint_callback.snapshots.every_n_train_steps == every
     where = snapshot_dir_for(tmp_path / "ckpts", tmp_path / "shm")
-    assert where.is_dir()  # the newest resume point is only there: kept
+    assert not where.is_dir()  # the end's persistent save supersedes them: released
+    # Every manifest says the interval in force then and why: the end's save the chosen one.
+    final = read_manifest(latest_recoverable(tmp_path / "ckpts") or tmp_path / "missing")
+    assert final.snapshot_interval is not None and final.snapshot_interval["every_n_train_steps"] == every
+    assert final.snapshot_interval["chosen_by"] == "auto"
+    assert final.snapshot_interval["reason"] == chosen[0]["payload"]["reason"]
 
 
 def test_a_failing_auto_snapshot_turns_snapshots_off_with_one_warning(

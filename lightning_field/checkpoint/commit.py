@@ -43,6 +43,7 @@ from lightning_field.core.manifest import (
     FileEntry,
     Manifest,
     Provenance,
+    SnapshotIntervalRecord,
     StopRecord,
     rank_state_file,
 )
@@ -102,6 +103,7 @@ class SaveJob:
     shards: dict[str, Any] | None = None  # DTensor state for DCP, under sharding strategies
     model_state: Any = None
     stopped: StopRecord | None = None  # why training stopped at this save (``save_now(stopped=...)``)
+    snapshot_interval: SnapshotIntervalRecord | None = None  # the run's step snapshots then
 
     @classmethod
     def capture(
@@ -116,6 +118,7 @@ class SaveJob:
         rank_missing: list[str],
         weights_only: bool,
         provenance: Provenance,
+        snapshot_interval: SnapshotIntervalRecord | None = None,
     ) -> SaveJob:
         """This rank's part of a save, from Lightning's dumped ``checkpoint`` and its own
         ``rank_state``: every rank writes its rank file; rank 0 also the shared state, whose
@@ -156,6 +159,7 @@ class SaveJob:
             shared_file=shared_file,
             shards=shards,
             model_state=shards["state_dict"] if shards is not None else checkpoint.get("state_dict", {}),
+            snapshot_interval=snapshot_interval,
         )
 
     @property
@@ -261,6 +265,7 @@ def build_manifest(job: SaveJob, gathered: list[RankReport]) -> Manifest:
         data_restore={str(o.rank): restore for o, _, restore, _ in gathered},
         stream_positions={str(o.rank): positions for o, _, _, positions in gathered if positions},
         stopped=job.stopped,
+        snapshot_interval=job.snapshot_interval,
     )
 
 

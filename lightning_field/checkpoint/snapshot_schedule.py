@@ -19,7 +19,7 @@ from __future__ import annotations
 import shutil
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, cast
 
 import lightning.pytorch as pl
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
@@ -27,6 +27,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from lightning_field.checkpoint.snapshot_interval import AUTO, IntervalChoice, SnapshotInterval
 from lightning_field.core.distributed import all_gather_objects
 from lightning_field.core.events import EventLog
+from lightning_field.core.manifest_records import SnapshotIntervalRecord
 
 if TYPE_CHECKING:
     from lightning_field.checkpoint.checkpointer import Checkpointer
@@ -56,11 +57,11 @@ class SnapshotSchedule:
         """The interval now (None once turned off)."""
         return None if self.off_reason is not None else self.interval.every_n_train_steps
 
-    def record(self) -> dict[str, Any]:
+    def record(self) -> SnapshotIntervalRecord:
         """What every manifest says of the snapshots: asked for, chosen, why (or why they are off)."""
         if self.off_reason is not None:
             return {"requested": self.requested, "every_n_train_steps": None, "reason": self.off_reason}
-        return {"requested": self.requested, **self.interval.choice.record()}
+        return cast(SnapshotIntervalRecord, {"requested": self.requested, **self.interval.choice.record()})
 
     def step_ended(self, step: int) -> None:
         """At each batch's end: the time of each optimizer step, without the snapshot taken in it."""
@@ -87,7 +88,7 @@ class SnapshotSchedule:
                 " (ManifestCheckpoint(snapshot_dir=...)), or turn them off (snapshot_every_n_train_steps=None)."
             )
             if events is not None:
-                events.emit("snapshot_interval", step=trainer.global_step, payload=self.record())
+                events.emit("snapshot_interval", step=trainer.global_step, payload=dict(self.record()))
             return
         self.interval.snapshot_taken(seconds)
         if not self.interval.choice_due():
@@ -103,7 +104,7 @@ class SnapshotSchedule:
             f" {choice.reason}."
         )
         if events is not None:
-            events.emit("snapshot_interval", step=trainer.global_step, payload=self.record())
+            events.emit("snapshot_interval", step=trainer.global_step, payload=dict(self.record()))
 
 
 def describe_tier(

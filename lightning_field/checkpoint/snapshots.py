@@ -52,6 +52,7 @@ from lightning_field.checkpoint.stores.snapshot import SnapshotStore
 from lightning_field.checkpoint.verify import VerifyReport
 from lightning_field.compat import lightning as internals
 from lightning_field.core.distributed import all_gather_objects, global_rank, new_host_group
+from lightning_field.core.manifest_records import SnapshotIntervalRecord
 from lightning_field.core.storage import Location, as_location
 
 if TYPE_CHECKING:  # the owner imports this module
@@ -138,7 +139,7 @@ class StepSnapshots:
         """The interval snapshots are taken at now: the user's, or the one ``"auto"`` chose; None: off."""
         return self.schedule.every_n_train_steps if self.schedule is not None else None
 
-    def interval_record(self) -> dict[str, Any] | None:
+    def interval_record(self) -> SnapshotIntervalRecord | None:
         """What each manifest says of this run's snapshots (asked for, chosen, why), or None when off."""
         return self.schedule.record() if self.schedule is not None else None
 

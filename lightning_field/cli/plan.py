@@ -47,6 +47,12 @@ def measured_from_run(run_dir: Path) -> tuple[dict[str, float], dict[str, str]]:
             f"not measured: {len(snapshots)} step snapshot(s) in {run_dir}, no two in one attempt to time the"
             " interval (--snapshot-seconds and --snapshot-interval to give both)"
         )
+    chosen = [e["payload"] for e in events if e["event"] == "snapshot_interval" and isinstance(e.get("payload"), dict)]
+    if chosen:  # the interval in force at the end, as the run chose it (snapshot_every_n_train_steps="auto")
+        every, by, why = (chosen[-1].get(k) for k in ("every_n_train_steps", "chosen_by", "reason"))
+        sources["snapshot_every_n_train_steps"] = (
+            f"every {every} steps ({by}) in {run_dir}: {why}" if every is not None else f"off in {run_dir}: {why}"
+        )
     ledger = goodput_ledger(events)
     if ledger.interruptions and ledger.mean_time_between_interruptions_s:
         values["mtbf_hours"] = ledger.mean_time_between_interruptions_s / 3600

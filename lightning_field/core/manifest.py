@@ -18,9 +18,11 @@ from lightning_field.core.documents import DocumentFormat, check_envelope, parse
 from lightning_field.core.fsio import atomic_write_bytes
 from lightning_field.core.hashing import HASH_ALGORITHM
 from lightning_field.core.manifest_records import (
+    SnapshotIntervalRecord,
     StopRecord,
     TrainerSettings,
     lineage_problem,
+    snapshot_interval_problem,
     stop_record_problem,
 )
 from lightning_field.core.member_paths import member_name_problem
@@ -147,6 +149,8 @@ class Manifest:
     stream_positions: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     # Set on a save where training stopped (a stop point, an interrupt): why, and whether it had finished.
     stopped: StopRecord | None = None
+    # The run's step snapshots at this save: asked for, the interval in force, and why (or why off).
+    snapshot_interval: SnapshotIntervalRecord | None = None
     format: str = FORMAT
     hash_algorithm: str = HASH_ALGORITHM
     # A keyed MAC over the rest, set by the commit when a checkpoint key is configured (core/signing.py).
@@ -258,7 +262,7 @@ _FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "recoverable": (bool,), "missing": (list,), "kind": (str,), "provenance": (dict,), "created_unix": (int, float),
     "save_seconds": (int, float, type(None)), "restore_tested": (bool,), "restore_drill": (dict, type(None)),
     "data_restore": (dict,), "stream_positions": (dict,), "hash_algorithm": (str,), "signature": (dict, type(None)),
-    "stopped": (dict, type(None)),
+    "stopped": (dict, type(None)), "snapshot_interval": (dict, type(None)),
 }  # fmt: skip
 
 
@@ -281,7 +285,10 @@ def _check_fields(data: dict[str, Any], where: Location) -> None:
     for component, ranks in data["components"].items():
         if not isinstance(ranks, list) or not all(type(r) is int and r >= 0 for r in ranks):
             raise ManifestError(f"{where}: component {component!r} does not list ranks")
-    for problem in (stop_record_problem(data.get("stopped")), lineage_problem(data.get("provenance", {}))):
+    for problem in (
+        stop_record_problem(data.get("stopped")), lineage_problem(data.get("provenance", {})),
+        snapshot_interval_problem(data.get("snapshot_interval")),
+    ):  # fmt: skip
         if problem is not None:
             raise ManifestError(f"{where}: {problem}")
 

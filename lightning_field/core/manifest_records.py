@@ -53,6 +53,41 @@ class StopRecord(TypedDict, total=False):
     stopper: dict[str, Any]  # what a rerun must still have for the stop to hold (a callback's settings, a limit)
 
 
+class SnapshotIntervalRecord(TypedDict, total=False):
+    """The run's step snapshots at a save (``manifest.snapshot_interval``): what the user asked for,
+    the interval in force and why (``checkpoint.snapshot_interval``), or why they are off."""
+
+    requested: int | str  # snapshot_every_n_train_steps as given: "auto" or an integer
+    every_n_train_steps: int | None  # None: off (reason says why)
+    chosen_by: str  # "auto", "auto (measuring)" or "user"
+    budget: float
+    snapshot_seconds: float | None
+    step_seconds: float | None
+    overhead: float | None
+    reason: str
+
+
+_SNAPSHOT_INTERVAL_TYPES: dict[str, tuple[type, ...]] = {
+    "requested": (int, str), "every_n_train_steps": (int, type(None)), "chosen_by": (str,), "budget": (int, float),
+    "snapshot_seconds": (int, float, type(None)), "step_seconds": (int, float, type(None)),
+    "overhead": (int, float, type(None)), "reason": (str,),
+}  # fmt: skip
+
+
+def snapshot_interval_problem(record: Any) -> str | None:
+    """What is wrong with a manifest's ``snapshot_interval`` (a :class:`SnapshotIntervalRecord` or None)."""
+    if record is None:
+        return None
+    if not isinstance(record, dict):
+        return f"field 'snapshot_interval' is {type(record).__name__}, not an object"
+    for key, types in _SNAPSHOT_INTERVAL_TYPES.items():
+        if key in record and not _is_of(record[key], types):
+            return f"field 'snapshot_interval.{key}' is {shown(record[key])}, not {types[0].__name__}"
+    if not isinstance(record.get("reason"), str):
+        return "field 'snapshot_interval' needs a reason (text)"
+    return None
+
+
 def shown(value: Any) -> str:
     """An untrusted value in a refusal: its repr, cut short."""
     text = repr(value)
