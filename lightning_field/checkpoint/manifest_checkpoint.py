@@ -168,8 +168,7 @@ class ManifestCheckpoint(CommittedCheckpoint):
         self.save_on_stop = save_on_stop
         self._stops = StopPointSave(self)
         self._exception_save = ExceptionSave(self)
-        # The step-snapshot tier: ``every_n_train_steps`` (None: off), ``last_costs``, ``root``.
-        self.snapshots = StepSnapshots(
+        self.snapshots = StepSnapshots(  # the step-snapshot tier
             self, snapshot_every_n_train_steps, snapshot_dir, snapshot_in_line, snapshot_overhead_budget
         )
         self.resume_inexact = resume_inexact
@@ -365,6 +364,7 @@ class ManifestCheckpoint(CommittedCheckpoint):
             trainer, final, start, store=store or self._store, checkpoint=checkpoint, rank_state=rank_state,
             rank_missing=rank_missing, weights_only=self.save_weights_only,
             provenance=self._guard.manifest_provenance(trainer.world_size),
+            snapshot_interval=self.snapshots.interval_record(),
         )  # fmt: skip
 
     @override
