@@ -19,11 +19,13 @@ _EXPORTS: dict[str, str] = {
     "run_preflight": "lightning_field.baseline",
     "run_study": "lightning_field.baseline",
     "tiny_overfit": "lightning_field.baseline",
+    "NO_PROGRESS_EXIT_CODE": "lightning_field.checkpoint",
     "PREEMPTED_EXIT_CODE": "lightning_field.checkpoint",
     "CheckpointCorruptError": "lightning_field.checkpoint",
     "Checkpointer": "lightning_field.checkpoint",
     "CheckpointSaveError": "lightning_field.checkpoint",
     "ManifestCheckpoint": "lightning_field.checkpoint",
+    "NoProgressError": "lightning_field.checkpoint",
     "NoRecoverableCheckpointError": "lightning_field.checkpoint",
     "ResumeMismatchError": "lightning_field.checkpoint",
     "TrainingPreempted": "lightning_field.checkpoint",
@@ -61,6 +63,7 @@ _EXPORTS: dict[str, str] = {
 
 __all__ = [
     "HANG_EXIT_CODE",
+    "NO_PROGRESS_EXIT_CODE",
     "PREEMPTED_EXIT_CODE",
     "CheckpointCadence",
     "CheckpointCorruptError",
@@ -74,6 +77,7 @@ __all__ = [
     "JumpSequentialSampler",
     "Manifest",
     "ManifestCheckpoint",
+    "NoProgressError",
     "NoRecoverableCheckpointError",
     "PreflightSettings",
     "ProfiledDDPStrategy",
@@ -121,11 +125,13 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
         tiny_overfit,
     )
     from lightning_field.checkpoint import (
+        NO_PROGRESS_EXIT_CODE,
         PREEMPTED_EXIT_CODE,
         CheckpointCorruptError,
         Checkpointer,
         CheckpointSaveError,
         ManifestCheckpoint,
+        NoProgressError,
         NoRecoverableCheckpointError,
         ResumeMismatchError,
         TrainingPreempted,

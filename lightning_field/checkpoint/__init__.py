@@ -20,6 +20,8 @@ _EXPORTS: dict[str, str] = {
     "CheckpointSaveError": "lightning_field.checkpoint.commit",
     "ManifestCheckpointIO": "lightning_field.checkpoint.io",
     "ManifestCheckpoint": "lightning_field.checkpoint.manifest_checkpoint",
+    "NO_PROGRESS_EXIT_CODE": "lightning_field.checkpoint.no_progress",
+    "NoProgressError": "lightning_field.checkpoint.no_progress",
     "PREEMPTED_EXIT_CODE": "lightning_field.checkpoint.preemption",
     "TrainingPreempted": "lightning_field.checkpoint.preemption",
     "committed_checkpoints": "lightning_field.checkpoint.resolver",
@@ -43,6 +45,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
     from lightning_field.checkpoint.commit import CheckpointSaveError
     from lightning_field.checkpoint.io import ManifestCheckpointIO
     from lightning_field.checkpoint.manifest_checkpoint import ManifestCheckpoint
+    from lightning_field.checkpoint.no_progress import NO_PROGRESS_EXIT_CODE, NoProgressError
     from lightning_field.checkpoint.preemption import PREEMPTED_EXIT_CODE, TrainingPreempted
     from lightning_field.checkpoint.resolver import committed_checkpoints, latest_recoverable, read_last_pointer
     from lightning_field.checkpoint.resume_policy import NoRecoverableCheckpointError, ResumeMismatchError
@@ -78,12 +81,14 @@ def load_weights(
 
 
 __all__ = [
+    "NO_PROGRESS_EXIT_CODE",
     "PREEMPTED_EXIT_CODE",
     "CheckpointCorruptError",
     "CheckpointSaveError",
     "Checkpointer",
     "ManifestCheckpoint",
     "ManifestCheckpointIO",
+    "NoProgressError",
     "NoRecoverableCheckpointError",
     "NothingToRestoreError",
     "Restored",

@@ -27,6 +27,7 @@ from lightning_field.checkpoint.commit import CheckpointSaveError, SaveJob
 from lightning_field.checkpoint.committed import CommittedCheckpoint
 from lightning_field.checkpoint.exception_save import ExceptionSave
 from lightning_field.checkpoint.io import FIELD_KEY, ManifestCheckpointIO
+from lightning_field.checkpoint.no_progress import DEFAULT_MAX_FAILED_ATTEMPTS, NoProgressGuard
 from lightning_field.checkpoint.preemption import DEFAULT_SIGNALS, PreemptionSave, TrainingPreempted
 from lightning_field.checkpoint.resume_policy import NoRecoverableCheckpointError, ResumeGuard
 from lightning_field.checkpoint.snapshot_interval import DEFAULT_BUDGET
@@ -85,6 +86,8 @@ class ManifestCheckpoint(CommittedCheckpoint):
         snapshot_overhead_budget: the share of step time ``"auto"`` snapshots may take (default 0.01).
         snapshot_in_line: commit snapshots before the next step (True) or beside it from a host copy
             (False); default: in line where training computes on the CPU, beside it on an accelerator.
+        max_failed_attempts: after this many attempts failed with nothing committed past the step the next one
+            resumes from, it refuses before its first batch (exit 77, ``checkpoint.no_progress``); None: off.
 
     Raises:
         ValueError: ``on_save_error`` is not ``"stop"``/``"warn"``, ``preemption_check_every_n_steps`` is
@@ -149,6 +152,7 @@ class ManifestCheckpoint(CommittedCheckpoint):
         snapshot_dir: str | os.PathLike[str] | None = None,
         snapshot_in_line: bool | None = None,
         snapshot_overhead_budget: float = DEFAULT_BUDGET,
+        max_failed_attempts: int | None = DEFAULT_MAX_FAILED_ATTEMPTS,
     ) -> None:
         super().__init__(
             dirpath=dirpath, filename=filename, monitor=monitor, verbose=verbose, save_last=save_last,
@@ -162,17 +166,15 @@ class ManifestCheckpoint(CommittedCheckpoint):
         self._preemption = PreemptionSave(self, preemption_signals, preemption_check_every_n_steps)
         self.rank_tracker = self.make_rank_tracker(generators)
         self._guard = ResumeGuard(allow_resume_mismatch, allow_changed, lambda: self._events)
-        self.config = config
-        self.code_dir = code_dir
-        self.save_on_train_end = save_on_train_end
-        self.save_on_stop = save_on_stop
+        self._no_progress = NoProgressGuard(self, max_failed_attempts, self._guard.code)
+        self.config, self.code_dir = config, code_dir
+        self.save_on_train_end, self.save_on_stop = save_on_train_end, save_on_stop
         self._stops = StopPointSave(self)
         self._exception_save = ExceptionSave(self)
         self.snapshots = StepSnapshots(  # the step-snapshot tier
             self, snapshot_every_n_train_steps, snapshot_dir, snapshot_in_line, snapshot_overhead_budget
         )
-        self.resume_inexact = resume_inexact
-        self.trust_pickles = trust_pickles
+        self.resume_inexact, self.trust_pickles = resume_inexact, trust_pickles
         self._deferred_batch_end: tuple[Any, Any, int] | None = None
         self._deferred_validation_end = False
         self._show_hint_again: Any = None
@@ -253,8 +255,7 @@ class ManifestCheckpoint(CommittedCheckpoint):
         self._guard.check_ranks_resumed_alike(trainer.ckpt_path)
         self._guard.check_data(trainer, list(internals.iter_loaders(trainer.train_dataloader)))
         self.rank_tracker.restore_on_train_start(trainer, pl_module)
-        if self._events is not None:
-            self._events.emit("fit_start", step=trainer.global_step)
+        self._no_progress.fit_start(trainer)  # "fit_start"; refuses where attempts before failed here, no progress
 
     @override
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -332,8 +333,7 @@ class ManifestCheckpoint(CommittedCheckpoint):
             self._exception_save.at_exception(trainer, exception)
         self._saves.interrupt(trainer)
         self.snapshots.interrupt(trainer)
-        failed = f"failed: {type(exception).__name__}"
-        self._end_attempt(trainer, "preempted" if isinstance(exception, TrainingPreempted) else failed)
+        self._end_attempt(trainer, self._no_progress.ended(trainer, exception))  # "attempt_failed" recorded
         super().on_exception(trainer, pl_module, exception)
 
     @override

@@ -209,6 +209,10 @@ class ResumeGuard:
         }
         self._settings = settings_of(trainer)
 
+    def code(self) -> Mapping[str, Any]:
+        """This run's code identity (versions, git commit and diff hash) as :meth:`record` found it; {} before."""
+        return self._static.get("code", {})
+
     def choose_inexact(self, checkpoint: Location, missing: Sequence[str]) -> None:
         """``resume_inexact``: this unrecoverable checkpoint may be resumed, and every later
         manifest says so."""
