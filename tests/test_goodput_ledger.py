@@ -251,3 +251,42 @@ def test_the_run_summary_and_the_printed_summary_show_snapshot_overhead_and_step
         "goodput": {**ledger.to_dict(), "buckets_s": ledger.buckets},
     })  # fmt: skip
     assert "2 step(s) lost (redone after a resume from: snapshot 2)" in printed and "snapshot_overhead 0.4 s" in printed
+
+
+def test_a_crash_loop_counts_the_steps_each_attempt_redid_and_claims_no_attempt_after_the_last() -> None:
+    """Four attempts: the first commits step 20 and dies in step 23 (its last report at step 20), each
+    next one resumes from 20 and dies in 23 again; the guard refuses the fourth at step 20."""
+    log = Log().start(process_start=0.0, t=1.0).add("run_start", 1.0).add("fit_start", 1.5, 0)
+    log.add("ckpt_committed", 20.0, 20, blocking_s=0.5).progress(20.5, 20, first=2.0, data_wait=0.0, batches=20)
+    log.add("attempt_failed", 23.0, 22, step=22, exception="RuntimeError")
+    log.add("attempt_end", 23.1, 22, status="failed: RuntimeError")
+    t = 30.0
+    for _ in range(2):
+        log.start(process_start=t, t=t + 1).add("ckpt_load", t + 1.5, 20, seconds=0.5, tier="persistent")
+        log.add("fit_start", t + 2, 20).progress(t + 2.1, 20, first=t + 2.1, data_wait=0.0, batches=0)
+        log.add("attempt_failed", t + 3, 22, step=22, exception="RuntimeError")
+        log.add("attempt_end", t + 3.1, 22, status="failed: RuntimeError")
+        t += 10.0
+    log.start(process_start=t, t=t + 1).add("ckpt_load", t + 1.5, 20, seconds=0.5, tier="persistent")
+    log.add("fit_start", t + 2, 20).add("no_progress_refused", t + 2, 20)
+    log.add("attempt_end", t + 2.1, 20, status="refused: no progress")
+    ledger = goodput_ledger(log.events)
+    assert [a.status for a in ledger.attempts] == ["failed", "failed", "failed", "refused"]
+    assert [a.last_step for a in ledger.attempts] == [22, 22, 22, 20]  # reached, not the last report's step
+    assert [a.lost_steps for a in ledger.attempts] == [2, 2, 2, 0]  # steps 21-22, redone by the next attempt
+    assert [a.cut_back_to for a in ledger.attempts] == ["persistent", "persistent", "persistent", None]
+    assert ledger.lost_steps == 6 and ledger.redone_steps["persistent"] == 6 and ledger.redone_steps["none"] == 0
+    assert ledger.interruptions == 3  # a refusal trains nothing: not an interruption
+    assert_partition(ledger)
+
+
+def test_the_last_attempt_dying_claims_no_later_attempt_and_redoes_nothing_yet() -> None:
+    log = Log().start(process_start=0.0, t=1.0).add("run_start", 1.0).add("fit_start", 1.5, 0)
+    log.progress(9.0, 9, first=2.0, data_wait=0.0, batches=9).add("ckpt_committed", 10.0, 10, blocking_s=0.5)
+    log.add("ckpt_save_start", 15.0, 15)  # killed in this save, the last attempt so far
+    ledger = goodput_ledger(log.events)
+    (only,) = ledger.attempts
+    assert only.status == "crashed" and only.last_step == 15 and only.cut_back_to is None and only.lost_steps == 0
+    assert ledger.redone_steps["none"] == 0
+    assert only.seconds["lost_progress"] == pytest.approx(15.0 - 10.0)  # after its newest commit: at risk
+    assert_partition(ledger)

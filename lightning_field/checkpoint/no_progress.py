@@ -8,7 +8,7 @@ exception's type and a shortened message, the code identity). At the start of tr
 first batch, the next attempt counts the attempts before it that failed with nothing committed past
 the step it resumed from; at ``max_failed_attempts`` (default 3) of them it refuses to train:
 :class:`NoProgressError`, exit status :data:`NO_PROGRESS_EXIT_CODE` (77) uncaught, which a launcher
-or batch script can treat as final (docs/checkpoints.md, "A run that makes no progress").
+or batch script can treat as final (docs/no-progress.md).
 
 The count starts over where progress was made (a commit past that step, a finished attempt), where
 the code changed (its git commit or diff, the Python/torch/Lightning versions: presumably the fix),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from lightning_field.cli import ckpt, evidence, plan, probe, record, scale, wandb
+from lightning_field.cli import ckpt, evidence, ledger, plan, probe, record, scale, wandb
 from lightning_field.core.signing import SigningKeyError
 
 PREFLIGHT_HELP = "data and label checks, a tiny overfit, a one-device baseline and the fit (Hydra overrides follow)"
@@ -24,6 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     ckpt.add_parser(sub)
     evidence.add_parser(sub)
+    ledger.add_parser(sub)
     plan.add_parser(sub)
     probe.add_parser(sub)
     record.add_parser(sub)

@@ -37,21 +37,28 @@ REDONE_FROM = (*TIERS, "none")
 """Keys of ``Ledger.redone_steps``: the tier resumed from, or "none" where a later attempt started from scratch."""
 COMMITS = ("ckpt_committed", "snapshot_committed")
 """Events that make a step a point a later attempt can resume from."""
+AT_STEP = (
+    *COMMITS, "fit_start", "ckpt_load", "ckpt_save_start", "ckpt_save_failed", "eval", "hang", "attempt_failed",
+    "attempt_end", "preempted", "interrupted",
+)
+"""An attempt's own events whose ``step`` is one it had reached (a progress report may be older)."""
 
 
 @dataclass
 class AttemptAccount:
     attempt: int
-    status: str  # finished | running | crashed | preempted | failed
+    status: str  # finished | running | crashed | preempted | failed | refused (the no-progress guard's)
     start_unix: float
     end_unix: float
     first_step_unix: float | None
-    last_step: int | None
+    last_step: int | None  # the step it reached: the newest of its reports, commits and its end
     resumed_from_step: int | None
     devices: int = 1
     resumed_from_tier: str | None = None  # "persistent", "snapshot" or "replica" where it loaded one
-    lost_steps: int = 0
-    cut_back_to: str | None = None  # the tier a later attempt resumed from, where this one lost steps
+    lost_steps: int = 0  # steps redone: the step it reached minus the step the next attempt resumed from
+    # The tier the next attempt resumed from where this one lost steps ("none": it started over); None
+    # where no later attempt cut it back (none came yet: its steps past its newest commit are at risk).
+    cut_back_to: str | None = None
     seconds: dict[str, float] = field(default_factory=dict)
     # Trainer settings this attempt changed from its checkpoint's, as allow_changed allowed (a
     # ``settings_changed`` event): name -> [checkpoint's, this attempt's]. From here on the run is not
@@ -110,7 +117,7 @@ def _status(own: list[Mapping[str, Any]], crashed: bool, is_last: bool, live: bo
     ends = [e for e in own if e["event"] == "attempt_end"]
     if ends:
         status = str(ends[-1]["payload"].get("status", "finished"))
-        return "failed" if status.startswith("failed") else status
+        return next((kind for kind in ("failed", "refused") if status.startswith(kind)), status)
     # No end record: it died, unless it is the attempt still running as we speak.
     return "running" if is_last and live and not crashed else "crashed"
 
@@ -146,7 +153,7 @@ def _accounts(
                 start_unix=float(start),
                 end_unix=float(end),
                 first_step_unix=progress.get("first_step_unix"),
-                last_step=progress.get("step"),
+                last_step=_reached(own, progress),
                 resumed_from_step=int(loads[-1]["step"]) if loads and loads[-1].get("step") is not None else None,
                 devices=devices[-1] if devices else 1,
                 resumed_from_tier=_tier(loads[-1]["payload"].get("tier")) if loads else None,
@@ -155,6 +162,15 @@ def _accounts(
             )
         )
     return accounts
+
+
+def _reached(own: list[Mapping[str, Any]], progress: Mapping[str, Any]) -> int | None:
+    """The newest step the attempt is known to have reached: its latest progress report or heartbeat,
+    and the steps of its own commits, load, failure and end (a report can be older than all of them)."""
+    steps = [int(e["step"]) for e in own if e["event"] in AT_STEP and e.get("step") is not None]
+    if progress.get("step") is not None:
+        steps.append(int(progress["step"]))
+    return max(steps, default=None)
 
 
 def _changed_settings(own: list[Mapping[str, Any]]) -> dict[str, list[Any]]:
@@ -169,22 +185,20 @@ def _tier(value: object) -> str:
 
 def _kept_step(
     account: AttemptAccount, later: list[AttemptAccount], own_commits: list[Mapping[str, Any]]
-) -> tuple[int | None, str | None]:
-    """The step of this attempt's work that survives and the tier that kept it: what the next attempt
-    to load a checkpoint resumed from; 0 if a later attempt trained from scratch; None if nothing
-    has cut it back."""
+) -> tuple[int | None, str | None, bool]:
+    """The step of this attempt's work that survives, the tier that kept it, and whether a later
+    attempt decided it: what the next attempt to load a checkpoint resumed from; 0 if a later attempt
+    trained from scratch; for an interrupted attempt no later one cut back yet, its newest commit (or
+    the step it resumed from); None if nothing cuts it back."""
     for other in later:
         if other.resumed_from_step is not None:
-            return other.resumed_from_step, other.resumed_from_tier
+            return other.resumed_from_step, other.resumed_from_tier or "persistent", True
         if other.first_step_unix is not None:
-            return 0, None  # trained without loading anything: everything before it was thrown away
+            return 0, "none", True  # trained without loading anything: everything before it was thrown away
     if account.status in INTERRUPTED:
-        newest = max(own_commits, key=lambda e: int(e["step"] if e.get("step") is not None else -1), default=None)
-        if newest is None or newest.get("step") is None:
-            return 0, None
-        tier = "snapshot" if newest["event"] == "snapshot_committed" else "persistent"
-        return int(newest["step"]), tier  # pending a restart
-    return None, None
+        steps = [int(e["step"]) for e in own_commits if e.get("step") is not None]
+        return max([*steps, account.resumed_from_step or 0]), None, False  # at risk, pending a restart
+    return None, None, False
 
 
 def goodput_ledger(events: Iterable[Mapping[str, Any]], now: float | None = None) -> Ledger:
@@ -229,8 +243,12 @@ def goodput_ledger(events: Iterable[Mapping[str, Any]], now: float | None = None
             totals["restart_overhead"] += overhead
             if accounts[index - 1].status in INTERRUPTED and account.first_step_unix is not None:
                 restarts.append(account.first_step_unix - account.start_unix)
+        kept = _kept_step(account, later, [e for e in own if e["event"] in COMMITS])
+        if kept[2] and kept[0] is not None and account.last_step is not None and account.last_step > kept[0]:
+            # Steps are redone only once a later attempt resumed from before them (with or without time reports).
+            account.lost_steps, account.cut_back_to = account.last_step - kept[0], kept[1]
         if account.first_step_unix is not None:
-            _split_training(account, own, later, totals, idle)
+            _split_training(account, own, kept[:2], totals, idle)
         if later:
             idle["downtime_between_attempts"] += later[0].start_unix - account.end_unix
 
@@ -260,7 +278,7 @@ def goodput_ledger(events: Iterable[Mapping[str, Any]], now: float | None = None
 def _split_training(
     account: AttemptAccount,
     own: list[Mapping[str, Any]],
-    later: list[AttemptAccount],
+    kept_at: tuple[int | None, str | None],
     totals: dict[str, float],
     idle: dict[str, float],
 ) -> None:
@@ -273,7 +291,7 @@ def _split_training(
         + [_last_beat(own) or first]
     )
     last_activity = min(max(last_activity, first), account.end_unix)
-    kept_step, kept_tier = _kept_step(account, later, own_commits)
+    kept_step = kept_at[0]
     last_step = account.last_step if account.last_step is not None else kept_step
     if kept_step is None or (last_step is not None and last_step <= kept_step):
         # Nothing it trained was thrown away.
@@ -286,8 +304,6 @@ def _split_training(
         # Nothing this attempt did survives unless the kept checkpoint was committed by it.
         useful_end = min(kept[-1]["wall_time"], account.end_unix) if kept else first
         waits = _data_wait(own, kept_step) if kept else 0.0
-        account.lost_steps = max((last_step or 0) - kept_step, 0)
-        account.cut_back_to = kept_tier or "none"
         lost = account.end_unix - useful_end
         totals["lost_progress"] += lost
         account.seconds["lost_progress"] = lost

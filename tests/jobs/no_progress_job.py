@@ -20,16 +20,27 @@ from lightning_field import ManifestCheckpoint, TimeToQuality
 
 
 class FailsAtStep(BoringModel):
-    """Raises ``RuntimeError`` in training step ``fail_at`` (1-based: after ``fail_at - 1`` steps)."""
+    """Raises ``RuntimeError`` in training step ``fail_at`` (1-based: after ``fail_at - 1`` steps), in
+    ``training_step`` or, with ``in_optimizer_step``, once its optimizer step began (no resume point
+    can then be saved at the step reached: the next attempt redoes the steps since the last commit)."""
 
-    def __init__(self, fail_at: int | None) -> None:
+    def __init__(self, fail_at: int | None, in_optimizer_step: bool = False) -> None:
         super().__init__()
         self.fail_at = fail_at
+        self.in_optimizer_step = in_optimizer_step
 
-    def training_step(self, batch: torch.Tensor, batch_idx: int) -> dict[str, torch.Tensor]:
+    def _fail_here(self) -> None:
         if self.fail_at is not None and self.trainer.global_step + 1 == self.fail_at:
             raise RuntimeError(f"injected failure in training step {self.fail_at}")
+
+    def training_step(self, batch: torch.Tensor, batch_idx: int) -> dict[str, torch.Tensor]:
+        if not self.in_optimizer_step:
+            self._fail_here()
         return super().training_step(batch, batch_idx)
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        if self.in_optimizer_step:
+            self._fail_here()
 
 
 class SayTrainStart(Callback):
@@ -43,6 +54,7 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--root", required=True)
     p.add_argument("--fail-at-step", type=int, default=None, help="training step (1-based) that raises")
+    p.add_argument("--fail-in-optimizer-step", action="store_true", help="fail after the optimizer step began")
     p.add_argument("--max-steps", type=int, default=40)
     p.add_argument("--every", type=int, default=5)
     p.add_argument("--checkpoint", choices=["manifest", "plain"], default="manifest")
@@ -55,7 +67,7 @@ def main() -> None:
     ckpt_dir = os.path.join(args.root, "checkpoints")
     callbacks: list[Callback] = [SayTrainStart()]
     if args.time_to_quality:
-        callbacks.append(TimeToQuality(monitor="val_loss", target=0.0, progress_every_s=0.0))
+        callbacks.append(TimeToQuality(monitor="val_loss", target=0.0, progress_every_s=0.01))
     if args.checkpoint == "manifest":
         checkpoint = ManifestCheckpoint(
             dirpath=ckpt_dir, every_n_train_steps=args.every, save_top_k=-1, save_last=True,
@@ -73,7 +85,7 @@ def main() -> None:
         logger=False, enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
         limit_val_batches=0, deterministic=True,
     )  # fmt: skip
-    trainer.fit(FailsAtStep(args.fail_at_step), ckpt_path="last")
+    trainer.fit(FailsAtStep(args.fail_at_step, args.fail_in_optimizer_step), ckpt_path="last")
     print(f"FINISHED at step {trainer.global_step}", flush=True)
 
 

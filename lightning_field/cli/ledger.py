@@ -1,0 +1,80 @@
+"""``field ledger RUN_DIR``: the goodput ledger of a run, from its event log: per attempt where it
+resumed from, the step it reached, the steps the next attempt redid and the tier it was cut back to;
+the run's time by bucket. ``--json`` prints the ledger as a document."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from lightning_field.core.events import EventLogError, read_events
+from lightning_field.quality.ledger import AttemptAccount, Ledger, goodput_ledger
+
+COLUMNS = ("attempt", "status", "resumed from", "reached", "redone", "cut back to", "productive s", "lost s")
+
+
+def _resumed(account: AttemptAccount) -> str:
+    if account.resumed_from_step is None:
+        return "- (no checkpoint)"
+    return f"{account.resumed_from_step} ({account.resumed_from_tier or 'persistent'})"
+
+
+def _cut_back(account: AttemptAccount, is_last: bool) -> str:
+    if account.cut_back_to is not None:
+        return account.cut_back_to
+    return "no later attempt" if is_last else "-"
+
+
+def render(ledger: Ledger, run_dir: str) -> str:
+    """The ledger as a table and a few lines of totals."""
+    last = len(ledger.attempts) - 1
+    rows = [
+        (str(a.attempt), a.status, _resumed(a), "-" if a.last_step is None else str(a.last_step), str(a.lost_steps),
+         _cut_back(a, index == last), f"{a.seconds.get('productive', 0.0):.2f}",
+         f"{a.seconds.get('lost_progress', 0.0):.2f}")
+        for index, a in enumerate(ledger.attempts)
+    ]  # fmt: skip
+    widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(COLUMNS)]
+    line = "  ".join(f"{{:<{w}}}" for w in widths)
+    by_tier = ", ".join(f"{tier} {n}" for tier, n in ledger.redone_steps.items() if n)
+    out = [
+        f"{run_dir}: {len(ledger.attempts)} attempt(s), {ledger.interruptions} interruption(s),"
+        f" {ledger.lost_steps} step(s) redone" + (f" ({by_tier})" if by_tier else "")
+        + f"; goodput {ledger.goodput:.1%} of {ledger.elapsed_s:.1f} s",
+        line.format(*COLUMNS).rstrip(),
+        *(line.format(*r).rstrip() for r in rows),
+        "time: " + ", ".join(f"{k} {v:.2f} s" for k, v in ledger.buckets.items()),
+        "idle_other: " + ", ".join(f"{k} {v:.2f} s" for k, v in ledger.idle_breakdown.items()),
+    ]
+    return "\n".join(out)
+
+
+def cmd_ledger(args: argparse.Namespace) -> int:
+    run_dir = Path(args.run_dir)
+    try:
+        ledger = goodput_ledger(read_events(run_dir), now=time.time() if args.running else None)
+    except (EventLogError, ValueError) as err:
+        print(f"field ledger: {run_dir}: {err}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(ledger.to_dict(), indent=2, sort_keys=True))
+    else:
+        print(render(ledger, str(run_dir)))
+    return 0
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    ledger = sub.add_parser(
+        "ledger",
+        help="the goodput ledger of a run: per attempt its resume step, the step reached, the steps redone;"
+        " time by bucket",
+    )
+    ledger.add_argument("run_dir", help="the run directory (the Trainer's default_root_dir: field/events.jsonl)")
+    ledger.add_argument("--json", action="store_true", help="print the ledger as JSON")
+    ledger.add_argument(
+        "--running", action="store_true", help="the last attempt is still running: account for it up to now"
+    )
+    ledger.set_defaults(func=cmd_ledger)
