@@ -6,6 +6,7 @@ Real child processes (tests/jobs/no_progress_job.py), rerun in one run directory
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -86,6 +87,25 @@ def test_the_retry_variable_allows_one_more_attempt_and_no_second(
     rc, out = attempt(root, "--fail-at-step", 3, "--max-failed-attempts", 2)  # the variable still set
     assert rc == NO_PROGRESS_EXIT_CODE and "(1, 2, 4)" in out, out[-3000:]
     assert [e["attempt"] for e in read_events(root) if e["event"] == "no_progress_retry"] == [4]
+
+
+def test_changed_code_starts_the_count_over(tmp_path: Path) -> None:
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "train.py").write_text("# the user's code\n")
+    git = ["git", "-C", str(code), "-c", "user.name=t", "-c", "user.email=t@example.com"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "train.py"], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "v1"], check=True)
+    root = tmp_path / "run"
+    for _ in range(3):
+        assert attempt(root, "--fail-at-step", 23, "--code-dir", code)[0] == 1
+    assert attempt(root, "--fail-at-step", 23, "--code-dir", code)[0] == NO_PROGRESS_EXIT_CODE
+    (code / "train.py").write_text("# the user's code, fixed\n")
+    subprocess.run([*git, "commit", "-q", "-am", "the fix"], check=True)
+    # The checkpoint was written by other code: its resume needs allowing; the guard lets it train.
+    rc, out = attempt(root, "--fail-at-step", 23, "--code-dir", code, "--allow-code-change")
+    assert rc == 1 and "RuntimeError: injected failure in training step 23" in out, out[-3000:]
 
 
 def test_plain_lightning_redoes_the_same_steps_and_fails_at_the_same_one_every_attempt(tmp_path: Path) -> None:

@@ -60,6 +60,8 @@ def main() -> None:
     p.add_argument("--checkpoint", choices=["manifest", "plain"], default="manifest")
     p.add_argument("--max-failed-attempts", type=int, default=3, help="ManifestCheckpoint argument; 0: None (off)")
     p.add_argument("--no-snapshots", action="store_true")
+    p.add_argument("--code-dir", default=None, help="ManifestCheckpoint(code_dir); default: no git repository")
+    p.add_argument("--allow-code-change", action="store_true", help="allow_resume_mismatch=['code']")
     p.add_argument("--time-to-quality", action="store_true", help="add TimeToQuality (progress events)")
     args = p.parse_args()
 
@@ -74,7 +76,8 @@ def main() -> None:
             snapshot_every_n_train_steps=None if args.no_snapshots else "auto",
             max_failed_attempts=args.max_failed_attempts or None,
             # No git repository: the code identity stays put while the checkout around the test changes.
-            code_dir=tempfile.gettempdir(),
+            code_dir=args.code_dir or tempfile.gettempdir(),
+            allow_resume_mismatch=["code"] if args.allow_code_change else [],
         )  # fmt: skip
         callbacks.append(checkpoint)
     else:
