@@ -139,3 +139,13 @@ def test_attempts_that_never_trained_or_ran_other_code_are_passed_over_or_end_th
     assert [a.attempt for a in failed_attempts_without_progress(log, 20, "a", current=5)] == [1, 3]
     assert [a.attempt for a in failed_attempts_without_progress(log, 20, "b", current=5)] == []  # code changed
     assert failed_attempts_without_progress(log, 25, "a", current=5) == []  # resumed elsewhere
+
+
+def test_over_two_ranks_every_rank_refuses_alike_and_the_job_exits_77(tmp_path: Path) -> None:
+    root = tmp_path / "run"
+    args = ["--fail-at-step", 23, "--devices", 2]
+    assert [attempt(root, *args)[0] for _ in range(3)] == [1, 1, 1]
+    rc, out = attempt(root, *args)
+    assert rc == NO_PROGRESS_EXIT_CODE, out[-3000:]
+    # Over several ranks no resume point is saved at the exception: each attempt resumed from step 20.
+    assert out.count("TRAIN-START step=20") == 2 and "(1, 2, 3) resumed from step 20" in out

@@ -60,6 +60,7 @@ def main() -> None:
     p.add_argument("--checkpoint", choices=["manifest", "plain"], default="manifest")
     p.add_argument("--max-failed-attempts", type=int, default=3, help="ManifestCheckpoint argument; 0: None (off)")
     p.add_argument("--no-snapshots", action="store_true")
+    p.add_argument("--devices", type=int, default=1, help="CPU ranks (DDP over gloo beyond 1)")
     p.add_argument("--code-dir", default=None, help="ManifestCheckpoint(code_dir); default: no git repository")
     p.add_argument("--allow-code-change", action="store_true", help="allow_resume_mismatch=['code']")
     p.add_argument("--time-to-quality", action="store_true", help="add TimeToQuality (progress events)")
@@ -84,7 +85,8 @@ def main() -> None:
         callbacks.append(ModelCheckpoint(dirpath=ckpt_dir, every_n_train_steps=args.every, save_top_k=-1,
                                          save_last=True))  # fmt: skip
     trainer = pl.Trainer(
-        default_root_dir=args.root, accelerator="cpu", devices=1, max_steps=args.max_steps, callbacks=callbacks,
+        default_root_dir=args.root, accelerator="cpu", devices=args.devices, max_steps=args.max_steps,
+        callbacks=callbacks,
         logger=False, enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
         limit_val_batches=0, deterministic=True,
     )  # fmt: skip
