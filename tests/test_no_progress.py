@@ -135,10 +135,11 @@ def test_attempts_that_never_trained_or_ran_other_code_are_passed_over_or_end_th
         ([], {**boom, "step": 0}),  # failed in start-up, before training: not counted
         ([("fit_start", 20)], boom),
         ([("fit_start", 20)], None),  # killed without a trace: passed over
+        ([("fit_start", 20)], {**boom, "exception": "KeyboardInterrupt"}),  # Ctrl-C: a person, not the code
     )
-    assert [a.attempt for a in failed_attempts_without_progress(log, 20, "a", current=5)] == [1, 3]
-    assert [a.attempt for a in failed_attempts_without_progress(log, 20, "b", current=5)] == []  # code changed
-    assert failed_attempts_without_progress(log, 25, "a", current=5) == []  # resumed elsewhere
+    assert [a.attempt for a in failed_attempts_without_progress(log, 20, "a", current=6)] == [1, 3]
+    assert [a.attempt for a in failed_attempts_without_progress(log, 20, "b", current=6)] == []  # code changed
+    assert failed_attempts_without_progress(log, 25, "a", current=6) == []  # resumed elsewhere
 
 
 def test_over_two_ranks_every_rank_refuses_alike_and_the_job_exits_77(tmp_path: Path) -> None:

@@ -56,6 +56,8 @@ DEFAULT_MAX_FAILED_ATTEMPTS = 3
 MESSAGE_CHARS = 200
 COMMITS = ("ckpt_committed", "snapshot_committed")
 REFUSED_STATUS = "refused: no progress"
+NOT_FAILURES = ("KeyboardInterrupt",)
+"""Exceptions recorded but not counted: a person stopped the attempt (Ctrl-C), the code did not fail."""
 
 
 @dataclass(frozen=True)
@@ -121,7 +123,7 @@ def failed_attempts_without_progress(
 
     An attempt's resume point at its end is the newest step it committed, else the step it started
     from; one that trained (``fit_start``), left it at ``step`` and failed counts. One without an
-    exception record (killed, preempted, refused) or that never trained is passed over."""
+    exception record (killed, preempted, refused), stopped by Ctrl-C or that never trained is passed over."""
     grouped: dict[int, list[Mapping[str, Any]]] = {}
     for event in events:
         grouped.setdefault(int(event.get("attempt", 1)), []).append(event)
@@ -141,11 +143,14 @@ def failed_attempts_without_progress(
         failures = [e for e in own if e["event"] == "attempt_failed"]
         if failures:
             payload = failures[-1]["payload"]
+            if payload.get("exception") in NOT_FAILURES:
+                continue
             if code is not None and payload.get("code") not in (None, code):
                 break  # other code failed: the fix is presumably this one
             counted.append(FailedAttempt(number, payload.get("step"), str(payload.get("exception", "?")),
                                          str(payload.get("message", "")), retried))  # fmt: skip
-        elif any(s.startswith("failed") for s in statuses):  # a log written before attempt_failed
+        elif any(s.startswith("failed") and s.partition(": ")[2] not in NOT_FAILURES for s in statuses):
+            # a log written before attempt_failed
             counted.append(FailedAttempt(number, None, statuses[-1].partition(": ")[2] or "an exception", ""))
     return counted[::-1]
 
