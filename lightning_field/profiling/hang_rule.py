@@ -9,7 +9,9 @@ is hung when it has passed no mark for longer than the timeout of the phase it i
 
 * inside a training batch or between two: ``max(floor_s, factor x the longest of the last `window`
   batches)``, a batch timed from one batch end to the next (the next fetch and every callback
-  included), or from its start where a long phase came before it;
+  included), or from its start where a long phase came before it (the attempt's first batch is left
+  out: it had the long-phase allowance, and compilation or warming caches can make it many times the
+  others);
 * inside validation, once a validation batch has been seen: the same, over the training and
   validation batches;
 * in a phase that is legitimately long, or in work of a kind this attempt has not timed yet (the first

@@ -66,6 +66,8 @@ from lightning_field.profiling.watchdog import HangWatchdog
 log = logging.getLogger(__name__)
 
 POLICIES = ("warn", "checkpoint_and_stop")
+
+
 class StragglerMonitor(SectionHooks):
     """Name the slow rank, its host and the section responsible.
 

@@ -97,6 +97,7 @@ class HangWatchdog(Callback):
         self._progress: Progress = (0, -1, Phase.STARTING, time.monotonic())
         self._entered = time.monotonic()
         self._batch_began: float | None = None
+        self._first_batch_timed = False
         self._val_began = 0.0
         self._checkpoint: ManifestCheckpoint | None = None
         self._launcher: Any = None
@@ -128,7 +129,7 @@ class HangWatchdog(Callback):
         job = Job(Path(trainer.default_root_dir), trainer.global_rank, len(gathered), [h for _, h in gathered],
                   gathered[0][0])  # fmt: skip
         self.history = StepHistory(self.rule.window)
-        self._entered, self._batch_began = time.monotonic(), None
+        self._entered, self._batch_began, self._first_batch_timed = time.monotonic(), None, False
         self._progress = (0, trainer.global_step, Phase.STARTING, self._entered)
         self._checkpoint = find_manifest_checkpoint(trainer)
         self._launcher = getattr(trainer.strategy, "launcher", None) if trainer.global_rank == 0 else None
@@ -219,7 +220,11 @@ class HangWatchdog(Callback):
         self._mark(Phase.BETWEEN_STEPS, trainer.global_step)
         now = self._progress[3]
         if self._batch_began is not None:
-            self.history.add_batch(now - self._batch_began)
+            if self._first_batch_timed:
+                self.history.add_batch(now - self._batch_began)
+            # The attempt's first batch (compilation, autotuning, caches warming) had the long-phase
+            # allowance; in the window it would raise the in-step timeout to `factor` x it for 100 batches.
+            self._first_batch_timed = True
         self._batch_began = now
 
     @override
