@@ -214,7 +214,7 @@ def test_the_in_step_timeout_is_the_floor_while_factor_times_the_longest_recent_
     rule = HangRule(floor_s=2.0, factor=10.0, long_phase_s=20.0)
     timeout, why = rule.timeout(Phase.FORWARD, _history(0.05, 0.12, 0.08))
     assert timeout == 2.0
-    assert why == "the floor (above 10 x the longest of the last 3 batches (0.12 s))"
+    assert why == "the floor, above 10 x the longest of the last 3 batches (0.12 s)"
     assert rule.step_timeout(_history(0.05, 0.12)) == 2.0
 
 
@@ -234,8 +234,8 @@ def test_only_the_last_window_of_batches_counts_so_an_old_slow_batch_stops_raisi
     history = _history(0.9, 0.05, 0.05, window=3)
     assert rule.timeout(Phase.FORWARD, history)[0] == pytest.approx(9.0)
     history.add_batch(0.05)  # the 0.9 s batch leaves the window
-    assert rule.timeout(Phase.FORWARD, history) == (1.0, "the floor (above 10 x the longest of the last 3 batches"
-                                                         " (0.05 s))")  # fmt: skip
+    assert rule.timeout(Phase.FORWARD, history) == (1.0, "the floor, above 10 x the longest of the last 3 batches"
+                                                         " (0.05 s)")  # fmt: skip
 
 
 def test_before_any_batch_is_timed_a_step_gets_the_long_phase_allowance_and_no_in_step_timeout() -> None:

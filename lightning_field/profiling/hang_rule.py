@@ -157,7 +157,7 @@ class HangRule:
         learned = self.factor * reference
         if learned >= self.floor_s:
             return learned, f"{self.factor:g} x {what}"
-        return self.floor_s, f"the floor (above {self.factor:g} x {what})"
+        return self.floor_s, f"the floor, above {self.factor:g} x {what}"
 
     def _long(self, allowance: str, seen: float | None) -> tuple[float, str]:
         learned = self.factor * seen if seen is not None else 0.0
