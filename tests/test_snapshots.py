@@ -6,16 +6,20 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
+import lightning.pytorch as pl
 import pytest
 import torch
 from conftest import assert_bitwise_equal, make_trainer
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.demos.boring_classes import BoringModel
 
 from lightning_field.checkpoint import snapshots as snapshot_tier
 from lightning_field.checkpoint.async_controller import AsyncSaves
+from lightning_field.checkpoint.snapshot_lineage import LINEAGE_NAME
 from lightning_field.checkpoint.snapshots import snapshot_dir_for
 from lightning_field.cli.main import main as field_main
 from lightning_field.core.events import read_events
@@ -67,6 +71,59 @@ def test_a_damaged_newest_snapshot_is_skipped_for_the_one_before_it(tmp_path: Pa
     resumed, trainer = fit(tmp_path / "run", 10, resume=True)
     assert Path(trainer.ckpt_path).name == "epoch=0-step=7"
     once, _ = fit(tmp_path / "once", 10)
+    assert_bitwise_equal(once.state_dict(), resumed.state_dict(), "weights")
+
+
+def fit_beside(root: Path, shm: Path, max_steps: int) -> tuple[BoringModel, Any]:
+    """``fit`` with the snapshot folder outside the run directory, as ``/dev/shm`` is."""
+    torch.manual_seed(0)
+    model = BoringModel()
+    trainer = make_trainer(root, max_steps, every_n_train_steps=5, snapshot_every_n_train_steps=1, snapshot_dir=shm)
+    trainer.fit(model, ckpt_path="last")
+    return model, trainer
+
+
+def test_a_run_started_over_in_a_deleted_directory_never_resumes_the_deleted_runs_snapshots_as_plain_lightning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    shm = tmp_path / "shm"
+    fit_beside(tmp_path / "run", shm, 8)  # step 8 is only in the snapshot folder
+    shutil.rmtree(tmp_path / "run")  # the user starts over
+    # Plain Lightning, the control: with its checkpoints deleted, ckpt_path="last" starts at step 0.
+    torch.manual_seed(0)
+    plain = pl.Trainer(default_root_dir=tmp_path / "plain", max_steps=3, accelerator="cpu", logger=False,
+                       enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
+                       callbacks=[ModelCheckpoint(dirpath=tmp_path / "plain" / "ckpts")])  # fmt: skip
+    with pytest.warns(UserWarning, match="no last checkpoint available"):
+        plain.fit(BoringModel(), ckpt_path="last")
+    assert plain.ckpt_path is None and plain.global_step == 3
+    with caplog.at_level(logging.WARNING):
+        restarted, trainer = fit_beside(tmp_path / "run", shm, 3)
+    assert trainer.ckpt_path is None and trainer.global_step == 3  # trained from step 0, as the control
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("not resuming from step snapshots of another run" in w and "holds none" in w for w in warnings)
+    assert any("deleted 4 entries of another run" in w and "epoch=0-step=8" in w for w in warnings)
+    fresh, _ = fit_beside(tmp_path / "fresh", tmp_path / "shm-fresh", 3)
+    assert_bitwise_equal(fresh.state_dict(), restarted.state_dict(), "weights")
+    # Its own snapshots, which now carry its token, are resumed as before.
+    _, trainer = fit_beside(tmp_path / "run", shm, 4)
+    assert Path(trainer.ckpt_path) == snapshot_dir_for(tmp_path / "run" / "ckpts", shm) / "epoch=0-step=3"
+
+
+def test_a_snapshot_folder_whose_run_token_is_malformed_is_not_resumed_and_the_persistent_checkpoint_is(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    shm = tmp_path / "shm"
+    fit_beside(tmp_path / "run", shm, 8)
+    folder = snapshot_dir_for(tmp_path / "run" / "ckpts", shm)
+    (folder / LINEAGE_NAME).write_bytes(b"../../etc/passwd\n" + b"0" * 200)
+    assert field_main(["ckpt", "list", str(tmp_path / "run" / "ckpts"), "--snapshot-dir", str(shm)]) == 0
+    out = capsys.readouterr().out
+    assert f"not listed: the snapshots in {folder} carry no run's token" in out and "snapshot " not in out
+    assert "resumes from epoch=0-step=5 (persistent, step 5)" in out
+    resumed, trainer = fit_beside(tmp_path / "run", shm, 10)
+    assert trainer.ckpt_path == str(tmp_path / "run" / "ckpts" / "epoch=0-step=5")
+    once, _ = fit_beside(tmp_path / "once", tmp_path / "shm-once", 10)
     assert_bitwise_equal(once.state_dict(), resumed.state_dict(), "weights")
 
 

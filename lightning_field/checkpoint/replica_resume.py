@@ -263,12 +263,14 @@ def agree_across_nodes(
     persistent_store: Callable[[str], CheckpointStore],
     prepare: Callable[[Path], str | None],
     log_skips: bool,
+    same_run: Callable[[Path], bool] = lambda root: True,
 ) -> tuple[str | None, str | None]:
     """``ckpt_path="last"`` over every node's snapshot folder ``root`` and the persistent checkpoints
     (``persistent()`` resolves those, on every rank; ``persistent_store`` reads one): what this
     rank loads, and from which tier ("snapshot" where every node held it, "replica" where a node
     received files; None for a persistent checkpoint or none at all). ``prepare`` creates a node's
-    private folder (a problem, else None). Collective over ``group``.
+    private folder (a problem, else None); ``same_run`` tells whether a node's folder holds this
+    run's snapshots, not a deleted run's (another run's count as none). Collective over ``group``.
 
     Raises:
         NoRecoverableCheckpointError: from ``persistent()``, when no snapshot is newer either.
@@ -286,7 +288,7 @@ def agree_across_nodes(
                            f" {root}: pass an explicit ckpt_path.")  # fmt: skip
     held = None
     if topology.is_leader:
-        held = inventory(root, store, log_skips=log_skips) if root.is_dir() else []
+        held = inventory(root, store, log_skips=log_skips) if root.is_dir() and same_run(root) else []
     gathered = all_gather_objects(held, group=group)
     plan = plan_restore([gathered[topology.leader(n)] for n in range(len(topology.nodes))], newer_than=step)
     if plan is None:
@@ -309,4 +311,3 @@ def agree_across_nodes(
     rank_zero_info(f"lightning_field: resuming from the snapshot {plan.name} (step {plan.step}; {how}), newer than"
                    " every recoverable persistent checkpoint.")  # fmt: skip
     return str(root / plan.name), "replica" if plan.from_replica else "snapshot"
-

@@ -12,7 +12,7 @@ from pathlib import Path
 from lightning_field.core.hashing import IDENTITY_ALGORITHM, new_hasher
 from lightning_field.core.storage import as_location, basename
 
-__all__ = ["DEFAULT_PARENT", "make_private", "snapshot_dir_for"]
+__all__ = ["DEFAULT_PARENT", "make_private", "private_folder_problem", "snapshot_dir_for"]
 
 DEFAULT_PARENT = Path("/dev/shm")
 
@@ -46,3 +46,12 @@ def make_private(root: Path) -> None:
                 f" mode {stat.filemode(info.st_mode)}): a snapshot planted there would be resumed. Remove it, or"
                 " pass ManifestCheckpoint(snapshot_dir=...) a directory of your own."
             )
+
+
+def private_folder_problem(root: Path) -> str | None:
+    """:func:`make_private` as a problem to share between ranks: why ``root`` is unusable, or None."""
+    try:
+        make_private(root)
+    except OSError as err:
+        return str(err)
+    return None

@@ -44,8 +44,9 @@ from lightning_field.checkpoint.replica import (
 )
 from lightning_field.checkpoint.replica_resume import agree_across_nodes
 from lightning_field.checkpoint.resume_policy import ResumeGuard
-from lightning_field.checkpoint.snapshot_dirs import make_private, snapshot_dir_for
+from lightning_field.checkpoint.snapshot_dirs import private_folder_problem, snapshot_dir_for
 from lightning_field.checkpoint.snapshot_interval import DEFAULT_BUDGET, check_every_n_train_steps
+from lightning_field.checkpoint.snapshot_lineage import join_run, prepared_for_run, same_run
 from lightning_field.checkpoint.snapshot_schedule import SnapshotSchedule, describe_tier, release_superseded
 from lightning_field.checkpoint.stores import CheckpointStore, read_manifest
 from lightning_field.checkpoint.stores.snapshot import SnapshotStore
@@ -64,6 +65,7 @@ log = logging.getLogger(__name__)
 
 KEEP = 2
 """Snapshots kept: the newest, and the one before it in case the newest fails verification."""
+
 
 @dataclass(frozen=True)
 class SnapshotCosts:
@@ -157,7 +159,8 @@ class StepSnapshots:
         if not self.enabled:
             return None
         checkpointer = self._checkpointer_for(checkpoint_dir)
-        if not Path(checkpointer.dirpath).is_dir():
+        root = Path(checkpointer.dirpath)
+        if not root.is_dir() or not same_run(root, self._owner.store_at(checkpoint_dir), checkpoint_dir, log_skips):
             return None
         found = checkpointer.latest_recoverable(log_skips=log_skips)
         if found is None:
@@ -219,7 +222,9 @@ class StepSnapshots:
         root = Path(checkpointer.dirpath)
         found, tier = agree_across_nodes(
             root, checkpointer.store_at(root), topology, self._resume_group, persistent, self._owner.store_at,
-            prepare=_prepared, log_skips=trainer.is_global_zero,
+            prepare=lambda root: prepared_for_run(root, self._owner.store_at(checkpoint_dir), checkpoint_dir),
+            log_skips=trainer.is_global_zero,
+            same_run=lambda root: same_run(root, self._owner.store_at(checkpoint_dir), checkpoint_dir, True),
         )  # fmt: skip
         self.resumed_tier = tier
         return found
@@ -244,9 +249,12 @@ class StepSnapshots:
         assert self._owner.dirpath is not None  # ModelCheckpoint.setup resolved it
         checkpointer = self._checkpointer_for(self._owner.dirpath)
         root = Path(checkpointer.dirpath)
-        problems = [p for p in all_gather_objects(_prepared(root)) if p]  # every rank: all learn of any problem
+        problems = [
+            p for p in all_gather_objects(private_folder_problem(root)) if p
+        ]  # every rank: all learn of any problem
         if problems:
             raise PermissionError(problems[0])
+        join_run(root, self._owner.store_at(self._owner.dirpath), as_location(self._owner.dirpath), topology.is_leader)
         shared = _shared_between_nodes(root, topology)
         if shared is not None:
             raise ValueError(shared)
@@ -374,14 +382,6 @@ class StepSnapshots:
             self._saves.wait_for_snapshot_copy()
 
 
-def _prepared(root: Path) -> str | None:
-    try:
-        make_private(root)
-    except OSError as err:
-        return str(err)
-    return None
-
-
 def _shared_between_nodes(root: Path, topology: NodeTopology) -> str | None:
     """Why ``root`` cannot hold replicas (:func:`~lightning_field.checkpoint.replica.shared_folder_problem`).
     Collective."""
@@ -393,4 +393,3 @@ def _not_training(trainer: pl.Trainer) -> bool:
     # fast_dev_run is set by the Trainer's argument parsing (absent from its annotations).
     fast_dev_run = bool(getattr(trainer, "fast_dev_run", False))
     return fast_dev_run or trainer.state.fn != TrainerFn.FITTING or trainer.sanity_checking
-

@@ -8,7 +8,7 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, TextIO, cast
 
 from rich.console import Console
 from rich.progress import (
@@ -23,7 +23,8 @@ from rich.progress import (
 
 from lightning_field.checkpoint.resolver import CheckpointEntry, committed_checkpoints, latest_recoverable
 from lightning_field.checkpoint.snapshot_dirs import snapshot_dir_for
-from lightning_field.checkpoint.stores import LocalStore, location_exists
+from lightning_field.checkpoint.snapshot_lineage import LINEAGE_NAME, lineage_mismatch
+from lightning_field.checkpoint.stores import CheckpointStore, LocalStore, location_exists
 from lightning_field.checkpoint.verify import VerifyReport, verify_checkpoint
 from lightning_field.core.manifest import MANIFEST_NAME, Manifest, ManifestError, read_manifest
 from lightning_field.core.member_paths import UnsafeMemberError
@@ -194,12 +195,20 @@ def _drill_mark(m: Manifest) -> str:
 
 def _snapshot_tier(root: str, parent: str | None) -> Path | None:
     """The step snapshots of the checkpoints under ``root`` on this machine (where
-    ``ManifestCheckpoint(snapshot_every_n_train_steps=...)`` keeps them), if any are there."""
+    ``ManifestCheckpoint(snapshot_every_n_train_steps=...)`` keeps them), if any are there and they
+    are this run's (a deleted run's, left behind, are named and not listed: a resume ignores them)."""
     location = as_location(root)
     if not isinstance(location, Path):
         return None  # snapshots are of a local run's dirpath; an object store's run keeps them on its nodes
     where = snapshot_dir_for(location, parent)
-    return where if where.is_dir() else None
+    if not where.is_dir():
+        return None
+    mismatch = lineage_mismatch(where, cast(CheckpointStore, LocalStore()), location)
+    if mismatch is not None:
+        if any(child.name != LINEAGE_NAME for child in where.iterdir()):
+            print(f"not listed: {mismatch}; a restart ignores them, and its setup deletes them")
+        return None
+    return where
 
 
 def _files_here(entry: CheckpointEntry) -> int:
