@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from collections.abc import MutableMapping
 from dataclasses import dataclass
 
@@ -12,12 +13,14 @@ from lightning_field.checkpoint.stores.local import LAST_POINTER, TEMP_PREFIXES
 from lightning_field.checkpoint.verify import VerifyReport, verify_checkpoint
 from lightning_field.core.manifest import Manifest, ManifestError
 from lightning_field.core.member_paths import UnsafeMemberError, member_name_problem
-from lightning_field.core.storage import Location, StorageOptions, as_location, basename, join
+from lightning_field.core.storage import Location, StorageOptions, as_location, basename, join, same_location
 
 log = logging.getLogger(__name__)
 
-__all__ = ["LAST_POINTER", "TEMP_PREFIXES", "CheckpointEntry", "committed_checkpoints", "latest_recoverable",
-           "read_last_pointer"]  # fmt: skip
+__all__ = ["LAST_POINTER", "TEMP_PREFIXES", "CheckpointEntry", "committed_checkpoints", "last_pointer_rollback",
+           "latest_recoverable", "read_last_pointer", "steps_in_name"]  # fmt: skip
+
+_STEP_IN_NAME = re.compile(r"(?:^|-)step=(\d+)(?=-|$)")
 
 
 @dataclass
@@ -126,3 +129,51 @@ def read_last_pointer(dirpath: str | os.PathLike[str], store: CheckpointReader |
         log.warning("%s: ignored, it names %r, not a checkpoint in its directory", join(root, LAST_POINTER), name)
         return None
     return join(root, name) if name else None
+
+
+def steps_in_name(name: str) -> set[int]:
+    """The steps a checkpoint's name states: ``epoch=0-step=20``, ``failed-step=5``, ``epoch=0-step=20-v1``
+    and ``step=20`` state one; a name without ``step=`` (``last``, ``model-epoch=3``) states none."""
+    return {int(step) for step in _STEP_IN_NAME.findall(name)}
+
+
+def last_pointer_rollback(
+    dirpath: Location,
+    resumed: tuple[Location, int] | None,
+    entries: list[CheckpointEntry],
+    skipped: dict[Location, str],
+    store: CheckpointReader | None = None,
+) -> str | None:
+    """Why the ``LAST`` pointer's checkpoint was not resumed, when the resume (``resumed``: its path and
+    step, or None for step 0) is older than it: the checkpoint ``LAST`` names is gone, has no readable
+    manifest, or was refused (``skipped``: it failed verification). None when ``LAST`` names the
+    resumed checkpoint, an older one, or one passed over only for not being recoverable."""
+    named = read_last_pointer(dirpath, store)
+    if named is None or (resumed is not None and same_location(named, resumed[0])):
+        return None
+    entry = next((e for e in entries if same_location(e.path, named)), None)
+    if entry is None:
+        if isinstance(named, os.PathLike) and os.path.isdir(named):
+            why = "has no manifest.json (it never committed, or its manifest was deleted)"
+        else:
+            why = f"is gone (no such checkpoint in {dirpath})"
+    elif entry.manifest is None:
+        why = f"has a manifest that cannot be read ({entry.error})"
+    elif entry.path in skipped:
+        why = "was refused: " + skipped[entry.path].replace(":\n  ", ": ").replace("\n  ", "; ")
+    else:
+        return None  # there and intact: passed over as not recoverable, which is no rollback
+    stated = steps_in_name(basename(named)) | ({entry.manifest.step} if entry and entry.manifest else set())
+    if resumed is not None and stated and max(stated) <= resumed[1]:
+        return None  # it names an older step than the one resumed: nothing is lost
+    step = f" (step {max(stated)})" if stated else ""
+    instead = (
+        f"resuming from the older {basename(resumed[0])} (step {resumed[1]}) instead"
+        if resumed is not None
+        else "no older checkpoint is left, so training starts at step 0"
+    )
+    return (
+        f'lightning_field: ckpt_path="last": {join(as_location(dirpath), LAST_POINTER)} names {basename(named)}{step},'
+        f" which {why}; {instead}. If you did not delete or replace it, whoever can write {dirpath} may have"
+        ' rolled this run back (docs/security.md, "Rollback").'
+    )

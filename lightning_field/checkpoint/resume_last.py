@@ -8,13 +8,14 @@ are refused (:class:`NoRecoverableCheckpointError`) rather than silently startin
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, MutableMapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
-from lightning_field.checkpoint.resolver import committed_checkpoints, latest_recoverable
+from lightning_field.checkpoint.resolver import committed_checkpoints, last_pointer_rollback, latest_recoverable
 from lightning_field.checkpoint.stores import CheckpointReader, read_manifest
 from lightning_field.checkpoint.verify import VerifyReport
 from lightning_field.core.launcher_env import env_global_rank
@@ -22,6 +23,8 @@ from lightning_field.core.storage import Location, basename
 
 if TYPE_CHECKING:
     from lightning_field.checkpoint.resume_policy import ResumeGuard
+
+log = logging.getLogger(__name__)
 
 __all__ = ["NoRecoverableCheckpointError", "no_recoverable_message", "resolve_last"]
 
@@ -100,20 +103,50 @@ def resolve_last(
             f'ckpt_path="last" cannot be resolved by Lightning for the object-store dirpath {where}. Pass'
             f" ckpt_path=lightning_field.latest_recoverable({str(where)!r}, storage_options) instead."
         )
-    if snapshot is not None:
-        snapshot_path, snapshot_step = snapshot
-        try:
-            persistent = resolve_last(where, inexact_guard, store, reports)
-        except NoRecoverableCheckpointError:
-            persistent = None  # none of them may be resumed; the snapshot, which verified, may
-        if persistent is not None and read_manifest(persistent, store=store).step >= snapshot_step:
-            return persistent
-        if inexact_guard is not None:
-            inexact_guard.inexact = None  # the snapshot is recoverable: this continuation is exact
-        rank_zero_info(f"lightning_field: resuming from the snapshot {snapshot_path} (step {snapshot_step}),"
-                       f" newer than every recoverable checkpoint under {where}.")  # fmt: skip
-        return str(snapshot_path)
     skipped: dict[Location, str] = {}
+    if snapshot is None:
+        found = _resolve_persistent(where, inexact_guard, store, reports, skipped)
+        _warn_rollback(where, found, store, skipped)
+        return found
+    snapshot_path, snapshot_step = snapshot
+    try:
+        persistent = _resolve_persistent(where, inexact_guard, store, reports, skipped)
+    except NoRecoverableCheckpointError:
+        persistent = None  # none of them may be resumed; the snapshot, which verified, may
+    if persistent is not None and read_manifest(persistent, store=store).step >= snapshot_step:
+        _warn_rollback(where, persistent, store, skipped)
+        return persistent
+    if inexact_guard is not None:
+        inexact_guard.inexact = None  # the snapshot is recoverable: this continuation is exact
+    rank_zero_info(f"lightning_field: resuming from the snapshot {snapshot_path} (step {snapshot_step}),"
+                   f" newer than every recoverable checkpoint under {where}.")  # fmt: skip
+    _warn_rollback(where, str(snapshot_path), store, skipped, snapshot_step)
+    return str(snapshot_path)
+
+
+def _warn_rollback(
+    where: Path, resumed: str | None, store: CheckpointReader | None, skipped: dict[Location, str], step: int = -1
+) -> None:
+    """Warn (rank 0) where ``LAST`` names a newer checkpoint than the one resumed that is gone or was
+    refused (:func:`~lightning_field.checkpoint.resolver.last_pointer_rollback`): a rollback is never silent."""
+    if env_global_rank() != 0:
+        return
+    if resumed is not None and step < 0:
+        step = read_manifest(resumed, store=store).step
+    entries = committed_checkpoints(where, store=store)
+    pick = (Path(resumed), step) if resumed is not None else None
+    message = last_pointer_rollback(where, pick, entries, skipped, store)
+    if message is not None:
+        log.warning(message)
+
+
+def _resolve_persistent(
+    where: Path,
+    inexact_guard: ResumeGuard | None,
+    store: CheckpointReader | None,
+    reports: MutableMapping[Location, VerifyReport] | None,
+    skipped: dict[Location, str],
+) -> str | None:
     found = latest_recoverable(where, reports=reports, skipped=skipped, log_skips=env_global_rank() == 0, store=store)
     if found is not None and not Path(found).exists():
         # Lightning drops a "last" it cannot see on the filesystem and starts over: never silently.
