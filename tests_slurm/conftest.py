@@ -46,11 +46,11 @@ def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
         time.sleep(0.2)
 
 
-def documented_batch_script() -> str:
-    """The ``train.sbatch`` block of docs/slurm.md, as a user copies it."""
+def documented_batch_script(name: str) -> str:
+    """The block of docs/slurm.md marked ``<!-- slurm-tier: NAME -->``, as a user copies it."""
     text = DOC.read_text()
-    match = re.search(r"<!-- slurm-tier: train\.sbatch -->\s*```bash\n(.*?)```", text, re.S)
-    assert match, "docs/slurm.md lost its train.sbatch block (marked <!-- slurm-tier: train.sbatch -->)"
+    match = re.search(rf"<!-- slurm-tier: {re.escape(name)} -->\s*```bash\n(.*?)```", text, re.S)
+    assert match, f"docs/slurm.md lost its {name} block (marked <!-- slurm-tier: {name} -->)"
     return match.group(1)
 
 
@@ -76,7 +76,7 @@ class Job:
         log = self.root / "slurm.out"
         return log.read_text() if log.exists() else "(no output yet)"
 
-    def wait_reached(self, restart: int = 0, timeout: float = 60) -> int:
+    def wait_reached(self, restart: int = 0, timeout: float = 90) -> int:
         """Wait until the attempt is in its slow steps; the step it had reached."""
         marker = self.root / f"reached-{restart}"
         try:
@@ -99,12 +99,15 @@ class Job:
         return self.fields()
 
     def release_requeued(self, timeout: float = 45) -> None:
-        """Once SLURM holds the requeued job back (pending, its begin time set ~2 minutes ahead, as
-        slurmctld does to every requeued job), make it eligible now so the tier stays short."""
+        """Once SLURM holds the requeued job back (pending, its begin time set ``cred_expire`` + 1 =
+        121 s ahead, as slurmctld does to every requeued job), make it eligible now so the tier stays
+        short. Not at once: slurmd revokes the killed attempt's credentials by the second, and a launch
+        credential issued in that same second is refused ("Job credential revoked": the job ends FAILED)."""
         self.wait_requeued(timeout)
+        time.sleep(2)
         sh("scontrol", "update", f"JobId={self.id}", "StartTime=now")
 
-    def wait_finished(self, timeout: float = 90) -> str:
+    def wait_finished(self, timeout: float = 120) -> str:
         try:
             wait_for(lambda: self.state() in FINAL_STATES, timeout, f"job {self.id} to finish")
         except AssertionError as error:
@@ -138,10 +141,12 @@ def _node_states() -> str:
 
 
 @pytest.fixture(scope="session")
-def batch_script(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("sbatch") / "train.sbatch"
-    path.write_text(documented_batch_script())
-    return path
+def batch_scripts(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """docs/slurm.md's batch scripts, written out by name into one folder."""
+    folder = tmp_path_factory.mktemp("sbatch")
+    for name in ("train.sbatch", "train-srun.sbatch"):
+        (folder / name).write_text(documented_batch_script(name))
+    return folder
 
 
 @pytest.fixture(scope="session")
@@ -154,11 +159,11 @@ def job_script(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def submit(slurm_cluster: str, batch_script: Path, job_script: Path) -> Iterator[Callable[..., Job]]:
-    """``submit(root, *job_args, signal=...)``: sbatch the documented script running slurm_job.py."""
+def submit(slurm_cluster: str, batch_scripts: Path, job_script: Path) -> Iterator[Callable[..., Job]]:
+    """``submit(root, *job_args, signal=..., script=...)``: sbatch a documented script running slurm_job.py."""
     jobs: list[Job] = []
 
-    def _submit(root: Path, *job_args: str, signal: str = "B:USR1@60") -> Job:
+    def _submit(root: Path, *job_args: str, signal: str = "B:USR1@60", script: str = "train.sbatch") -> Job:
         root.mkdir(parents=True, exist_ok=True)
         out = sh(
             "sbatch",
@@ -167,7 +172,7 @@ def submit(slurm_cluster: str, batch_script: Path, job_script: Path) -> Iterator
             f"--output={root / 'slurm.out'}",
             f"--chdir={root}",
             f"--export=ALL,PYTHON={PYTHON}",
-            str(batch_script),
+            str(batch_scripts / script),
             str(job_script),
             "--root",
             str(root),

@@ -1,7 +1,7 @@
 """Preemption and requeue under a real SLURM (slurmctld, slurmd, munge on loopback; ``.ci/slurm``).
 
-Every job is ``tests/jobs/slurm_job.py`` (Lightning's BoringModel, a plain shuffled DataLoader, 120
-steps, 4 epochs) submitted with docs/slurm.md's batch script. "Exact" means the requeued job's final
+Every job is ``tests/jobs/slurm_job.py`` (Lightning's BoringModel, a plain shuffled DataLoader of 24
+batches, 80 steps) submitted with one of docs/slurm.md's batch scripts. "Exact" means the requeued job's final
 weights equal, bit for bit, those of the same job that SLURM ran without interruption.
 """
 
@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from conftest import Job, sh, wait_for
 
-MAX_STEPS = 120
+MAX_STEPS = 80
 
 
 def differing(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> list[str]:
@@ -66,7 +66,7 @@ def test_sigusr1_saves_at_the_signal_requeues_itself_and_the_requeued_job_resume
     assert field.restarts() == 1
     # ... and its next start (SLURM_RESTART_COUNT=1) began exactly there, and ended on the same weights.
     assert [(a["restart"], a["start_step"]) for a in field.attempts()] == [(0, 0), (1, step)]
-    assert "FINISHED at step 120" in field.output()
+    assert f"FINISHED at step {MAX_STEPS}" in field.output()
     assert differing(field.final_weights(), reference.final_weights()) == []
 
     # The control: Lightning's handler saved and requeued too, and its second start resumed mid-run ...
@@ -78,6 +78,31 @@ def test_sigusr1_saves_at_the_signal_requeues_itself_and_the_requeued_job_resume
     assert "your dataloader is not resumable" in plain.output()
     # ... on other batches than the uninterrupted run: the comparison above can fail.
     assert differing(plain.final_weights(), reference.final_weights()) != []
+
+
+def test_sigterm_to_an_srun_step_saves_exits_75_and_the_batch_scripts_requeue_resumes_bitwise_exactly(
+    submit: Callable[..., Job], uninterrupted: Callable[[], Job], tmp_path: Path
+) -> None:
+    """docs/slurm.md's ``srun`` script: ``scancel --signal=TERM`` reaches the step (python under srun),
+    the product saves at the step reached and exits 75 without requeuing (SIGTERM is not Lightning's
+    requeue signal), srun returns that 75, the script requeues on it, and the next start resumes
+    there and ends on the uninterrupted job's weights."""
+    reference = uninterrupted()
+    field = submit(tmp_path / "field", "--mode", "manifest", signal="USR1@60", script="train-srun.sbatch")
+    reached = field.wait_reached()
+    sh("scancel", "--signal=TERM", field.id)
+    field.release_requeued()
+    assert field.wait_finished() == "COMPLETED", field.output()[-3000:]
+    assert reference.wait_finished() == "COMPLETED", reference.output()[-3000:]
+
+    match = re.search(r"Preempted \(SIGTERM\): saved recoverable checkpoint \S+ at step (\d+)", field.output())
+    assert match, field.output()[-3000:]
+    step = int(match.group(1))
+    assert reached <= step < MAX_STEPS
+    assert "srun exited 75" in field.output()  # the requeue was the script's, on the product's status
+    assert field.restarts() == 1
+    assert [(a["restart"], a["start_step"]) for a in field.attempts()] == [(0, 0), (1, step)]
+    assert differing(field.final_weights(), reference.final_weights()) == []
 
 
 def test_node_failure_without_warning_is_requeued_by_slurm_and_resumes_bitwise_exactly_from_the_last_commit(
@@ -92,6 +117,7 @@ def test_node_failure_without_warning_is_requeued_by_slurm_and_resumes_bitwise_e
     assert reference.wait_finished() == "COMPLETED", reference.output()[-3000:]
     field = submit(tmp_path / "field", "--mode", "manifest")
     reached = field.wait_reached()
+    time.sleep(0.5)  # a few steps past the last periodic commit: lost, then trained again on resume
     pid = field.attempts()[0]["pid"]
     stepd = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])  # its parent
     assert "slurmstepd" in Path(f"/proc/{stepd}/cmdline").read_text()

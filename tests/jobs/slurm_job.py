@@ -67,7 +67,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--root", type=Path, required=True)
     parser.add_argument("--mode", choices=["manifest", "plain"], default="manifest")
-    parser.add_argument("--max-steps", type=int, default=120)
+    parser.add_argument("--max-steps", type=int, default=80)
     parser.add_argument("--slow-from", type=int, default=30)
     parser.add_argument("--step-seconds", type=float, default=0.1)
     args = parser.parse_args()
