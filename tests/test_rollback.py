@@ -16,7 +16,10 @@ from conftest import make_trainer, rewrite_shared_state
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.demos.boring_classes import BoringModel
 
+from lightning_field import verify_checkpoint
+from lightning_field.checkpoint.resolver import steps_in_name
 from lightning_field.checkpoint.resume_last import resolve_last
+from lightning_field.cli.main import main as field_main
 from lightning_field.core.signing import KEY_ENV, keys_from_environment
 
 SECRET = "correct-horse-battery-staple-2026"
@@ -32,9 +35,10 @@ class _ResumedStep(Callback):
         self.step = trainer.global_step
 
 
-def _fit(root: Path, steps: int, ckpt_path: str | None = None) -> pl.Trainer:
+def _fit(root: Path, steps: int, ckpt_path: str | None = None, **checkpoint: object) -> pl.Trainer:
     pl.seed_everything(0)
-    trainer = make_trainer(root, steps, snapshot_dir=root / "shm")  # snapshots kept out of /dev/shm
+    checkpoint.setdefault("snapshot_dir", root / "shm")  # snapshots kept out of /dev/shm
+    trainer = make_trainer(root, steps, **checkpoint)
     trainer.callbacks.append(_ResumedStep())
     trainer.fit(BoringModel(), ckpt_path=ckpt_path)
     return trainer
@@ -160,3 +164,82 @@ def test_a_resume_of_what_last_names_or_of_a_newer_commit_than_it_says_nothing(
         shutil.rmtree(ckpts / "epoch=0-step=4")  # LAST names an older, deleted one: nothing newer was lost
         assert resolve_last(ckpts) == str(ckpts / "epoch=0-step=6")
     assert not _rollback_warnings(caplog)
+
+
+@pytest.fixture(scope="module")
+def plain_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Plain Lightning's checkpoints at steps 2, 4 and 6, and last.ckpt."""
+    root = tmp_path_factory.mktemp("plain")
+    keep = ModelCheckpoint(dirpath=root, every_n_train_steps=2, save_top_k=-1, save_last=True)
+    pl.seed_everything(0)
+    _plain_trainer(root, 6, keep).fit(BoringModel())
+    return root
+
+
+def _plain_trainer(root: Path, steps: int, *callbacks: Callback) -> pl.Trainer:
+    return pl.Trainer(default_root_dir=root, max_steps=steps, accelerator="cpu", logger=False,
+                      enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
+                      callbacks=list(callbacks))  # fmt: skip
+
+
+def test_a_checkpoint_named_for_another_step_than_its_manifest_is_refused_naming_both_plain_lightning_resumes_it(
+    ckpts: Path, plain_run: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Step 6 deleted, and step 2's checkpoint (signed, intact) put in its place under its name.
+    shutil.rmtree(ckpts / "epoch=0-step=6")
+    shutil.copytree(ckpts / "epoch=0-step=2", ckpts / "epoch=0-step=6")
+    refusal = f"{ckpts / 'epoch=0-step=6'}: its name says step 6, but its manifest is of step 2 (renamed, or another"
+    report = verify_checkpoint(ckpts / "epoch=0-step=6")
+    assert not report.intact and report.problems[0].startswith(refusal)
+    with caplog.at_level(logging.WARNING):
+        assert resolve_last(ckpts) == str(ckpts / "epoch=0-step=4")
+    (warning,) = _rollback_warnings(caplog)
+    assert f"names epoch=0-step=6 (step 6), which was refused: {refusal}" in warning
+    assert "resuming from the older epoch=0-step=4 (step 4) instead" in warning
+
+    assert field_main(["ckpt", "verify", str(ckpts / "epoch=0-step=6")]) == 1
+    out = capsys.readouterr().out
+    assert out.startswith(f"REFUSED  {ckpts / 'epoch=0-step=6'} (step 2)") and refusal in out
+    assert field_main(["ckpt", "list", str(ckpts), "--verify"]) == 0
+    rows = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines()[1:4]}
+    assert rows["epoch=0-step=6"][1:4] == ["persistent", "2", "misnamed"] and rows["epoch=0-step=4"][-2:] == [
+        "<-",
+        "resume",
+    ]
+
+    # Plain Lightning: the file named step 6 holding step 2 is resumed as it is, from step 2, without a word.
+    plain = tmp_path / "plain"
+    shutil.copytree(plain_run, plain)
+    shutil.copy(plain / "epoch=0-step=2.ckpt", plain / "epoch=0-step=6.ckpt")
+    resumed = _ResumedStep()
+    _plain_trainer(plain, 8, resumed).fit(BoringModel(), ckpt_path=str(plain / "epoch=0-step=6.ckpt"))
+    assert resumed.step == 2
+
+
+@pytest.mark.parametrize(
+    ("name", "steps"),
+    [("epoch=0-step=20", {20}), ("failed-step=5", {5}), ("interrupted-step=7", {7}), ("stopped-step=3", {3}),
+     ("preempted-step=9", {9}), ("epoch=0-step=20-v1", {20}), ("step=4", {4}), ("epoch=1-step=00020", {20}),
+     ("epoch=0-step=8-val_loss=0.25", {8}), ("last", set()), ("last-v1", set()), ("model-epoch=3", set()),
+     ("global_step=5", set()), ("best", set()), ("0-20", set())],
+)  # fmt: skip
+def test_only_a_name_that_states_a_step_is_checked(name: str, steps: set[int]) -> None:
+    assert steps_in_name(name) == steps
+
+
+def test_a_version_suffix_and_names_without_a_step_keep_verifying_and_resuming(
+    ckpts: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    (ckpts / "epoch=0-step=6").rename(ckpts / "epoch=0-step=6-v1")
+    (ckpts / "epoch=0-step=4").rename(ckpts / "best")
+    assert verify_checkpoint(ckpts / "epoch=0-step=6-v1").intact and verify_checkpoint(ckpts / "best").intact
+    with caplog.at_level(logging.WARNING):
+        assert resolve_last(ckpts) == str(ckpts / "epoch=0-step=6-v1")
+    assert not _rollback_warnings(caplog)  # LAST's epoch=0-step=6 is gone, but nothing newer than step 6 was lost
+
+    # A filename template that states no step: every save verifies and resumes.
+    _fit(tmp_path / "own", 4, filename="model-{epoch}", snapshot_every_n_train_steps=None)
+    names = sorted(p.name for p in (tmp_path / "own" / "ckpts").iterdir() if p.is_dir())
+    assert names and not any(steps_in_name(n) for n in names)
+    again = _fit(tmp_path / "own", 6, "last", filename="model-{epoch}", snapshot_every_n_train_steps=None)
+    assert _resumed_step(again) == 4

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 from collections.abc import MutableMapping
 from dataclasses import dataclass
 
 from lightning_field.checkpoint.stores import CheckpointReader, read_manifest, store_for
 from lightning_field.checkpoint.stores.local import LAST_POINTER, TEMP_PREFIXES
-from lightning_field.checkpoint.verify import VerifyReport, verify_checkpoint
+from lightning_field.checkpoint.verify import VerifyReport, name_step_problem, steps_in_name, verify_checkpoint
 from lightning_field.core.manifest import Manifest, ManifestError
 from lightning_field.core.member_paths import UnsafeMemberError, member_name_problem
 from lightning_field.core.storage import Location, StorageOptions, as_location, basename, join, same_location
@@ -19,8 +18,6 @@ log = logging.getLogger(__name__)
 
 __all__ = ["LAST_POINTER", "TEMP_PREFIXES", "CheckpointEntry", "committed_checkpoints", "last_pointer_rollback",
            "latest_recoverable", "read_last_pointer", "steps_in_name"]  # fmt: skip
-
-_STEP_IN_NAME = re.compile(r"(?:^|-)step=(\d+)(?=-|$)")
 
 
 @dataclass
@@ -131,12 +128,6 @@ def read_last_pointer(dirpath: str | os.PathLike[str], store: CheckpointReader |
     return join(root, name) if name else None
 
 
-def steps_in_name(name: str) -> set[int]:
-    """The steps a checkpoint's name states: ``epoch=0-step=20``, ``failed-step=5``, ``epoch=0-step=20-v1``
-    and ``step=20`` state one; a name without ``step=`` (``last``, ``model-epoch=3``) states none."""
-    return {int(step) for step in _STEP_IN_NAME.findall(name)}
-
-
 def last_pointer_rollback(
     dirpath: Location,
     resumed: tuple[Location, int] | None,
@@ -161,6 +152,8 @@ def last_pointer_rollback(
         why = f"has a manifest that cannot be read ({entry.error})"
     elif entry.path in skipped:
         why = "was refused: " + skipped[entry.path].replace(":\n  ", ": ").replace("\n  ", "; ")
+    elif (misnamed := name_step_problem(entry.path, entry.manifest)) is not None:
+        why = f"was refused: {misnamed}"  # sorted by its manifest's older step, it was never reached
     else:
         return None  # there and intact: passed over as not recoverable, which is no rollback
     stated = steps_in_name(basename(named)) | ({entry.manifest.step} if entry and entry.manifest else set())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -11,7 +12,29 @@ from lightning_field.checkpoint.stores import CheckpointReader, LocalStore, read
 from lightning_field.core.manifest import MANIFEST_NAME, Manifest, ManifestError
 from lightning_field.core.member_paths import UnsafeMemberError, resolve_member
 from lightning_field.core.signing import keys_from_environment
-from lightning_field.core.storage import Location, StorageOptions, as_location
+from lightning_field.core.storage import Location, StorageOptions, as_location, basename
+
+_STEP_IN_NAME = re.compile(r"(?:^|-)step=(\d+)(?=-|$)")
+
+
+def steps_in_name(name: str) -> set[int]:
+    """The steps a checkpoint's name states: ``epoch=0-step=20``, ``failed-step=5``, ``epoch=0-step=20-v1``
+    and ``step=20`` state one; a name without ``step=`` (``last``, ``model-epoch=3``) states none."""
+    return {int(step) for step in _STEP_IN_NAME.findall(name)}
+
+
+def name_step_problem(location: Location, manifest: Manifest) -> str | None:
+    """Why a checkpoint whose name states a step other than its manifest's is refused, or None: a
+    directory named ``epoch=0-step=20`` holding step 10's manifest is an older checkpoint put in a
+    newer one's place (or renamed), and is never resumed. A name that states no step is not checked."""
+    stated = steps_in_name(basename(location))
+    if not stated or stated == {manifest.step}:
+        return None
+    named = ", ".join(str(step) for step in sorted(stated))
+    return (
+        f"{location}: its name says step {named}, but its manifest is of step {manifest.step} (renamed, or another"
+        " checkpoint put in its place): refused"
+    )
 
 
 class CheckpointCorruptError(RuntimeError):
@@ -47,7 +70,8 @@ def verify_checkpoint(
     storage_options: StorageOptions | None = None,
     store: CheckpointReader | None = None,
 ) -> VerifyReport:
-    """Check sizes, then hashes, of ``files`` (default: every file in the manifest).
+    """Check sizes, then hashes, of ``files`` (default: every file in the manifest), once the
+    checkpoint's name agrees with its manifest's step (:func:`name_step_problem`).
 
     Sizes are compared before any hashing so a truncated file is reported without reading it.
     ``path`` may be an fsspec URL; its objects are then streamed through the hash. ``store``: the
@@ -59,6 +83,8 @@ def verify_checkpoint(
         manifest = read_manifest(location, store=reader)
     except ManifestError as err:
         return VerifyReport(location, None, [str(err)])
+    if (misnamed := name_step_problem(location, manifest)) is not None:
+        return VerifyReport(location, manifest, [misnamed])  # refused by its name: no byte needs hashing
     return verify_against(manifest, reader, location, files, progress)
 
 

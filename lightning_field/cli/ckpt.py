@@ -25,7 +25,7 @@ from lightning_field.checkpoint.resolver import CheckpointEntry, committed_check
 from lightning_field.checkpoint.snapshot_dirs import snapshot_dir_for
 from lightning_field.checkpoint.snapshot_lineage import LINEAGE_NAME, lineage_mismatch
 from lightning_field.checkpoint.stores import CheckpointStore, LocalStore, location_exists
-from lightning_field.checkpoint.verify import VerifyReport, verify_checkpoint
+from lightning_field.checkpoint.verify import VerifyReport, name_step_problem, verify_checkpoint
 from lightning_field.core.manifest import MANIFEST_NAME, Manifest, ManifestError, read_manifest
 from lightning_field.core.member_paths import UnsafeMemberError
 from lightning_field.core.signing import keys_from_environment
@@ -159,7 +159,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
         return 1
     m = report.manifest
     if report.problems:
-        print(f"CORRUPT  {args.path} (step {m.step})")
+        # A name that states another step is refused unhashed: what it holds may be intact, just not that step.
+        heading = "REFUSED" if name_step_problem(report.path, m) is not None else "CORRUPT"
+        print(f"{heading}  {args.path} (step {m.step})")
         for problem in report.problems:
             print(f"  {problem}")
         return 1
@@ -227,6 +229,8 @@ def _status(entry: CheckpointEntry, report: VerifyReport | None, tier: str) -> s
     assert m is not None
     if tier == "snapshot" and (held := _files_here(entry)) < len(m.files):
         return f"partial {held}/{len(m.files)}"
+    if name_step_problem(entry.path, m) is not None:
+        return "misnamed"  # its name states another step than its manifest: refused, never resumed
     if report is not None:
         return "recoverable" if report.recoverable else ("corrupt" if report.problems else "not recoverable")
     return "recoverable*" if m.recoverable else f"{m.kind}, incomplete" if m.kind == "recovery" else m.kind
