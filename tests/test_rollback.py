@@ -243,3 +243,43 @@ def test_a_version_suffix_and_names_without_a_step_keep_verifying_and_resuming(
     assert names and not any(steps_in_name(n) for n in names)
     again = _fit(tmp_path / "own", 6, "last", filename="model-{epoch}", snapshot_every_n_train_steps=None)
     assert _resumed_step(again) == 4
+
+
+def _signature_column(out: str) -> dict[str, str]:
+    lines = out.splitlines()
+    start = lines[0].index("signature")
+    return {line.split()[0]: line[start : start + 9].strip() for line in lines[1:] if line.startswith("epoch=")}
+
+
+def test_list_verify_shows_each_checkpoints_signature_valid_invalid_unsigned_or_no_key(
+    ckpts: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rewrite_shared_state(ckpts / "epoch=0-step=6", lambda state: None, keys_from_environment({KEY_ENV: f"k2:{FORGER}"}))
+    rewrite_shared_state(ckpts / "epoch=0-step=4", lambda state: None, None)  # unsigned
+    assert field_main(["ckpt", "list", str(ckpts), "--verify"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].split() == ["name", "tier", "step", "status", "drill", "signature", "size", "age"]
+    assert _signature_column(out) == {
+        "epoch=0-step=6": "INVALID",
+        "epoch=0-step=4": "unsigned",
+        "epoch=0-step=2": "valid",
+    }
+    assert "signature: 'INVALID' = forged, changed after signing or signed with a key not accepted (refused)" in out
+    assert "resumes from epoch=0-step=2 (persistent, step 2)" in out.splitlines()[-1]
+
+    monkeypatch.delenv(KEY_ENV)  # without a key nothing is checked, and the column says so
+    assert field_main(["ckpt", "list", str(ckpts), "--verify"]) == 0
+    out = capsys.readouterr().out
+    assert _signature_column(out) == {
+        "epoch=0-step=6": "no key",
+        "epoch=0-step=4": "unsigned",
+        "epoch=0-step=2": "no key",
+    }
+    assert "resumes from epoch=0-step=6 (persistent, step 6)" in out.splitlines()[-1]
+
+    for checkpoint in ("epoch=0-step=6", "epoch=0-step=2"):  # nothing signed, no key: no column, one line
+        rewrite_shared_state(ckpts / checkpoint, lambda state: None, None)
+    assert field_main(["ckpt", "list", str(ckpts), "--verify"]) == 0
+    out = capsys.readouterr().out
+    assert "signature" not in out.splitlines()[0]
+    assert "signature: none is signed and no key is set (FIELD_CHECKPOINT_KEY; docs/security.md)" in out

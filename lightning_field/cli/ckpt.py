@@ -28,7 +28,7 @@ from lightning_field.checkpoint.stores import CheckpointStore, LocalStore, locat
 from lightning_field.checkpoint.verify import VerifyReport, name_step_problem, verify_checkpoint
 from lightning_field.core.manifest import MANIFEST_NAME, Manifest, ManifestError, read_manifest
 from lightning_field.core.member_paths import UnsafeMemberError
-from lightning_field.core.signing import keys_from_environment
+from lightning_field.core.signing import keys_from_environment, signature_legend, signature_state, signature_status
 from lightning_field.core.storage import Location, StorageOptions, as_location, basename, open_fs, parent
 
 _PROGRESS_MIN_BYTES = 64 << 20
@@ -173,19 +173,13 @@ def cmd_verify(args: argparse.Namespace) -> int:
     total = sum(f.size for f in m.files.values())
     print(
         f"OK  {args.path}: recoverable, {len(m.files)} files, {_human_bytes(total)}, step {m.step},"
-        f" world size {m.world_size}; {signature_status(m)}"
+        f" world size {m.world_size}; {_signature(m)}"
     )
     return 0
 
 
-def signature_status(m: Manifest) -> str:
-    """How far the manifest's signature vouches for it under the configured key (core/signing.py)."""
-    keys = keys_from_environment()
-    key_id = (m.signature or {}).get("key_id") if isinstance(m.signature, dict) else None
-    if keys is None:
-        return f"signed with key {key_id!r}, not checked: no key configured" if m.signature else "unsigned"
-    problem = keys.check(m.signed_content(), m.signature)
-    return f"REFUSED: {problem}" if problem else f"signature valid (key {key_id!r})"
+def _signature(m: Manifest) -> str:
+    return signature_status(m.signed_content(), m.signature, keys_from_environment())
 
 
 def _drill_mark(m: Manifest) -> str:
@@ -266,7 +260,11 @@ def cmd_list(args: argparse.Namespace) -> int:
     now = time.time()
     entries = sorted(tiers, key=lambda te: (te[1].manifest.step if te[1].manifest else -1, te[0] == "persistent"),
                      reverse=True)  # fmt: skip
-    print(f"{'name':<36} {'tier':<10} {'step':>8} {'status':<16} {'drill':<6} {'size':>10} {'age':>7}")
+    # --verify: each signature, under the configured key (a column once a key is set or one is signed).
+    keys = keys_from_environment() if args.verify else None
+    signed = args.verify and (keys is not None or any(e.manifest and e.manifest.signature for _, e in tiers))
+    column = f" {'signature':<9}" if signed else ""
+    print(f"{'name':<36} {'tier':<10} {'step':>8} {'status':<16} {'drill':<6}{column} {'size':>10} {'age':>7}")
     for tier, entry in entries:
         m = entry.manifest
         name = basename(entry.path)
@@ -276,14 +274,17 @@ def cmd_list(args: argparse.Namespace) -> int:
         status = _status(entry, reports.get(entry.path) if args.verify else None, tier)
         marks = " <- resume" if resume is not None and entry.path == resume[0] else ""
         size = sum(f.size for f in m.files.values())
+        signature = f" {signature_state(m.signed_content(), m.signature, keys):<9}" if signed else ""
         print(
-            f"{name:<36} {tier:<10} {m.step:>8} {status:<16} {_drill_mark(m):<6} {_human_bytes(size):>10}"
+            f"{name:<36} {tier:<10} {m.step:>8} {status:<16} {_drill_mark(m):<6}{signature} {_human_bytes(size):>10}"
             f" {_human_age(now - m.created_unix):>7}{marks}"
         )
     if not args.verify and tiers:
         print("* from the manifest, not verified; add --verify to hash every file")
     if tiers:
         print("drill: 'tested' = a restore drill replayed the next step from it and matched the live run")
+    if args.verify and tiers:
+        print(signature_legend(signed))
     if snapshots is not None:
         print(f"snapshot: a step snapshot on this machine, in {snapshots} (a run over several nodes agrees over"
               " every node's copies and their replicas; 'partial' = this node holds some of its files)")  # fmt: skip
@@ -312,7 +313,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     print(f"checkpoint   {args.path}")
     print(f"format       {m.format} (hashes: {m.hash_algorithm})")
     print(f"kind         {m.kind}; recoverable: {'yes' if m.recoverable else 'NO'}")
-    print(f"signature    {signature_status(m)}")
+    print(f"signature    {_signature(m)}")
     for missing in m.missing:
         print(f"  missing    {missing}")
     print(f"step/epoch   {m.step} / {m.epoch}; world size {m.world_size}")

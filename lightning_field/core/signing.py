@@ -26,7 +26,11 @@ from typing import Any
 
 import blake3
 
-__all__ = ["KEY_ENV", "KEY_FILE_ENV", "ManifestKeys", "SigningKeyError", "canonical_bytes", "keys_from_environment"]
+__all__ = ["KEY_ENV", "KEY_FILE_ENV", "SIGNATURE_STATES", "ManifestKeys", "SigningKeyError", "canonical_bytes",
+           "keys_from_environment", "signature_legend", "signature_state", "signature_status"]  # fmt: skip
+
+SIGNATURE_STATES = ("valid", "INVALID", "unsigned", "no key")
+"""The words of ``field ckpt list --verify``'s signature column (:func:`signature_state`)."""
 
 KEY_ENV = "FIELD_CHECKPOINT_KEY"
 KEY_FILE_ENV = "FIELD_CHECKPOINT_KEY_FILE"
@@ -109,3 +113,34 @@ def keys_from_environment(environ: Mapping[str, str] | None = None) -> ManifestK
     if not keys:
         raise SigningKeyError(f"{source}: no key in it")
     return ManifestKeys(signing_id=next(iter(keys)), keys=keys)
+
+
+def signature_state(content: bytes, signature: Any, keys: ManifestKeys | None) -> str:
+    """One of :data:`SIGNATURE_STATES` for a manifest's ``signature`` over ``content``: ``valid`` (an
+    accepted key's MAC matches), ``INVALID`` (changed after signing, a key that is not accepted, not a
+    signature at all), ``unsigned``, or ``no key`` (signed, and no key is configured to check it)."""
+    if signature is None:
+        return "unsigned"
+    if keys is None:
+        return "no key"
+    return "valid" if keys.check(content, signature) is None else "INVALID"
+
+
+def signature_legend(shown: bool) -> str:
+    """The line under ``field ckpt list --verify``: what the signature column's words mean, or, where no
+    manifest is signed and no key is set (no column ``shown``), that nothing is."""
+    if not shown:
+        return f"signature: none is signed and no key is set ({KEY_ENV}; docs/security.md)"
+    return (
+        "signature: 'INVALID' = forged, changed after signing or signed with a key not accepted (refused);"
+        f" 'unsigned' = refused once a key is set; 'no key' = signed, but no key is set to check it ({KEY_ENV})"
+    )
+
+
+def signature_status(content: bytes, signature: Any, keys: ManifestKeys | None) -> str:
+    """How far a manifest's signature vouches for it under ``keys``, in words (``field ckpt verify|inspect``)."""
+    key_id = signature.get("key_id") if isinstance(signature, dict) else None
+    if keys is None:
+        return f"signed with key {key_id!r}, not checked: no key configured" if signature else "unsigned"
+    problem = keys.check(content, signature)
+    return f"REFUSED: {problem}" if problem else f"signature valid (key {key_id!r})"
