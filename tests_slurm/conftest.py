@@ -183,9 +183,8 @@ def submit(slurm_cluster: str, batch_scripts: Path, job_script: Path) -> Iterato
         return job
 
     yield _submit
-    for job in jobs:  # nothing of a failed test keeps the node busy for the next one
-        if job.state() not in FINAL_STATES:
-            subprocess.run(["scancel", job.id], capture_output=True, timeout=30)
+    for job in jobs:  # nothing a failed test left queued or running keeps the node busy afterwards
+        subprocess.run(["scancel", job.id], capture_output=True, timeout=30)
 
 
 @pytest.fixture(scope="session")
