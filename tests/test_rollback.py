@@ -123,6 +123,7 @@ def test_a_resume_after_the_two_newest_checkpoints_were_deleted_warns_naming_bot
          "epoch=0-step=4"),
         ("corrupt", "which was refused: it failed verification: ", "epoch=0-step=4"),
         ("forged", "it failed verification: ", "epoch=0-step=4"),
+        ("misnamed", "which was refused: it failed verification: ", "epoch=0-step=2"),
         ("all-deleted", "which is gone", None),
     ],
 )  # fmt: skip
@@ -138,6 +139,9 @@ def test_each_way_the_checkpoint_last_names_can_be_lost_warns_naming_it_why_and_
         _corrupt(newest)
     elif damage == "forged":
         rewrite_shared_state(newest, lambda state: None, keys_from_environment({KEY_ENV: f"k2:{FORGER}"}))
+    elif damage == "misnamed":  # step 4's checkpoint put in step 6's place: reached first, and refused
+        shutil.rmtree(newest)
+        (ckpts / "epoch=0-step=4").rename(newest)
     else:
         for checkpoint in ("epoch=0-step=6", "epoch=0-step=4", "epoch=0-step=2"):
             shutil.rmtree(ckpts / checkpoint)
@@ -150,7 +154,10 @@ def test_each_way_the_checkpoint_last_names_can_be_lost_warns_naming_it_why_and_
         assert "state.pt: content hash" in warning
     if damage == "forged":
         assert "signed with key 'k2', which is not accepted" in warning
-    tail = f"resuming from the older {resumed} (step 4) instead" if resumed else "training starts at step 0"
+    if damage == "misnamed":
+        assert "its name says step 6, but its manifest is of step 4 (renamed, or another checkpoint" in warning
+    step = resumed.rsplit("=", 1)[-1] if resumed else ""
+    tail = f"resuming from the older {resumed} (step {step}) instead" if resumed else "training starts at step 0"
     assert tail in warning
 
 
@@ -194,7 +201,8 @@ def test_a_checkpoint_named_for_another_step_than_its_manifest_is_refused_naming
     with caplog.at_level(logging.WARNING):
         assert resolve_last(ckpts) == str(ckpts / "epoch=0-step=4")
     (warning,) = _rollback_warnings(caplog)
-    assert f"names epoch=0-step=6 (step 6), which was refused: {refusal}" in warning
+    said = "which was refused: its name says step 6, but its manifest is of step 2 (renamed, or another checkpoint"
+    assert f"names epoch=0-step=6 (step 6), {said}" in warning
     assert "resuming from the older epoch=0-step=4 (step 4) instead" in warning
 
     assert field_main(["ckpt", "verify", str(ckpts / "epoch=0-step=6")]) == 1
@@ -202,10 +210,15 @@ def test_a_checkpoint_named_for_another_step_than_its_manifest_is_refused_naming
     assert out.startswith(f"REFUSED  {ckpts / 'epoch=0-step=6'} (step 2)") and refusal in out
     assert field_main(["ckpt", "list", str(ckpts), "--verify"]) == 0
     rows = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines()[1:4]}
-    assert rows["epoch=0-step=6"][1:4] == ["persistent", "2", "misnamed"] and rows["epoch=0-step=4"][-2:] == [
-        "<-",
-        "resume",
-    ]
+    assert rows["epoch=0-step=6"][1:4] == ["persistent", "2", "misnamed"]
+    assert rows["epoch=0-step=4"][-2:] == ["<-", "resume"]
+    # The same with step 4 gone too: step 2 is resumed, never the checkpoint named step 6.
+    shutil.rmtree(ckpts / "epoch=0-step=4")
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        assert resolve_last(ckpts) == str(ckpts / "epoch=0-step=2")
+    (warning,) = _rollback_warnings(caplog)
+    assert "resuming from the older epoch=0-step=2 (step 2) instead" in warning and said in warning
 
     # Plain Lightning: the file named step 6 holding step 2 is resumed as it is, from step 2, without a word.
     plain = tmp_path / "plain"

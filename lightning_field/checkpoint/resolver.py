@@ -153,7 +153,8 @@ def last_pointer_rollback(
     elif entry.path in skipped:
         why = "was refused: " + skipped[entry.path].replace(":\n  ", ": ").replace("\n  ", "; ")
     elif (misnamed := name_step_problem(entry.path, entry.manifest)) is not None:
-        why = f"was refused: {misnamed}"  # sorted by its manifest's older step, it was never reached
+        # Sorted by its manifest's older step, it was never reached: said here, in the words of its refusal.
+        why = "was refused: " + misnamed.removeprefix(f"{entry.path}: ").removesuffix(": refused")
     else:
         return None  # there and intact: passed over as not recoverable, which is no rollback
     stated = steps_in_name(basename(named)) | ({entry.manifest.step} if entry and entry.manifest else set())
