@@ -63,7 +63,7 @@ class MemoryStore:
         return self.objects.get(str(checkpoint), {}).get(name)
 
     def put(self, checkpoint: Any, name: str, data: bytes) -> None:
-        self.objects[str(checkpoint)][name] = data
+        self.objects.setdefault(str(checkpoint), {})[name] = data  # a checkpoint's file, or the directory's own
 
     def size(self, checkpoint: Any, name: str) -> int | None:
         data = self.read(checkpoint, name)

@@ -21,6 +21,7 @@ from lightning_field.checkpoint import snapshots as snapshot_tier
 from lightning_field.checkpoint.async_controller import AsyncSaves
 from lightning_field.checkpoint.snapshot_lineage import LINEAGE_NAME
 from lightning_field.checkpoint.snapshots import snapshot_dir_for
+from lightning_field.checkpoint.stores import LocalStore
 from lightning_field.cli.main import main as field_main
 from lightning_field.core.events import read_events
 from lightning_field.core.manifest import SHARED_STATE_FILE, read_manifest
@@ -125,6 +126,27 @@ def test_a_snapshot_folder_whose_run_token_is_malformed_is_not_resumed_and_the_p
     assert trainer.ckpt_path == str(tmp_path / "run" / "ckpts" / "epoch=0-step=5")
     once, _ = fit_beside(tmp_path / "once", tmp_path / "shm-once", 10)
     assert_bitwise_equal(once.state_dict(), resumed.state_dict(), "weights")
+
+
+class NoDirectoryFiles(LocalStore):
+    """A user's store that keeps checkpoints' files only: nothing at the directory's own level."""
+
+    def put(self, checkpoint: Path, name: str, data: bytes) -> None:
+        if name == LINEAGE_NAME:
+            raise KeyError(str(checkpoint))
+        super().put(checkpoint, name, data)
+
+
+def test_a_store_that_cannot_hold_the_run_token_trains_on_with_snapshots_off_and_says_why(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING):
+        _, trainer = fit(tmp_path, 7, store=NoDirectoryFiles())
+    assert trainer.global_step == 7 and trainer.checkpoint_callback.snapshots.every_n_train_steps is None
+    assert any("step snapshots are off for this run: cannot record the run token" in r.getMessage()
+               and "KeyError" in r.getMessage() for r in caplog.records)  # fmt: skip
+    assert not snapshot_dir_for(tmp_path / "ckpts", tmp_path / "shm").exists() or snapshots(tmp_path) == []
+    assert [p.name for p in (tmp_path / "ckpts").iterdir() if p.is_dir()] == ["epoch=0-step=5"]
 
 
 def test_a_snapshot_is_a_complete_recoverable_checkpoint_with_the_runs_manifest(

@@ -21,7 +21,7 @@ import shutil
 from pathlib import Path
 
 from lightning_field.checkpoint.snapshot_dirs import private_folder_problem
-from lightning_field.checkpoint.stores import CheckpointStore
+from lightning_field.checkpoint.stores import CheckpointStore, describe_error
 from lightning_field.core.fsio import atomic_write_bytes
 from lightning_field.core.storage import Location
 
@@ -135,8 +135,8 @@ def join_run(root: Path, store: CheckpointStore, checkpoint_dir: Location, leade
     if global_rank() == 0:
         try:
             found = (ensure_persistent_lineage(store, checkpoint_dir), None)
-        except OSError as err:
-            found = (None, f"cannot record the run token {checkpoint_dir}/{LINEAGE_NAME} for its snapshots: {err}")
+        except Exception as err:  # a user's store may raise anything; every rank must learn of it
+            found = (None, f"cannot record the run token {checkpoint_dir}/{LINEAGE_NAME}: {describe_error(err)}")
     token, problem = broadcast_object(found)
     if problem is not None or token is None:
         raise OSError(problem)

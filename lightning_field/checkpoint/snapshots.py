@@ -246,15 +246,19 @@ class StepSnapshots:
                 f" it is not yet supported with the sharded strategy {type(trainer.strategy).__name__} (its DCP"
                 " shards are untested there). Use persistent checkpoints (every_n_train_steps) for this run."
             )
-        assert self._owner.dirpath is not None  # ModelCheckpoint.setup resolved it
-        checkpointer = self._checkpointer_for(self._owner.dirpath)
+        dirpath = self._owner.dirpath
+        assert dirpath is not None  # ModelCheckpoint.setup resolved it
+        checkpointer = self._checkpointer_for(dirpath)
         root = Path(checkpointer.dirpath)
-        problems = [
-            p for p in all_gather_objects(private_folder_problem(root)) if p
-        ]  # every rank: all learn of any problem
+        problems = [p for p in all_gather_objects(private_folder_problem(root)) if p]  # all learn of any problem
         if problems:
             raise PermissionError(problems[0])
-        join_run(root, self._owner.store_at(self._owner.dirpath), as_location(self._owner.dirpath), topology.is_leader)
+        try:
+            join_run(root, self._owner.store_at(dirpath), as_location(dirpath), topology.is_leader)
+        except OSError as err:  # every rank alike: unbound snapshots could be resumed by a later, other run
+            log.warning("lightning_field: step snapshots are off for this run: %s. Persistent checkpoints go on.", err)
+            self.schedule = None
+            return
         shared = _shared_between_nodes(root, topology)
         if shared is not None:
             raise ValueError(shared)
