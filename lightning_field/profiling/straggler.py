@@ -53,13 +53,7 @@ from lightning_field.profiling.straggler_report import (
     report_metrics,
     score_report,
 )
-from lightning_field.profiling.throughput import (
-    batch_counts,
-    host_name,
-    parameter_count,
-    peak_flops,
-    peak_memory_bytes,
-)
+from lightning_field.profiling.throughput import batch_counts, host_name, parameter_count, peak_flops, peak_memory_bytes
 from lightning_field.profiling.timers import FetchClock, SectionHooks, SectionTimer
 from lightning_field.profiling.watchdog import HangWatchdog
 
