@@ -12,7 +12,10 @@
    per failure at the Young interval with persistent checkpoints alone, and with a snapshot every N
    steps at the measured step time.
 
-    python benchmarks/snapshot_overhead.py [--steps 40] [--rounds 3] [--kills 20] [--skip-1gb]
+    python benchmarks/snapshot_overhead.py [--steps 40] [--rounds 3] [--kills 20] [--skip-1gb] [--profile-only]
+
+4. **Where the time goes.** One more run at N = 1 under cProfile: per snapshot, the capture, the
+   commit, the raw tensor files, their hashing and writing, the manifest.
 """
 
 from __future__ import annotations
@@ -205,8 +208,68 @@ def scenario(step_s: float, intervals: list[int]) -> None:
         # A snapshot every N steps: at most N steps redone (the newest may still be committing),
         # about half an interval on average, plus the one in flight.
         lost = (every / 2 + 1) * step_s
-        print(f"  a snapshot every {every:2d} step(s) at {step_s * 1e3:.0f} ms a step: at most {every} steps,"
-              f" {lost:.2f} s lost on average ({interval_s / 2 / lost:,.0f}× less)")
+        print(
+            f"  a snapshot every {every:2d} step(s) at {step_s * 1e3:.0f} ms a step: at most {every} steps,"
+            f" {lost:.2f} s lost on average ({interval_s / 2 / lost:,.0f}× less)"
+        )
+
+
+# Where a snapshot's time goes: (label, module path ending, function name, caller's name or None), the
+# cumulative time of each per snapshot (with a caller: only its calls from there). Indented rows are
+# parts of the row above them, not additions.
+SNAPSHOTS_PY, TENSOR_FILE_PY = "checkpoint/snapshots.py", "checkpoint/tensor_file.py"
+PARTS = [
+    ("the whole snapshot, on the training thread", SNAPSHOTS_PY, "after_step", None),
+    ("  the state's capture (Lightning's dump, RNG, data position)", "manifest_checkpoint.py", "_prepare_save", None),
+    ("  un-publishing the oldest (files kept for reuse)", SNAPSHOTS_PY, "_retire_oldest", None),
+    ("  the commit", "checkpoint/commit.py", "commit_save", None),
+    ("    raw tensor files (header, copies, hash, write)", TENSOR_FILE_PY, "write_tensor_file", None),
+    ("      the tree walked into the JSON header", TENSOR_FILE_PY, "node", "write_tensor_file"),
+    ("      tensor views and host copies", TENSOR_FILE_PY, "_host_bytes", "write_tensor_file"),
+    ("      small pieces gathered into one buffer", TENSOR_FILE_PY, "_segments", "write_tensor_file"),
+    ("      open(2) of the file", "~", "<built-in method posix.open>", "write_tensor_file"),
+    ("      the hash thread started", "threading.py", "start", "write_tensor_file"),
+    ("      BLAKE3, in line (files under 1 MiB)", TENSOR_FILE_PY, "_hash_all", "write_tensor_file"),
+    ("      BLAKE3 beside the write: the wait for its thread", "threading.py", "join", "write_tensor_file"),
+    ("      writev(2) of the bytes", TENSOR_FILE_PY, "_write_all", "write_tensor_file"),
+    ("    the manifest built", "checkpoint/commit.py", "build_manifest", None),
+    ("    the manifest published", "checkpoint/stores/snapshot.py", "publish", None),
+]
+
+
+def where_the_time_goes(steps: int) -> None:
+    """One main-job run with a snapshot every step under cProfile: per snapshot, what each part takes.
+    The profiler's own cost inflates Python-heavy parts; the ratios in the table above are unprofiled."""
+    import cProfile
+    import pstats
+
+    profiler = cProfile.Profile()
+    with tempfile.TemporaryDirectory() as root:
+        profiler.enable()
+        step_time("main job", (1, None), steps, Path(root))
+        profiler.disable()
+    stats = pstats.Stats(profiler).stats  # type: ignore[attr-defined]
+
+    def measured(module: str, function: str, caller: str | None) -> tuple[int, float]:
+        calls, seconds = 0, 0.0
+        for (path, _, name), (_, count, _, cumulative, callers) in stats.items():
+            if not (path.endswith(module) and name == function):
+                continue
+            if caller is None:
+                calls, seconds = calls + count, seconds + cumulative
+                continue
+            for (_, _, caller_name), (_, caller_count, _, caller_cumulative) in callers.items():
+                if caller_name == caller:
+                    calls, seconds = calls + caller_count, seconds + caller_cumulative
+        return calls, seconds
+
+    snapshots = max(measured(*PARTS[0][1:])[0], 1)
+    print(f"\nWhere a snapshot's time goes (main job, a snapshot every step, {steps} steps, cProfile):")
+    print("| part | calls | ms per snapshot |")
+    print("|---|---|---|")
+    for text, module, function, caller in PARTS:
+        calls, seconds = measured(module, function, caller)
+        print(f"| {text} | {calls} | {seconds / snapshots * 1e3:.2f} |")
 
 
 def main() -> None:
@@ -218,6 +281,7 @@ def main() -> None:
     parser.add_argument("--child", type=Path)
     parser.add_argument("--kill-at", type=int)
     parser.add_argument("--max-steps", type=int, default=40)
+    parser.add_argument("--profile-only", action="store_true", help="only the table of where the time goes")
     args = parser.parse_args()
     if args.child is not None:
         child(args.child, args.kill_at, args.max_steps)
@@ -225,14 +289,20 @@ def main() -> None:
     warnings.filterwarnings("ignore")
     variants: list[Variant] = [(None, None), (1, None), (1, False), (2, None), (5, None), (10, None)]
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} cores")
+    if args.profile_only:
+        where_the_time_goes(args.steps)
+        return
     medians = overhead(["main job"], args.steps, args.rounds, variants)
     if not args.skip_1gb:
         overhead(["1 GB"], max(args.steps // 2, WARMUP + 8), 1, [(None, None), (1, None), (1, False)])
     if args.kills:
         redone = steps_redone(args.kills, args.max_steps, seed=0)
-        print(f"\nsteps redone over {len(redone)} SIGKILLs at random steps: max {max(redone)},"
-              f" mean {statistics.mean(redone):.2f}, counts {sorted(set(redone))}")
+        print(
+            f"\nsteps redone over {len(redone)} SIGKILLs at random steps: max {max(redone)},"
+            f" mean {statistics.mean(redone):.2f}, counts {sorted(set(redone))}"
+        )
     scenario(medians["main job|off"], [1, 2, 5, 10])
+    where_the_time_goes(args.steps)
 
 
 if __name__ == "__main__":
