@@ -29,6 +29,7 @@ from omegaconf import OmegaConf
 from lightning_field.checkpoint.resolver import committed_checkpoints
 from lightning_field.cli.main import main as field
 from lightning_field.conf import CONFIG_DIR
+from lightning_field.core.events import read_events
 
 
 def tiny_workload() -> list[str]:
@@ -111,6 +112,12 @@ def main() -> int:
         print(f"target {summary['monitor']} <= {summary['target']} NOT reached")
     gp = summary["goodput"]
     print(f"goodput {100 * gp['goodput']:.1f}%, {gp['interruptions']} interruption(s), {gp['lost_steps']} step(s) lost")
+    # The lost steps are bounded by the step-snapshot interval in force at the kill: say which and why.
+    chosen = [e for e in read_events(run_dir) if e["event"] == "snapshot_interval" and e["attempt"] == 1]
+    if chosen:
+        interval = chosen[-1]["payload"]
+        print(f"step snapshots at the kill: every {interval['every_n_train_steps']} step(s)"
+              f" ({interval['chosen_by']}): {interval['reason']}")  # fmt: skip
     print(f"evidence gate: {'passed' if gate == 0 else 'FAILED'} ({bundle / 'evidence.md'})")
     print(f"run directory: {run_dir}")
     return 0 if reached and gate == 0 else 1
