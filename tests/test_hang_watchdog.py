@@ -173,7 +173,7 @@ def test_a_restart_after_exit_76_resumes_from_the_newest_committed_checkpoint_an
     # after it (their interval is learned from their cost, so it depends on the machine's load).
     commits = ("ckpt_committed", "snapshot_committed")
     committed = max(e["step"] for e in events if e["attempt"] == 1 and e["event"] in commits)
-    assert 10 <= committed < HANG_STEP
+    assert 10 <= committed <= HANG_STEP  # the hang is inside the step after HANG_STEP: its snapshot may be in
     assert [e["step"] for e in events if e["event"] == "fit_start"] == [0, committed]
     # The hung attempt left no attempt_end (it was ended from a thread): the next attempt_start marks it.
     assert [e["attempt"] for e in events if e["event"] == "attempt_start"] == [1, 2]
