@@ -14,14 +14,16 @@ import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lightning_field.checkpoint.resolver import read_last_pointer
+from lightning_field.checkpoint.snapshot_lineage import LINEAGE_NAME, lineage_mismatch
 from lightning_field.checkpoint.stop_points import finished_detail
+from lightning_field.checkpoint.stores import CheckpointStore, LocalStore
 from lightning_field.checkpoint.tensor_file import MAGIC, TensorFileError
 from lightning_field.checkpoint.tensor_file_reader import read_tensor_file
 from lightning_field.checkpoint.verify import verify_checkpoint
@@ -46,7 +48,7 @@ JSON = st.recursive(
 pytestmark = pytest.mark.slow
 
 # The whole suite feeds a 25th of the documents (about 480, a few seconds); `.ci/run` then runs this
-# file alone with FIELD_FUZZ=full, all 10,900 of them, timed apart from the suite's budget.
+# file alone with FIELD_FUZZ=full, all 15,900 of them, timed apart from the suite's budget.
 FULL = os.environ.get("FIELD_FUZZ") == "full"
 
 
@@ -165,6 +167,28 @@ def test_a_hostile_last_pointer_names_a_checkpoint_in_its_directory_or_nothing(s
     (scratch / "LAST").write_bytes(raw)
     found = read_last_pointer(scratch)
     assert found is None or Path(found).parent == scratch
+
+
+TOKEN = b"0123456789abcdef0123456789abcdef"
+
+
+@fuzz(1000)
+@given(
+    theirs=st.binary(max_size=80) | st.sampled_from([TOKEN, TOKEN + b"\n", TOKEN.upper(), TOKEN + b"0", b"../x"]),
+    ours=st.sampled_from([TOKEN, TOKEN + b"\n", b"", b"\xff" * 32]),
+)
+def test_a_hostile_run_token_lets_snapshots_resume_only_where_both_tokens_are_the_same_valid_one(
+    scratch: Path, theirs: bytes, ours: bytes
+) -> None:
+    snapshots, checkpoints = scratch / "shm", scratch / "ckpts"
+    snapshots.mkdir(exist_ok=True)
+    checkpoints.mkdir(exist_ok=True)
+    (snapshots / LINEAGE_NAME).write_bytes(theirs)
+    (checkpoints / LINEAGE_NAME).write_bytes(ours)
+    mismatch = lineage_mismatch(snapshots, cast(CheckpointStore, LocalStore()), checkpoints)
+    same = theirs.strip() == TOKEN and ours.strip() == TOKEN
+    assert (mismatch is None) == same, mismatch
+    assert mismatch is None or str(snapshots) in mismatch
 
 
 @fuzz(2000)

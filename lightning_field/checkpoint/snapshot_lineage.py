@@ -41,14 +41,14 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 LINEAGE_NAME = "SNAPSHOT_LINEAGE"
-_TOKEN = re.compile(r"[0-9a-f]{32}")
+_TOKEN = re.compile(rb"[0-9a-f]{32}")
 
 
 def _parse(data: bytes | None) -> str | None:
     if data is None or len(data) > 64:
         return None
-    text = data.decode("ascii", errors="replace").strip()
-    return text if _TOKEN.fullmatch(text) else None
+    token = data.strip()  # ASCII whitespace only: the bytes, not a decoding of them, are compared
+    return token.decode() if _TOKEN.fullmatch(token) else None
 
 
 def persistent_lineage(store: CheckpointStore, checkpoint_dir: Location) -> str | None:
