@@ -20,6 +20,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from lightning_field.checkpoint.freshness import FORMAT as FRESHNESS_FORMAT
+from lightning_field.checkpoint.freshness import FRESHNESS_NAME, Freshness, StaleCheckpointError
 from lightning_field.checkpoint.resolver import read_last_pointer
 from lightning_field.checkpoint.snapshot_lineage import LINEAGE_NAME, lineage_mismatch
 from lightning_field.checkpoint.stop_points import finished_detail
@@ -31,6 +33,7 @@ from lightning_field.cli.main import main as field_main
 from lightning_field.core.events import EventLogError, read_events
 from lightning_field.core.layout import EVENTS_RELPATH
 from lightning_field.core.manifest import MANIFEST_DOCUMENT, MANIFEST_NAME, Manifest, ManifestError, read_manifest
+from lightning_field.core.signing import KEY_ENV, canonical_bytes, keys_from_environment
 from lightning_field.evidence.bundle_format import EVIDENCE_DOCUMENT, EVIDENCE_JSON
 from lightning_field.evidence.check import check_bundle
 from lightning_field.quality.ledger import goodput_ledger
@@ -48,7 +51,7 @@ JSON = st.recursive(
 pytestmark = pytest.mark.slow
 
 # The whole suite feeds a 25th of the documents (about 480, a few seconds); `.ci/run` then runs this
-# file alone with FIELD_FUZZ=full, all 15,900 of them, timed apart from the suite's budget.
+# file alone with FIELD_FUZZ=full, all 16,900 of them, timed apart from the suite's budget.
 FULL = os.environ.get("FIELD_FUZZ") == "full"
 
 
@@ -189,6 +192,37 @@ def test_a_hostile_run_token_lets_snapshots_resume_only_where_both_tokens_are_th
     same = theirs.strip() == TOKEN and ours.strip() == TOKEN
     assert (mismatch is None) == same, mismatch
     assert mismatch is None or str(snapshots) in mismatch
+
+
+FRESHNESS_KEYS = keys_from_environment({KEY_ENV: "k1:a-long-enough-secret-for-tests-0123"})
+
+
+def _signed_freshness(fields: dict[str, Any]) -> bytes:
+    document = {"format": FRESHNESS_FORMAT, **fields}
+    assert FRESHNESS_KEYS is not None
+    document["signature"] = FRESHNESS_KEYS.sign(canonical_bytes(document))
+    return json.dumps(document, default=str).encode()
+
+
+@fuzz(1000)
+@given(
+    raw=st.binary(max_size=64)
+    | st.fixed_dictionaries({"newest_step": JSON, "checkpoint": JSON}, optional={"signature": JSON}).map(
+        lambda d: json.dumps({"format": FRESHNESS_FORMAT, **d}, default=str).encode()
+    )
+    | st.fixed_dictionaries({"newest_step": JSON | st.integers(-5, 2**70), "checkpoint": JSON}).map(_signed_freshness)
+)
+def test_a_hostile_freshness_record_is_a_step_it_signs_or_a_refusal_naming_it(scratch: Path, raw: bytes) -> None:
+    folder = scratch / "fresh"
+    folder.mkdir(exist_ok=True)
+    (folder / FRESHNESS_NAME).write_bytes(raw)
+    assert FRESHNESS_KEYS is not None
+    try:
+        step = Freshness(required=False).read(cast(CheckpointStore, LocalStore()), folder, FRESHNESS_KEYS)
+    except StaleCheckpointError as err:
+        _names_the_file(str(err), folder / FRESHNESS_NAME)
+    else:
+        assert isinstance(step, int) and not isinstance(step, bool) and step >= 0
 
 
 @fuzz(2000)

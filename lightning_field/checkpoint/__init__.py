@@ -29,6 +29,7 @@ _EXPORTS: dict[str, str] = {
     "read_last_pointer": "lightning_field.checkpoint.resolver",
     "NoRecoverableCheckpointError": "lightning_field.checkpoint.resume_policy",
     "ResumeMismatchError": "lightning_field.checkpoint.resume_policy",
+    "StaleCheckpointError": "lightning_field.checkpoint.freshness",
     "UnsafeCheckpointError": "lightning_field.checkpoint.safe_load",
     "CheckpointCorruptError": "lightning_field.checkpoint.verify",
     "VerifyReport": "lightning_field.checkpoint.verify",
@@ -43,6 +44,7 @@ __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
 if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerly
     from lightning_field.checkpoint.checkpointer import Checkpointer, NothingToRestoreError, Restored, Stateful
     from lightning_field.checkpoint.commit import CheckpointSaveError
+    from lightning_field.checkpoint.freshness import StaleCheckpointError
     from lightning_field.checkpoint.io import ManifestCheckpointIO
     from lightning_field.checkpoint.manifest_checkpoint import ManifestCheckpoint
     from lightning_field.checkpoint.no_progress import NO_PROGRESS_EXIT_CODE, NoProgressError
@@ -93,6 +95,7 @@ __all__ = [
     "NothingToRestoreError",
     "Restored",
     "ResumeMismatchError",
+    "StaleCheckpointError",
     "Stateful",
     "TrainingPreempted",
     "UnsafeCheckpointError",

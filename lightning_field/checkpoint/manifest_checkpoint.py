@@ -1,10 +1,8 @@
 """``ManifestCheckpoint``: Lightning's ModelCheckpoint, made complete, atomic, verified and honest.
 
-It keeps every ModelCheckpoint argument and its scheduling. What changes is what a checkpoint *is*: a
-directory with the complete Lightning state, each rank's own RNG and data position, and a manifest
-written last that makes it visible; only one that holds everything an exact continuation needs is
-recoverable and resumed from. This module decides *when* and captures a ``SaveJob``; the
-Lightning-free ``Checkpointer`` does the rest.
+Every ModelCheckpoint argument and its scheduling stay; a checkpoint becomes a directory with the whole
+Lightning state, each rank's RNG and data position, and a manifest written last that makes it visible.
+This module decides *when* and captures a ``SaveJob``; the Lightning-free ``Checkpointer`` does the rest.
 """
 
 from __future__ import annotations
@@ -26,6 +24,7 @@ from lightning_field.checkpoint.async_controller import SaveErrorPolicy
 from lightning_field.checkpoint.commit import CheckpointSaveError, SaveJob
 from lightning_field.checkpoint.committed import CommittedCheckpoint
 from lightning_field.checkpoint.exception_save import ExceptionSave
+from lightning_field.checkpoint.freshness import Freshness
 from lightning_field.checkpoint.io import FIELD_KEY, ManifestCheckpointIO
 from lightning_field.checkpoint.no_progress import DEFAULT_MAX_FAILED_ATTEMPTS, NoProgressGuard
 from lightning_field.checkpoint.preemption import DEFAULT_SIGNALS, PreemptionSave, TrainingPreempted
@@ -58,10 +57,8 @@ class ManifestCheckpoint(CommittedCheckpoint):
             name; ``state.trainer_settings.ALLOWABLE``); the lineage is then recorded as inexact.
         preemption_signals: signals that trigger a save at the next step boundary, then :class:`TrainingPreempted`
             (exit status 75 uncaught); under SLURM auto-requeue its signal too, and a requeue once committed.
-        preemption_check_every_n_steps: over several ranks, how often they agree on a pending signal (one
-            small all-reduce): by default every step on CPU, every 10 on accelerators (the read syncs).
-        code_dir: where the user's code lives, for the git commit; default: the git repository of the
-            LightningModule's folder, the main script's, then the working directory's.
+        preemption_check_every_n_steps: how often ranks agree on a pending signal (an all-reduce): 1 on CPU, else 10.
+        code_dir: where the user's code lives, for its git commit (default: the module's, script's or cwd's repository).
         save_on_train_end: also commit the state training ends with at ``max_steps`` or ``max_epochs``
             (unless saved): a rerun with larger limits then redoes none of the last steps.
         save_on_stop: commit a recoverable checkpoint where ``trainer.should_stop`` ends fit before its limits
@@ -77,8 +74,7 @@ class ManifestCheckpoint(CommittedCheckpoint):
             (default: a ``LocalStore`` for a path, an ``ObjectStore`` for a URL), or your own backend.
         resume_inexact: where ``ckpt_path="last"`` finds no recoverable checkpoint, resume the newest one anyway
             (not :class:`NoRecoverableCheckpointError`); later manifests record ``provenance.inexact_resume``.
-        trust_pickles: fully unpickle files that need it; off, each loads ``weights_only`` and such a
-            file is refused naming its type (:mod:`~lightning_field.checkpoint.safe_load` says why).
+        trust_pickles: fully unpickle files that need it; off, such a file is refused naming its type (``safe_load``).
         snapshot_every_n_train_steps: also snapshot every this many steps into ``snapshot_dir`` (default
             ``/dev/shm``, replicated to a partner node), which ``ckpt_path="last"`` takes where newer; ``"auto"``
             (default): the smallest interval within ``snapshot_overhead_budget`` of the step time, measured
@@ -88,6 +84,7 @@ class ManifestCheckpoint(CommittedCheckpoint):
             (False); default: in line where training computes on the CPU, beside it on an accelerator.
         max_failed_attempts: after this many attempts failed with nothing committed past the step the next one
             resumes from, it refuses before its first batch (exit 77, ``checkpoint.no_progress``); None: off.
+        require_fresh: refuse a "last" resume older than the signed record of the newest commit (``freshness``).
 
     Raises:
         ValueError: ``on_save_error`` is not ``"stop"``/``"warn"``, ``preemption_check_every_n_steps`` is
@@ -102,13 +99,9 @@ class ManifestCheckpoint(CommittedCheckpoint):
 
     Example::
 
-        from lightning.pytorch import Trainer
-        from lightning_field import ManifestCheckpoint
-
         checkpoint = ManifestCheckpoint(dirpath="ckpts", every_n_train_steps=500, save_top_k=2)
         trainer = Trainer(max_steps=10_000, callbacks=[checkpoint])
-        # Resumes exactly from the newest recoverable checkpoint, or refuses with the reason.
-        trainer.fit(model, datamodule=data, ckpt_path="last")
+        trainer.fit(model, datamodule=data, ckpt_path="last")  # the newest recoverable, or a refusal saying why
     """
 
     FILE_EXTENSION = ""
@@ -153,6 +146,7 @@ class ManifestCheckpoint(CommittedCheckpoint):
         snapshot_in_line: bool | None = None,
         snapshot_overhead_budget: float = DEFAULT_BUDGET,
         max_failed_attempts: int | None = DEFAULT_MAX_FAILED_ATTEMPTS,
+        require_fresh: bool = False,
     ) -> None:
         super().__init__(
             dirpath=dirpath, filename=filename, monitor=monitor, verbose=verbose, save_last=save_last,
@@ -167,7 +161,7 @@ class ManifestCheckpoint(CommittedCheckpoint):
         self.rank_tracker = self.make_rank_tracker(generators)
         self._guard = ResumeGuard(allow_resume_mismatch, allow_changed, lambda: self._events)
         self._no_progress = NoProgressGuard(self, max_failed_attempts, self._guard.code)
-        self.config, self.code_dir = config, code_dir
+        self.config, self.code_dir, self.freshness = config, code_dir, Freshness(require_fresh)
         self.save_on_train_end, self.save_on_stop = save_on_train_end, save_on_stop
         self._stops = StopPointSave(self)
         self._exception_save = ExceptionSave(self)
@@ -373,10 +367,16 @@ class ManifestCheckpoint(CommittedCheckpoint):
         guard = self._guard if self.resume_inexact else None
         verified = self.checkpointer.verifications  # handed to the load: no second hash
         found = self.snapshots.resolve_last(trainer, where, guard, self.store_at(where), verified)
+        self.freshness.check_resume(self.store_at, where, found)  # every rank alike: the same record and pick
         if found is None:
             self._show_hint_again = internals.hide_no_last_checkpoint_hint()
             return set()
         return {found}
+
+    @override
+    def _advertise(self, trainer: pl.Trainer, job: SaveJob, blocking: float, commit_s: float | None = None) -> None:
+        super()._advertise(trainer, job, blocking, commit_s)
+        self.freshness.committed(trainer.is_global_zero, self.store_at, self.dirpath, job.step, job.final)
 
     @override
     def wait_for_snapshot_copy(self) -> None:
