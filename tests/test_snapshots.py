@@ -19,7 +19,7 @@ from lightning.pytorch.demos.boring_classes import BoringModel
 
 from lightning_field.checkpoint import snapshots as snapshot_tier
 from lightning_field.checkpoint.async_controller import AsyncSaves
-from lightning_field.checkpoint.snapshot_lineage import LINEAGE_NAME
+from lightning_field.checkpoint.snapshot_lineage import LINEAGE_NAME, lineage_mismatch
 from lightning_field.checkpoint.snapshots import snapshot_dir_for
 from lightning_field.checkpoint.stores import LocalStore
 from lightning_field.cli.main import main as field_main
@@ -224,3 +224,18 @@ def test_a_snapshot_that_fails_to_commit_in_line_is_reported_and_training_and_pe
     failed = [e["step"] for e in read_events(tmp_path) if e["event"] == "ckpt_save_failed"]
     assert failed == [1, 2, 3, 4, 6]  # every snapshot; step 5 is the persistent save, which committed
     assert (tmp_path / "ckpts" / "epoch=0-step=5" / "manifest.json").is_file() and not snapshots(tmp_path)
+
+
+def test_a_run_token_that_links_out_of_the_checkpoint_directory_is_no_token_and_no_snapshot_is_trusted(
+    tmp_path: Path,
+) -> None:
+    fit(tmp_path, 8)
+    folder = snapshot_dir_for(tmp_path / "ckpts", tmp_path / "shm")
+    token = tmp_path / "ckpts" / LINEAGE_NAME
+    outside = tmp_path / "elsewhere"
+    outside.write_bytes(token.read_bytes())  # the right token, but read through a link out of the folder
+    token.unlink()
+    token.symlink_to(outside)
+    assert lineage_mismatch(folder, LocalStore(), tmp_path / "ckpts") is not None  # type: ignore[arg-type]
+    _, trainer = fit(tmp_path, 10, resume=True)
+    assert trainer.ckpt_path == str(tmp_path / "ckpts" / "epoch=0-step=5")  # the persistent one, not snapshot 8

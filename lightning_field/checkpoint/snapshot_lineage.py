@@ -52,8 +52,12 @@ def _parse(data: bytes | None) -> str | None:
 
 
 def persistent_lineage(store: CheckpointStore, checkpoint_dir: Location) -> str | None:
-    """The token the checkpoint directory holds, or None (none yet, or not a token)."""
-    return _parse(store.read(checkpoint_dir, LINEAGE_NAME))
+    """The token the checkpoint directory holds, or None (none yet, not a token, or unreadable)."""
+    try:
+        data = store.read(checkpoint_dir, LINEAGE_NAME)
+    except Exception:  # a link out of the folder, a store's own error: no token, so no snapshot is trusted
+        return None
+    return _parse(data)
 
 
 def ensure_persistent_lineage(store: CheckpointStore, checkpoint_dir: Location) -> str:
