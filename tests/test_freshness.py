@@ -89,6 +89,8 @@ def test_a_fresh_folder_resumes_exactly_and_a_newer_step_snapshot_passes_the_rec
         ("lower-record", "FRESHNESS: the record's signature (key 'k1') does not match its content"),
         ("garbage-record", "is not a lightning_field.freshness/1 record"),
         ("delete-everything", "Refusing to resume nothing (training would start at step 0)"),
+        ("link-out", "FRESHNESS cannot be read: "),
+        ("nested-json", "is not a lightning_field.freshness/1 record"),
     ],
 )
 def test_a_record_deleted_forged_or_garbled_or_every_checkpoint_deleted_is_refused_naming_the_record(
@@ -103,6 +105,13 @@ def test_a_record_deleted_forged_or_garbled_or_every_checkpoint_deleted_is_refus
         record.write_text(record.read_text().replace('"newest_step": 4', '"newest_step": 2'))
     elif tamper == "garbage-record":
         record.write_bytes(b"\x00" * 5000)
+    elif tamper == "link-out":  # the record's own bytes, read through a link that leaves the folder
+        outside = tmp_path / "elsewhere.json"
+        outside.write_bytes(record.read_bytes())
+        record.unlink()
+        record.symlink_to(outside)
+    elif tamper == "nested-json":
+        record.write_bytes(b"[" * 4000 + b"]" * 4000)
     else:
         for checkpoint in ckpts.glob("epoch=*"):
             shutil.rmtree(checkpoint)

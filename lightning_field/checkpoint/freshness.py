@@ -20,7 +20,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from lightning_field.checkpoint.stores import CheckpointStore, read_manifest
+from lightning_field.checkpoint.stores import CheckpointStore, describe_error, read_manifest
 from lightning_field.core.errors import ResumeMismatchError
 from lightning_field.core.signing import KEY_ENV, ManifestKeys, canonical_bytes, keys_from_environment
 from lightning_field.core.storage import Location, as_location, basename, join
@@ -69,13 +69,16 @@ class Freshness:
         Raises:
             StaleCheckpointError: the record is malformed or its signature does not verify.
         """
-        raw = store.read(dirpath, FRESHNESS_NAME)
-        if raw is None:
-            return None
         where = join(dirpath, FRESHNESS_NAME)
         try:
+            raw = store.read(dirpath, FRESHNESS_NAME)
+        except Exception as err:  # a link out of the folder, a store's own error: refused, never trusted
+            raise StaleCheckpointError(f"Refusing to resume: {where} cannot be read: {describe_error(err)}.") from None
+        if raw is None:
+            return None
+        try:
             record = json.loads(raw) if len(raw) <= _MAX_BYTES else None
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested past the parser's depth
             record = None
         if not isinstance(record, dict) or record.get("format") != FORMAT:
             raise StaleCheckpointError(f"Refusing to resume: {where} is not a {FORMAT} record (require_fresh=True).")

@@ -25,18 +25,7 @@ from lightning_field.checkpoint.stores import CheckpointStore, describe_error
 from lightning_field.core.fsio import atomic_write_bytes
 from lightning_field.core.storage import Location
 
-__all__ = [
-    "LINEAGE_NAME",
-    "adopt_lineage",
-    "adopted",
-    "ensure_persistent_lineage",
-    "join_run",
-    "lineage_mismatch",
-    "persistent_lineage",
-    "prepared_for_run",
-    "same_run",
-    "snapshot_lineage",
-]
+__all__ = ["LINEAGE_NAME", "join_run", "lineage_mismatch", "prepared_for_run", "same_run"]
 
 log = logging.getLogger(__name__)
 
@@ -91,24 +80,6 @@ def lineage_mismatch(root: Path, store: CheckpointStore, checkpoint_dir: Locatio
     return f"the snapshots in {root} carry {held}, and {checkpoint_dir}/{LINEAGE_NAME} {wanted}"
 
 
-def adopt_lineage(root: Path, token: str) -> list[str]:
-    """Make ``root`` hold the snapshots of the run whose token is ``token``: where it holds another
-    run's, delete them first. Returns the names deleted. Each machine's leader only, at setup."""
-    if snapshot_lineage(root) == token:
-        return []
-    removed = []
-    for child in sorted(root.iterdir()):
-        if child.name == LINEAGE_NAME:
-            continue
-        if child.is_dir() and not child.is_symlink():
-            shutil.rmtree(child, ignore_errors=True)
-        else:
-            child.unlink(missing_ok=True)
-        removed.append(child.name)
-    atomic_write_bytes(root / LINEAGE_NAME, (token + "\n").encode(), False)
-    return removed
-
-
 def same_run(root: Path, store: CheckpointStore, checkpoint_dir: Location, log_skips: bool) -> bool:
     """Whether the snapshots in ``root`` are the run's of ``checkpoint_dir``; where a folder holding
     any is another run's, says so (``log_skips``) and why."""
@@ -150,10 +121,21 @@ def join_run(root: Path, store: CheckpointStore, checkpoint_dir: Location, leade
 
 
 def adopted(root: Path, token: str) -> str | None:
-    """Empty ``root`` of another run's snapshots and give it the run token ``token`` (a machine's
-    leader, at setup): a problem, else None."""
+    """Make ``root`` hold the snapshots of the run whose token is ``token`` (a machine's leader): where
+    it holds another run's, delete them first and say which. A problem, else None."""
+    if snapshot_lineage(root) == token:
+        return None
+    removed = []
     try:
-        removed = adopt_lineage(root, token)
+        for child in sorted(root.iterdir()):
+            if child.name == LINEAGE_NAME:
+                continue
+            if child.is_dir() and not child.is_symlink():
+                shutil.rmtree(child)
+            else:
+                child.unlink(missing_ok=True)
+            removed.append(child.name)
+        atomic_write_bytes(root / LINEAGE_NAME, (token + "\n").encode(), False)
     except OSError as err:
         return f"cannot clear the snapshot folder {root} of another run's snapshots: {err}"
     if removed:
