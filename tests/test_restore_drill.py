@@ -412,3 +412,34 @@ def test_a_drill_of_a_checkpoint_in_an_s3_bucket_loads_it_from_the_bucket_and_ma
         assert verify_checkpoint(f"{url}/epoch=0-step={step}", storage_options=options).recoverable
     assert not (tmp_path / "s3:").exists(), "a drill wrote its record beside the run instead of into the bucket"
     assert latest_recoverable(url, options) == f"{url}/epoch=0-step=6"
+
+
+class DiesInDrillModel(DemoRegressor):
+    """Built fine in the live run; in a drill process (its environment says so) it dies at once."""
+
+    def __init__(self, **hparams: Any) -> None:
+        super().__init__(**hparams)
+        if os.environ.get("FIELD_TEST_DRILL_DIES"):
+            print("this model cannot be built on this machine", flush=True)
+            os._exit(3)
+
+
+@pytest.mark.slow
+def test_a_drill_process_that_dies_without_a_result_is_an_error_naming_its_exit_status_and_its_logs_last_lines(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pl.seed_everything(0)
+    model = DiesInDrillModel()
+    monkeypatch.setenv("FIELD_TEST_DRILL_DIES", "1")  # after the live model is built: only drills see it
+    checkpoint = ManifestCheckpoint(dirpath=tmp_path / "ckpts", every_n_train_steps=2, save_top_k=-1)
+    drill = RestoreDrill(every_n_checkpoints=1)
+    trainer = pl.Trainer(
+        default_root_dir=tmp_path, max_steps=3, accelerator="cpu", logger=False, enable_progress_bar=False,
+        limit_val_batches=0, callbacks=[drill, checkpoint],
+    )  # fmt: skip
+    trainer.fit(model, datamodule=DemoDataModule())
+    [result] = drill.results
+    assert result["outcome"] == "error" and not result["passed"]
+    assert "drill process exited 3 without a result" in result["error"]
+    assert "drill.log ends: this model cannot be built on this machine" in result["error"]
+    assert not read_manifest(tmp_path / "ckpts" / "epoch=0-step=2").restore_tested

@@ -52,6 +52,7 @@ from lightning_field.evidence.drill_runs import (
     MISMATCH,
     RunningDrill,
     drill_record,
+    exit_without_result,
     record_beside_checkpoint,
     release,
     release_superseded,
@@ -356,8 +357,7 @@ class RestoreDrill(Callback):
             elif running.result_path.is_file():
                 result = json.loads(running.result_path.read_text())
             else:
-                code = running.process.returncode
-                result = {"outcome": ERROR, "error": f"drill process exited {code} without a result"}
+                result = {"outcome": ERROR, "error": exit_without_result(running)}
             self._running.remove(running)
             try:
                 self._record(trainer, running, result)

@@ -105,11 +105,14 @@ def main(argv: list[str] | None = None) -> int:
     for entry in reversed(spec.get("sys_path", [])):
         if entry not in sys.path:
             sys.path.insert(0, entry)
+    out = Path(spec["work_dir"]) / "result.json"
     try:
         result = run_drill(spec)
     except Exception as err:  # the live run must learn *why* a drill could not run, not just that it died
         result = {"outcome": ERROR, "error": f"{type(err).__name__}: {err}"}
-    out = Path(spec["work_dir"]) / "result.json"
+    except BaseException as err:  # an interrupt or a library's exit: recorded, then it goes on as it would
+        out.write_text(json.dumps({"outcome": ERROR, "error": f"{type(err).__name__}: {err}"}, indent=2))
+        raise
     out.write_text(json.dumps(result, indent=2, default=str))
     print(json.dumps(result, indent=2, default=str))
     return 0 if result["outcome"] == PASSED else 1

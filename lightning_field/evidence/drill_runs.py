@@ -117,6 +117,20 @@ def start_drill(
     )
 
 
+def exit_without_result(running: RunningDrill, lines: int = 3) -> str:
+    """Why a drill process that wrote no result ended: its exit status and its log's last lines."""
+    message = f"drill process exited {running.process.returncode} without a result"
+    try:
+        with open(running.log_path, "rb") as log:
+            log.seek(max(log.seek(0, os.SEEK_END) - 4096, 0))
+            tail = [line for line in log.read().decode(errors="replace").splitlines() if line.strip()][-lines:]
+    except OSError as err:
+        return f"{message} (its log {running.log_path} cannot be read: {err.strerror})"
+    if not tail:
+        return f"{message} (its log {running.log_path} is empty)"
+    return f"{message}; its log {running.log_path} ends: " + " | ".join(line.strip()[:300] for line in tail)
+
+
 def stop_drill(running: RunningDrill) -> None:
     """Kill the drill's process group, wait for it, and release its copy."""
     with contextlib.suppress(ProcessLookupError):
