@@ -97,8 +97,13 @@ def test_a_rank_asleep_in_its_training_step_is_named_with_host_step_and_stack_an
     }  # fmt: skip
     assert f'hang_job.py", line {SLEEP_LINE} in training_step' in culprit["stacks"]
     assert culprit["stacks_file"] == str(rank_stacks_path(hung.root, 1))
-    assert report["resume_point"].endswith("(step 10), the newest checkpoint this attempt committed: run the"
-                                           " same command with ckpt_path='last'")  # fmt: skip
+    # The newest commit before the hang, of either tier: what the restart's ckpt_path="last" takes (the
+    # restart test below checks that it does). Snapshots are on by default, at a machine-dependent interval.
+    commits = [e for e in _events(hung.root) if e["event"] in ("ckpt_committed", "snapshot_committed")]
+    newest = max(commits, key=lambda e: (e["step"], e["event"] == "ckpt_committed"))
+    tier = "checkpoint" if newest["event"] == "ckpt_committed" else "resume point"
+    assert f"(step {newest['step']}), the newest {tier} this attempt committed" in report["resume_point"]
+    assert report["resume_point"].endswith("run the same command with ckpt_path='last'")
     assert report["save"].startswith("none attempted")
     for rank in (0, 1):
         assert "most recent call first" in rank_stacks_path(hung.root, rank).read_text()
@@ -175,6 +180,8 @@ def test_a_restart_after_exit_76_resumes_from_the_newest_committed_checkpoint_an
     committed = max(e["step"] for e in events if e["attempt"] == 1 and e["event"] in commits)
     assert 10 <= committed <= HANG_STEP  # the hang is inside the step after HANG_STEP: its snapshot may be in
     assert [e["step"] for e in events if e["event"] == "fit_start"] == [0, committed]
+    (hang,) = [e for e in events if e["event"] == "hang"]
+    assert f"(step {committed}), the newest" in hang["payload"]["resume_point"]  # what the hang report named
     # The hung attempt left no attempt_end (it was ended from a thread): the next attempt_start marks it.
     assert [e["attempt"] for e in events if e["event"] == "attempt_start"] == [1, 2]
 
@@ -202,6 +209,32 @@ def test_a_healthy_slow_uneven_run_with_a_long_first_batch_save_and_validation_f
             assert max(step_timeout or 0.0, FLOOR_S) < age < timeout, (phase, closest[phase])
         # Between slow phases, the steady steps stayed well under their timeout.
         assert all(age < timeout / 2 for p, (age, timeout, _) in closest.items() if p in ("BACKWARD", "OPTIMIZER"))
+
+
+@pytest.mark.slow
+def test_a_job_that_hangs_at_the_same_step_every_attempt_is_refused_at_the_fourth_with_exit_77_naming_the_hang(
+    tmp_path: Path,
+) -> None:
+    """Exit 76 asks for a restart; a hang that comes back at the same step every time is a crash loop
+    all the same (Issue 40 item 2): it counts for the no-progress guard like an exception does. One rank,
+    commits every 10 steps only: every attempt resumes from step 10 and hangs in step 16."""
+    command = [JOB, "--root", tmp_path, "--devices", 1, "--hang-rank", 0, "--hang-step", HANG_STEP, "--floor", 1,
+               "--grace", 0.5, "--long-phase", 2, "--hang-every-attempt", "--no-snapshots"]  # fmt: skip
+    for number in (1, 2, 3):
+        result = run_child(command, timeout=120)
+        assert result.returncode == HANG_EXIT_CODE, f"attempt {number}:\n{result.stdout[-4000:]}"
+    result = run_child(command, timeout=120)
+    assert result.returncode == 77, result.stdout[-4000:]
+    host = host_name()
+    assert (
+        "3 attempts in a row (1, 2, 3) resumed from step 10 (or started before it) and failed before committing a"
+        f" checkpoint past it, each with Hang in step {HANG_STEP + 1}: rank 0 on {host} stopped in the training"
+        " step (forward). Refusing to train attempt 4 from step 10" in result.stdout
+    ), result.stdout[-4000:]
+    events = _events(tmp_path)
+    assert [e["attempt"] for e in events if e["event"] == "hang"] == [1, 2, 3]
+    assert [e["step"] for e in events if e["event"] == "fit_start"] == [0, 10, 10, 10]
+    assert [e["attempt"] for e in events if e["event"] == "no_progress_refused"] == [4]
 
 
 # ---------------------------------------------------------------------- the rule, on numbers

@@ -142,6 +142,26 @@ def test_attempts_that_never_trained_or_ran_other_code_are_passed_over_or_end_th
     assert failed_attempts_without_progress(log, 25, "a", current=6) == []  # resumed elsewhere
 
 
+def test_attempts_the_hang_watchdog_ended_count_as_failures_with_the_code_their_fit_start_recorded() -> None:
+    def hung(step: int, code: str) -> list[tuple[str, int | None, dict]]:
+        report = {"culprits": [{"rank": 1, "host": "node-2", "step": step, "phase": "FORWARD"}], "no_progress_s": 9}
+        return [("fit_start", step, {"code": code}), ("hang", step + 5, report)]
+
+    def log(*attempts: list[tuple[str, int | None, dict]]) -> list[dict]:
+        return [{"attempt": number, "event": name, "step": step, "payload": payload}
+                for number, events in enumerate(attempts, start=1) for name, step, payload in events]  # fmt: skip
+
+    counted = failed_attempts_without_progress(log(hung(10, "a"), hung(10, "a")), 10, "a", current=3)
+    assert [(a.attempt, a.step, a.exception) for a in counted] == [(1, 15, "Hang"), (2, 15, "Hang")]
+    assert counted[0].describe() == "Hang in step 16: rank 1 on node-2 stopped in the training step (forward)"
+    assert failed_attempts_without_progress(log(hung(10, "a"), hung(10, "b")), 10, "b", current=3)[0].attempt == 2
+    # A finished attempt in between ends the count, as it does for exceptions.
+    finished: list[tuple[str, int | None, dict]] = [("fit_start", 10, {"code": "a"}),
+                                                    ("attempt_end", None, {"status": "finished"})]  # fmt: skip
+    after_a_finish = failed_attempts_without_progress(log(hung(10, "a"), finished, hung(10, "a")), 10, "a", current=4)
+    assert [a.attempt for a in after_a_finish] == [3]
+
+
 def test_over_two_ranks_every_rank_refuses_alike_and_the_job_exits_77(tmp_path: Path) -> None:
     root = tmp_path / "run"
     args = ["--fail-at-step", 23, "--devices", 2]

@@ -4,7 +4,9 @@ A module that raises in step 23 every time, under ``torchrun --max-restarts=N`` 
 makes N + 1 attempts that each resume from the same checkpoint and fail before the next one: the
 restarts redo the same steps and never get further. Every attempt that ends with an exception
 records it in the event log (``attempt_failed``: the step it reached, the step that failed, the
-exception's type and a shortened message, the code identity). At the start of training, before the
+exception's type and a shortened message, the code identity); an attempt the hang watchdog ended
+(exit 76, from a thread: nothing was raised) counts by its ``hang`` event, with the code identity its
+``fit_start`` recorded. At the start of training, before the
 first batch, the next attempt counts the attempts before it that failed with nothing committed past
 the step it resumed from; at ``max_failed_attempts`` (default 3) of them it refuses to train:
 :class:`NoProgressError`, exit status :data:`NO_PROGRESS_EXIT_CODE` (77) uncaught, which a launcher
@@ -31,6 +33,7 @@ import lightning.pytorch as pl
 from lightning_field.checkpoint.preemption import TrainingPreempted
 from lightning_field.core.events import read_events
 from lightning_field.core.hashing import IDENTITY_ALGORITHM, new_hasher
+from lightning_field.profiling.hang_rule import Phase
 
 if TYPE_CHECKING:
     from lightning_field.checkpoint.manifest_checkpoint import ManifestCheckpoint
@@ -57,6 +60,8 @@ MESSAGE_CHARS = 200
 COMMITS = ("ckpt_committed", "snapshot_committed")
 REFUSED_STATUS = "refused: no progress"
 NOT_FAILURES = ("KeyboardInterrupt",)
+HANG_EXCEPTION = "Hang"
+"""What a hang (``hang`` event, exit 76) counts as: the watchdog ended the attempt, nothing raised."""
 """Exceptions recorded but not counted: a person stopped the attempt (Ctrl-C), the code did not fail."""
 
 
@@ -141,6 +146,7 @@ def failed_attempts_without_progress(
             break  # it moved the resume point (or started elsewhere): what came before it is another story
         retried = any(e["event"] == "no_progress_retry" for e in own)
         failures = [e for e in own if e["event"] == "attempt_failed"]
+        hangs = [e for e in own if e["event"] == "hang"]
         if failures:
             payload = failures[-1]["payload"]
             if payload.get("exception") in NOT_FAILURES:
@@ -149,10 +155,31 @@ def failed_attempts_without_progress(
                 break  # other code failed: the fix is presumably this one
             counted.append(FailedAttempt(number, payload.get("step"), str(payload.get("exception", "?")),
                                          str(payload.get("message", "")), retried))  # fmt: skip
+        elif hangs:
+            # Ended by the hang watchdog from a thread (exit 76): no exception was raised to record.
+            ran = next(e for e in own if e["event"] == "fit_start").get("payload") or {}
+            if code is not None and ran.get("code") not in (None, code):
+                break
+            hang = hangs[-1]
+            counted.append(FailedAttempt(number, hang.get("step"), HANG_EXCEPTION, hang_summary(hang["payload"]),
+                                         retried))  # fmt: skip
         elif any(s.startswith("failed") and s.partition(": ")[2] not in NOT_FAILURES for s in statuses):
             # a log written before attempt_failed
             counted.append(FailedAttempt(number, None, statuses[-1].partition(": ")[2] or "an exception", ""))
     return counted[::-1]
+
+
+def hang_summary(report: Mapping[str, Any]) -> str:
+    """One line for a ``hang`` event's report: the rank(s) the job waited for and where they stopped
+    (every rank, where none was behind the others: a job of one rank, or all stuck alike). No
+    durations: the same hang, attempt after attempt, reads the same."""
+    stalled = [r for r in report.get("culprits") or report.get("ranks") or [] if isinstance(r, Mapping)]
+    where = []
+    for rank in stalled:
+        phase = str(rank.get("phase"))
+        label = Phase[phase].label if phase in Phase.__members__ else phase
+        where.append(f"rank {rank.get('rank')} on {rank.get('host')} stopped in {label}")
+    return shorten("; ".join(where) or "no rank named")
 
 
 def refusal_message(step: int, attempts: list[FailedAttempt], attempt: int | None) -> str:
@@ -209,13 +236,15 @@ class NoProgressGuard:
         """
         events = self._checkpoint.events
         step = trainer.global_step
+        digest = code_digest(self._code()) if events is not None else None
         if events is not None:
-            events.emit("fit_start", step=step)
+            # The code it runs, for an attempt that ends with no exception to record it (a hang).
+            events.emit("fit_start", step=step, payload={"code": digest})
         if self.max_failed_attempts is None:
             return
         refused: list[FailedAttempt] | None = None
         if events is not None:  # global rank 0, the one that holds the log
-            log_so_far, digest = read_events(trainer.default_root_dir), code_digest(self._code())
+            log_so_far = read_events(trainer.default_root_dir)
             failed = failed_attempts_without_progress(log_so_far, step, digest, events.attempt)
             if len(failed) >= self.max_failed_attempts:
                 # One more attempt per count: the variable left set in a job script allows no second.

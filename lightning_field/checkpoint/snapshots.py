@@ -1,11 +1,10 @@
 """Step snapshots: ``ManifestCheckpoint(snapshot_every_n_train_steps=N)``.
 
-A snapshot is a checkpoint like any other (the same state, manifest, hashes and atomic commit),
-taken every ``N`` steps at the point a step checkpoint would be, and committed by a background
-thread into a node-local directory that outlives the process but not the machine (``/dev/shm`` by
-default). A process that dies between persistent checkpoints (SIGKILL, an OOM kill, a crash in a
-kernel) resumes from the newest snapshot that verifies, so it redoes at most the steps since that
-snapshot; the persistent checkpoints keep their cadence and cover the loss of the machine.
+A snapshot is a checkpoint like any other (the same state, manifest, hashes and atomic commit), taken every ``N`` steps
+where a step checkpoint would be, and committed into a node-local directory that outlives the process but not the
+machine (``/dev/shm`` by default). A process that dies between persistent checkpoints (SIGKILL, an OOM kill, a crash in
+a kernel) resumes from the newest snapshot that verifies, redoing at most the steps since it; the persistent
+checkpoints keep their cadence and cover the loss of the machine.
 
 The newest :data:`KEEP` snapshots are kept, so the host memory they take is bounded; the log says
 how much at the first one. The snapshot directory is the user's own: created private, and refused
@@ -107,6 +106,7 @@ class StepSnapshots:
         self._topology: NodeTopology | None = None
         self._resume_group: Any = None
         self.last_costs: SnapshotCosts | None = None
+        self.last_committed: tuple[str, int] | None = None  # (path, step) of this attempt's newest snapshot
         self.resumed_tier: str | None = None
         """Where the last multi-node resume came from: "snapshot" (every node held it) or "replica"
         (some node received files from another node's copy); None otherwise."""
@@ -339,6 +339,7 @@ class StepSnapshots:
 
     def _advertise(self, trainer: pl.Trainer, job: SaveJob, blocking: float, commit_s: float | None = None) -> None:
         self.last_costs = SnapshotCosts(job.step, blocking, commit_s or 0.0)
+        self.last_committed = (str(job.final), job.step)
         events = self._owner.events
         if events is not None:
             payload = {"path": str(job.final), "blocking_s": blocking, "commit_s": commit_s}

@@ -156,9 +156,15 @@ class HangWatchdog(Callback):
         return self._checkpoint.events if self._checkpoint is not None else None
 
     def _resume_point(self) -> str:
-        committed = self._checkpoint.last_committed if self._checkpoint is not None else None
-        if committed is not None:
-            return (f"{committed[0]} (step {committed[1]}), the newest checkpoint this attempt committed: run the"
+        checkpoint = self._checkpoint
+        persistent = checkpoint.last_committed if checkpoint is not None else None
+        snapshot = checkpoint.snapshots.last_committed if checkpoint is not None else None
+        # What ckpt_path="last" takes: the newest step, a persistent checkpoint where the two tie.
+        if snapshot is not None and (persistent is None or snapshot[1] > persistent[1]):
+            return (f"the snapshot {snapshot[0]} (step {snapshot[1]}), the newest resume point this attempt"
+                    " committed: run the same command with ckpt_path='last'")  # fmt: skip
+        if persistent is not None:
+            return (f"{persistent[0]} (step {persistent[1]}), the newest checkpoint this attempt committed: run the"
                     " same command with ckpt_path='last'")  # fmt: skip
         return ("no checkpoint committed in this attempt; with ckpt_path='last' a restart resumes from the newest"
                 " one committed before it, if any")  # fmt: skip

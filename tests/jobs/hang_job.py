@@ -2,9 +2,10 @@
 as users start it (``python hang_job.py``: Lightning's DDP launcher starts the other ranks).
 
 ``--hang-step N``: rank ``--hang-rank`` sleeps inside ``training_step`` at global step N (once per run
-directory, so a restarted job goes on). Without ``--floor`` the job is plain Lightning with
-``StragglerMonitor(policy="checkpoint_and_stop")`` as it is today. ``--healthy`` makes the run slow and
-uneven, with a slow first batch, a long save and a long validation, to show the watchdog stays quiet.
+directory, so a restarted job goes on; every attempt with ``--hang-every-attempt``). Without ``--floor``
+the job is plain Lightning with ``StragglerMonitor(policy="checkpoint_and_stop")`` as it is today.
+``--healthy`` makes the run slow and uneven, with a slow first batch, a long save and a long
+validation, to show the watchdog stays quiet.
 
 Each rank that finishes writes ``result-rank<N>.json``: the step reached and what its watchdog saw.
 """
@@ -39,7 +40,8 @@ class SleepyModel(BoringModel):
 
     def training_step(self, batch: Any, batch_idx: int) -> Any:
         args = self.args
-        if self.global_step == args.hang_step and self.global_rank == args.hang_rank and not self.marker.exists():
+        hangs_here = args.hang_every_attempt or not self.marker.exists()
+        if self.global_step == args.hang_step and self.global_rank == args.hang_rank and hangs_here:
             self.marker.write_text(str(time.time()))
             time.sleep(600)  # the hang: inside the step, before the gradient all-reduce
         time.sleep(step_seconds(args, self.global_step))
@@ -102,6 +104,8 @@ def main() -> None:
     p.add_argument("--step-s", type=float, default=0.05)
     p.add_argument("--hang-rank", type=int, default=1)
     p.add_argument("--hang-step", type=int, default=-1)
+    p.add_argument("--hang-every-attempt", action="store_true", help="hang again after each restart")
+    p.add_argument("--no-snapshots", action="store_true", help="commits every 10 steps only: known resume points")
     p.add_argument("--floor", type=float, default=None, help="the watchdog's floor; none: no watchdog")
     p.add_argument("--factor", type=float, default=10.0)
     p.add_argument("--long-phase", type=float, default=20.0)
@@ -119,7 +123,8 @@ def main() -> None:
     # code_dir outside any git repository: edits to this repository's working tree while the tests run
     # would otherwise change the code identity between the hung attempt and its restart, and refuse the resume.
     checkpoint = ManifestCheckpoint(
-        dirpath=os.path.join(args.root, "checkpoints"), every_n_train_steps=10, code_dir=tempfile.gettempdir()
+        dirpath=os.path.join(args.root, "checkpoints"), every_n_train_steps=10, code_dir=tempfile.gettempdir(),
+        **({"snapshot_every_n_train_steps": None} if args.no_snapshots else {}),
     )
     clock = ValidationClock()
     callbacks: list[Callback] = [monitor, checkpoint, clock]
