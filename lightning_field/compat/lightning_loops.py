@@ -252,16 +252,27 @@ def start_next_epoch_iterator(trainer: pl.Trainer) -> None:
     iter(fit_loop._data_fetcher)
 
 
-def step_plateau_schedulers_missed_at_epoch_end(trainer: pl.Trainer, saved_metrics: dict[str, Any]) -> None:
+def restore_callback_metrics(trainer: pl.Trainer, saved_metrics: Mapping[str, Any], device: Any) -> None:
+    """Put the saved ``trainer.callback_metrics`` back, on ``device``, where Lightning keeps them.
+
+    Lightning empties them when a fit sets up and refills them only with what is logged next; the
+    uninterrupted run still holds everything logged before the save, a validation's values among them
+    until the next validation (``check_val_every_n_epoch=2``: an epoch that ends with no validation).
+    ``ModelCheckpoint(monitor=...)``, ``ReduceLROnPlateau`` and loggers read them at that epoch's end:
+    without them a resumed run skips or fails a decision the uninterrupted run made.
+    """
+    trainer._logger_connector._callback_metrics.update({k: v.to(device) for k, v in saved_metrics.items()})
+
+
+def step_plateau_schedulers_missed_at_epoch_end(trainer: pl.Trainer) -> None:
     """Step the ``ReduceLROnPlateau`` schedulers the uninterrupted run stepped after the save.
 
     A checkpoint saved at an epoch's end holds the plateau schedulers before their step: Lightning
     steps them after every ``on_train_epoch_end`` hook, with that epoch's monitored value. Resuming
-    from such a checkpoint, Lightning goes on with the next epoch and the step never happens. The
-    monitored values are put back where Lightning's own step reads them, then that step is run
-    (other schedulers were stepped with the epoch's last batch, before the save).
+    from such a checkpoint, Lightning goes on with the next epoch and the step never happens. That step
+    is run here, reading the monitored values :func:`restore_callback_metrics` put back (other
+    schedulers were stepped with the epoch's last batch, before the save).
     """
-    trainer._logger_connector._callback_metrics.update(saved_metrics)
     trainer.fit_loop.epoch_loop.update_lr_schedulers("epoch", update_plateau_schedulers=True)
 
 

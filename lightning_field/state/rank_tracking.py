@@ -227,8 +227,10 @@ class RankStateTracker:
             self._pending_rng = None
         if resumed_after_epoch_end and states:
             internals.start_next_epoch_iterator(trainer)
-        if resumed_after_epoch_end and saved_metrics:
-            internals.step_plateau_schedulers_missed_at_epoch_end(trainer, saved_metrics)
+        if saved_metrics:
+            internals.restore_callback_metrics(trainer, saved_metrics, pl_module.device)
+            if resumed_after_epoch_end:
+                internals.step_plateau_schedulers_missed_at_epoch_end(trainer)
 
     def _restore_epoch_metrics(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, resumed_at_epoch_end: bool
