@@ -20,9 +20,9 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.demos.boring_classes import BoringModel
 from torch.utils.data import DataLoader, TensorDataset
 
-from lightning_field import ManifestCheckpoint
-
-pytestmark = pytest.mark.slow  # three short fits and a half, in-process
+from lightning_field import ManifestCheckpoint, ResumeMismatchError
+from lightning_field.state.rank_tracking import RankStateTracker
+from lightning_field.state.rng import capture_rng_state
 
 BATCHES, EPOCHS, STOP_AT = 4, 4, 10  # validation after epochs 1 and 3 (0-based); stopped inside epoch 2
 
@@ -72,6 +72,7 @@ def fit(root: Path, checkpoint: Callback, max_steps: int = -1, resume: bool = Fa
     return model, ends
 
 
+@pytest.mark.slow  # six short fits, in-process
 def test_a_resume_in_an_epoch_without_validation_hands_its_end_the_last_validations_value_as_uninterrupted(
     tmp_path: Path,
 ) -> None:
@@ -94,3 +95,10 @@ def test_a_resume_in_an_epoch_without_validation_hands_its_end_the_last_validati
     _, plain_ends = fit(tmp_path / "plain", plain(), resume=True)
     # Plain Lightning: epoch 2 ends with no val_loss, its plateau step is skipped, the learning rate parts ways.
     assert plain_ends.seen[2][1] is None and plain_ends.seen != {e: reference_ends.seen[e] for e in resumed_epochs}
+
+
+@pytest.mark.parametrize("hostile", ["not a mapping", {"callback_metrics": [1.0]}, {"callback_metrics": {"x": 1.0}},
+                                     {"callback_metrics": {3: torch.tensor(1.0)}}])  # fmt: skip
+def test_a_rank_files_malformed_callback_metrics_are_refused_by_name_before_training(hostile: object) -> None:
+    with pytest.raises(ResumeMismatchError, match="ck/epoch=0-step=4: its rank file's epoch_metrics entry"):
+        RankStateTracker().load({"rng": capture_rng_state(), "epoch_metrics": hostile}, {}, "ck/epoch=0-step=4")

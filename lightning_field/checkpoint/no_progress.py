@@ -2,15 +2,15 @@
 
 A module that raises in step 23 every time, under ``torchrun --max-restarts=N`` (or a requeue loop),
 makes N + 1 attempts that each resume from the same checkpoint and fail before the next one: the
-restarts redo the same steps and never get further. Every attempt that ends with an exception
-records it in the event log (``attempt_failed``: the step it reached, the step that failed, the
-exception's type and a shortened message, the code identity); an attempt the hang watchdog ended
-(exit 76, from a thread: nothing was raised) counts by its ``hang`` event, with the code identity its
-``fit_start`` recorded. At the start of training, before the
-first batch, the next attempt counts the attempts before it that failed with nothing committed past
-the step it resumed from; at ``max_failed_attempts`` (default 3) of them it refuses to train:
-:class:`NoProgressError`, exit status :data:`NO_PROGRESS_EXIT_CODE` (77) uncaught, which a launcher
-or batch script can treat as final (docs/no-progress.md).
+restarts redo the same steps and never get further. Every attempt that ends with an exception records
+it in the event log (``attempt_failed``: the step it reached, the step that failed, the exception's
+type and a shortened message, the code identity); an attempt the hang watchdog ended (exit 76, from a
+thread: nothing was raised) counts by its ``hang`` event, with the code identity its ``fit_start``
+recorded. At the start of training, before the first batch, the next attempt counts the attempts before
+it that failed with nothing committed past the step it resumed from; at ``max_failed_attempts``
+(default 3) of them it refuses to train: :class:`NoProgressError`, exit status
+:data:`NO_PROGRESS_EXIT_CODE` (77) uncaught, which a launcher or batch script can treat as final
+(docs/no-progress.md).
 
 The count starts over where progress was made (a commit past that step, a finished attempt), where
 the code changed (its git commit or diff, the Python/torch/Lightning versions: presumably the fix),
@@ -60,9 +60,9 @@ MESSAGE_CHARS = 200
 COMMITS = ("ckpt_committed", "snapshot_committed")
 REFUSED_STATUS = "refused: no progress"
 NOT_FAILURES = ("KeyboardInterrupt",)
+"""Exceptions recorded but not counted: a person stopped the attempt (Ctrl-C), the code did not fail."""
 HANG_EXCEPTION = "Hang"
 """What a hang (``hang`` event, exit 76) counts as: the watchdog ended the attempt, nothing raised."""
-"""Exceptions recorded but not counted: a person stopped the attempt (Ctrl-C), the code did not fail."""
 
 
 @dataclass(frozen=True)

@@ -137,10 +137,29 @@ class RankStateTracker:
         self._loaded_sampler_state = position.get("sampler_state") or []
         self.samples_seen = int(position.get("samples_seen") or 0)
         self.tokens_seen = position.get("tokens_seen")
-        self._loaded_epoch_metrics = rank_state.get("epoch_metrics")
+        self._loaded_epoch_metrics = self._checked_epoch_metrics(rank_state.get("epoch_metrics"), source)
         self._resumed_epoch_closed = bool(position.get("epoch_closed"))
         if self._resumed_epoch_closed:
             internals.resume_as_next_epoch(checkpoint)
+
+    @staticmethod
+    def _checked_epoch_metrics(saved: Any, source: str | None) -> dict[str, Any] | None:
+        """The saved epoch metrics, whose ``callback_metrics`` (put back into the trainer) are named tensors.
+
+        Raises:
+            ResumeMismatchError: they are not the mappings of tensors this library writes.
+        """
+        if saved is None:
+            return None
+        metrics = saved.get("callback_metrics", {}) if isinstance(saved, Mapping) else None
+        if not isinstance(metrics, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in metrics.items()
+        ):
+            raise ResumeMismatchError(
+                f"Refusing to resume from {source or 'the checkpoint'}: its rank file's epoch_metrics entry is"
+                " malformed (callback_metrics are not named tensors): not a file this library wrote."
+            )
+        return dict(saved)
 
     @staticmethod
     def _fetched_ahead_rng(saved: Any, source: str | None) -> dict[str, Any] | None:
