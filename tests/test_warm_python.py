@@ -3,7 +3,10 @@ on, takes what it started with it, and a test that gives up on a child never han
 
 from __future__ import annotations
 
+import json
 import os
+import socket
+import struct
 import time
 from pathlib import Path
 
@@ -65,3 +68,22 @@ def test_a_timed_out_warm_job_with_ranks_in_sessions_of_their_own_fails_the_test
         run_in_session([warm_program, "-c", code, warm_program, str(pid_file)], timeout=5, env=child_env())
     assert time.monotonic() - started < 60
     assert _gone(int(pid_file.read_text()), within_s=10), "the job's rank outlived the test that gave up on it"
+
+
+def test_a_client_gone_before_its_job_started_leaves_the_server_serving_warm_jobs(warm_program: str) -> None:
+    """Seen in a full run: a client killed between connecting and learning its job's pid (a test's timeout,
+    a kill of its group) made the server's reply raise BrokenPipeError, which ended the server. Every
+    later job of that pytest worker then started cold (the suite ran ~40 % longer), and the test above,
+    whose jobs must be warm, hung on a cold job's sleeper."""
+    request = json.dumps({"argv": ["-c", "import time; time.sleep(30)"], "env": child_env(), "cwd": os.getcwd(),
+                          "streams": [1, 2], "pid": os.getpid(), "unbuffered": False}).encode()  # fmt: skip
+    with open(os.devnull, "wb") as null:
+        for _ in range(3):
+            client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            client.connect(os.environ["FIELD_WARM_SOCKET"])
+            socket.send_fds(client, [struct.pack("!Q", len(request))], [null.fileno(), null.fileno()])
+            client.sendall(request)
+            client.close()  # gone before the server replies with its job's pid
+    probe = "import sys; print('warm' if 'lightning.pytorch' in sys.modules else 'cold')"
+    result = run_in_session([warm_program, "-c", probe], timeout=60, env=child_env())
+    assert result.stdout.strip() == "warm", f"the job started cold: the server is gone\n{result.stdout}"

@@ -78,7 +78,14 @@ request = json.dumps({{"argv": argv, "env": dict(os.environ), "cwd": os.getcwd()
 socket.send_fds(server, [struct.pack("!Q", len(request))], streams)
 server.sendall(request)
 replies = server.makefile("rb")
-pid = int(replies.readline())
+try:
+    line = replies.readline()
+except OSError:  # the server went away with this request unanswered
+    line = b""
+if not line.strip():  # no job was started: run it cold, as without a server
+    os.environ.pop("{pid_env}", None)
+    os.execv(REAL, [REAL, *(["-u"] if unbuffered else []), *argv])
+pid = int(line)
 def relay(signum, frame):
     try:  # SIGABRT asks for stacks: like a group's, the job's ranks and workers get it too
         (os.killpg if signum == signal.SIGABRT else os.kill)(pid, signum)
@@ -87,7 +94,10 @@ def relay(signum, frame):
 for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
                signal.SIGABRT):
     signal.signal(signum, relay)
-line = replies.readline()
+try:
+    line = replies.readline()
+except OSError:  # the server went away while the job ran: its status is unknown
+    line = b""
 code = int(line) if line.strip() else 1
 if code < 0:  # died of a signal: so does this program
     if -code not in (signal.SIGKILL, signal.SIGSTOP):
@@ -126,7 +136,10 @@ def serve(socket_path: str, client: str) -> None:
     while os.getppid() == parent:  # a pytest worker that died (SIGKILL, no unconfigure) takes it along
         for key, _ in selector.select(timeout=1.0):
             if key.fileobj is listener:
-                connection, _ = listener.accept()
+                try:
+                    connection, _ = listener.accept()
+                except OSError:
+                    continue  # the client gave up while it waited to be accepted
                 inherited = [listener.fileno(), selector.fileno(), *jobs, *(c.fileno() for _, c in jobs.values())]
                 pid = _start(connection, client, inherited)
                 if pid is None:
@@ -169,7 +182,11 @@ def _start(connection: socket.socket, client: str, inherited: list[int]) -> int 
     if pid:
         for fd in streams:
             os.close(fd)
-        connection.sendall(f"{pid}\n".encode())
+        # A client killed since it connected (a test's timeout, a kill of its group) must not end the
+        # server, which every later job of this pytest worker needs: the job ends with its client
+        # (_die_with_client) and is reaped as any other.
+        with contextlib.suppress(OSError):
+            connection.sendall(f"{pid}\n".encode())
         return pid
     for fd in inherited:
         with contextlib.suppress(OSError):
