@@ -16,7 +16,7 @@ from conftest import make_trainer, rewrite_shared_state
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.demos.boring_classes import BoringModel
 
-from lightning_field import verify_checkpoint
+from lightning_field import CheckpointCorruptError, verify_checkpoint
 from lightning_field.checkpoint.resolver import steps_in_name
 from lightning_field.checkpoint.resume_last import resolve_last
 from lightning_field.cli.main import main as field_main
@@ -219,6 +219,9 @@ def test_a_checkpoint_named_for_another_step_than_its_manifest_is_refused_naming
         assert resolve_last(ckpts) == str(ckpts / "epoch=0-step=2")
     (warning,) = _rollback_warnings(caplog)
     assert "resuming from the older epoch=0-step=2 (step 2) instead" in warning and said in warning
+    # Named explicitly (ckpt_path=...), it is refused the same way, before anything is loaded.
+    with pytest.raises(CheckpointCorruptError, match="its name says step 6, but its manifest is of step 2"):
+        _fit(tmp_path / "explicit", 8, ckpt_path=str(ckpts / "epoch=0-step=6"))
 
     # Plain Lightning: the file named step 6 holding step 2 is resumed as it is, from step 2, without a word.
     plain = tmp_path / "plain"
