@@ -281,6 +281,8 @@ def test_list_verify_shows_each_checkpoints_signature_valid_invalid_unsigned_or_
         "epoch=0-step=2": "valid",
     }
     assert "signature: 'INVALID' = forged, changed after signing or signed with a key not accepted (refused)" in out
+    # Its files are intact: refused for its signature, which the status says instead of "corrupt".
+    assert " bad signature " in next(line for line in out.splitlines() if line.startswith("epoch=0-step=6"))
     assert "resumes from epoch=0-step=2 (persistent, step 2)" in out.splitlines()[-1]
 
     monkeypatch.delenv(KEY_ENV)  # without a key nothing is checked, and the column says so

@@ -63,7 +63,8 @@ def test_a_signed_run_resumes_exactly_and_a_reforged_manifest_is_refused_saying_
     _forge(ckpts / "epoch=0-step=4", signer)
     assert refusal in " ".join(verify_checkpoint(ckpts / "epoch=0-step=4").problems)
     assert field_main(["ckpt", "verify", str(ckpts / "epoch=0-step=4")]) == 1
-    assert refusal in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert refusal in out and out.startswith(f"REFUSED  {ckpts / 'epoch=0-step=4'} (step 4)")  # intact files
     assert latest_recoverable(ckpts) == ckpts / "epoch=0-step=2"
     with pytest.raises(CheckpointCorruptError, match=refusal.split(",")[0].replace("(", r"\(").replace(")", r"\)")):
         _fit(tmp_path / "cut", 6, ckpt_path=str(ckpts / "epoch=0-step=4"))

@@ -49,6 +49,12 @@ class VerifyReport:
     # Per file of a local checkpoint, the stat identity it had while it was hashed, unchanged over
     # the hash: a later check of the same bytes trusts this hash instead of reading them again.
     fingerprints: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    signature_refused: bool = False  # the manifest's signature, not a file, is (among) the problems
+
+    @property
+    def files_intact(self) -> bool:
+        """Every file matched its manifest: what is wrong, if anything, is the signature alone."""
+        return self.manifest is not None and len(self.problems) == int(self.signature_refused)
 
     @property
     def intact(self) -> bool:
@@ -109,6 +115,7 @@ def verify_against(
     keys = keys_from_environment()
     if keys is not None and (unsigned := keys.check(manifest.signed_content(), manifest.signature)) is not None:
         report.problems.append(f"{reader.describe(location, MANIFEST_NAME)}: {unsigned}")
+        report.signature_refused = True
     names = list(manifest.files) if files is None else list(files)
     total = sum(manifest.files[n].size for n in names if n in manifest.files)
     done = 0

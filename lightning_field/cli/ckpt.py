@@ -26,6 +26,7 @@ from lightning_field.checkpoint.snapshot_dirs import snapshot_dir_for
 from lightning_field.checkpoint.snapshot_lineage import LINEAGE_NAME, lineage_mismatch
 from lightning_field.checkpoint.stores import CheckpointStore, LocalStore, location_exists
 from lightning_field.checkpoint.verify import VerifyReport, name_step_problem, verify_checkpoint
+from lightning_field.cli.storage_options import storage_options_of
 from lightning_field.core.manifest import MANIFEST_NAME, Manifest, ManifestError, read_manifest
 from lightning_field.core.member_paths import UnsafeMemberError
 from lightning_field.core.signing import keys_from_environment, signature_legend, signature_state, signature_status
@@ -78,38 +79,6 @@ class _Progress:
             self._task = None
 
 
-def parse_storage_options(pairs: list[str]) -> dict[str, Any]:
-    """``KEY=VALUE`` pairs as fsspec storage options. A value is read as JSON where it parses
-    (``anon=true``, ``default_block_size=8388608``) and kept as text otherwise; a dotted key nests
-    (``client_kwargs.region_name=eu-west-1``), as s3fs expects its botocore arguments."""
-    options: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, text = pair.partition("=")
-        if not sep or not key:
-            raise ValueError(f"--storage-option takes KEY=VALUE, got {pair!r}")
-        try:
-            value = json.loads(text)
-        except json.JSONDecodeError:
-            value = text
-        *parents, leaf = key.split(".")
-        target = options
-        for name in parents:
-            nested = target.setdefault(name, {})
-            if not isinstance(nested, dict):
-                raise ValueError(f"--storage-option {pair!r}: {name!r} is already set to a value, not a group")
-            target = nested
-        target[leaf] = value
-    return options
-
-
-def _storage_options(args: argparse.Namespace) -> StorageOptions | None:
-    try:
-        return parse_storage_options(args.storage_option) or None
-    except ValueError as err:
-        print(f"field ckpt: {err}", file=sys.stderr)
-        raise SystemExit(2) from None
-
-
 def _not_a_checkpoint(path: str, options: StorageOptions | None, problems: list[str]) -> str:
     """Why ``path`` has no readable manifest, in the words that tell the user what to do next: a typo'd
     path, the checkpoints folder given for one checkpoint, and a directory whose save never committed
@@ -147,7 +116,7 @@ def _not_a_checkpoint(path: str, options: StorageOptions | None, problems: list[
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    options = _storage_options(args)
+    options = storage_options_of(args)
     progress = None if args.quiet else _Progress(sys.stderr)
     try:
         report = verify_checkpoint(args.path, progress=progress, storage_options=options)
@@ -159,8 +128,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
         return 1
     m = report.manifest
     if report.problems:
-        # A name that states another step is refused unhashed: what it holds may be intact, just not that step.
-        heading = "REFUSED" if name_step_problem(report.path, m) is not None else "CORRUPT"
+        # Refused, not damaged: a name that states another step (refused unhashed: what it holds may be
+        # intact, just not that step), or intact files under a signature that does not verify.
+        refused = name_step_problem(report.path, m) is not None or report.files_intact
+        heading = "REFUSED" if refused else "CORRUPT"
         print(f"{heading}  {args.path} (step {m.step})")
         for problem in report.problems:
             print(f"  {problem}")
@@ -226,12 +197,14 @@ def _status(entry: CheckpointEntry, report: VerifyReport | None, tier: str) -> s
     if name_step_problem(entry.path, m) is not None:
         return "misnamed"  # its name states another step than its manifest: refused, never resumed
     if report is not None:
-        return "recoverable" if report.recoverable else ("corrupt" if report.problems else "not recoverable")
+        if report.recoverable or not report.problems:
+            return "recoverable" if report.recoverable else "not recoverable"
+        return "bad signature" if report.files_intact else "corrupt"  # intact files, a refused signature
     return "recoverable*" if m.recoverable else f"{m.kind}, incomplete" if m.kind == "recovery" else m.kind
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    options = _storage_options(args)
+    options = storage_options_of(args)
     root = args.dir
     if not location_exists(root, options):
         print(f"field ckpt list: {root} is not a directory or an existing prefix", file=sys.stderr)
@@ -303,7 +276,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def cmd_inspect(args: argparse.Namespace) -> int:
     try:
-        m = read_manifest(args.path, _storage_options(args))
+        m = read_manifest(args.path, storage_options_of(args))
     except ManifestError as err:
         print(f"field ckpt inspect: {err}", file=sys.stderr)
         return 1
