@@ -156,6 +156,13 @@ def test_attempts_the_hang_watchdog_ended_count_as_failures_with_the_code_their_
     assert counted[0].describe() == "Hang in step 16: rank 1 on node-2 stopped in the training step (forward)"
     assert failed_attempts_without_progress(log(hung(10, "a"), hung(10, "b")), 10, "b", current=3)[0].attempt == 2
     # A finished attempt in between ends the count, as it does for exceptions.
+    # The watchdog stood down (the rank moved again): that hang ended nothing, whatever ended the attempt.
+    resolved = [*hung(10, "a"), ("hang_resolved", 15, {"rank": 1, "stalled_s": 40.0})]
+    assert failed_attempts_without_progress(log(hung(10, "a"), resolved), 10, "a", current=3)[0].attempt == 1
+    assert len(failed_attempts_without_progress(log(resolved, resolved), 10, "a", current=3)) == 0
+    # A report others rewrote (culprits not a list) reads as no rank named, not a crash.
+    forged = [("fit_start", 10, {"code": "a"}), ("hang", 15, {"culprits": 5, "ranks": True})]
+    assert failed_attempts_without_progress(log(forged), 10, "a", current=2)[0].message == "no rank named"
     finished: list[tuple[str, int | None, dict]] = [("fit_start", 10, {"code": "a"}),
                                                     ("attempt_end", None, {"status": "finished"})]  # fmt: skip
     after_a_finish = failed_attempts_without_progress(log(hung(10, "a"), finished, hung(10, "a")), 10, "a", current=4)

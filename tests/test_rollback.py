@@ -9,6 +9,7 @@ import shutil
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import lightning.pytorch as pl
 import pytest
@@ -222,6 +223,16 @@ def test_a_checkpoint_named_for_another_step_than_its_manifest_is_refused_naming
     # Named explicitly (ckpt_path=...), it is refused the same way, before anything is loaded.
     with pytest.raises(CheckpointCorruptError, match="its name says step 6, but its manifest is of step 2"):
         _fit(tmp_path / "explicit", 8, ckpt_path=str(ckpts / "epoch=0-step=6"))
+    # And through a sharding strategy's load (FSDP, ModelParallel), before DCP reads a byte.
+    from lightning_field.checkpoint.sharded_load import load_verified
+    from lightning_field.checkpoint.stores import LocalStore
+
+    def never(*args: object, **kwargs: object) -> dict:
+        raise AssertionError("the misnamed checkpoint was loaded")
+
+    with pytest.raises(CheckpointCorruptError, match="its name says step 6, but its manifest is of step 2"):
+        load_verified(never, ckpts / "epoch=0-step=6", None, strategy=None, store=LocalStore(),
+                      check_resume=lambda manifest, location: None)  # fmt: skip
 
     # Plain Lightning: the file named step 6 holding step 2 is resumed as it is, from step 2, without a word.
     plain = tmp_path / "plain"
@@ -259,6 +270,33 @@ def test_a_version_suffix_and_names_without_a_step_keep_verifying_and_resuming(
     assert names and not any(steps_in_name(n) for n in names)
     again = _fit(tmp_path / "own", 6, "last", filename="model-{epoch}", snapshot_every_n_train_steps=None)
     assert _resumed_step(again) == 4
+
+
+class LogsItsOwnStep(BoringModel):
+    """Logs a "step" of its own, as users do to set the loggers' x-axis (here: samples seen)."""
+
+    def training_step(self, batch: Any, batch_idx: int) -> Any:
+        self.log("step", float(self.global_step * 8))
+        return super().training_step(batch, batch_idx)
+
+
+def test_a_logged_step_does_not_name_our_checkpoints_so_they_resume_where_plain_lightning_names_them_by_it(
+    tmp_path: Path,
+) -> None:
+    pl.seed_everything(0)
+    ours = make_trainer(tmp_path / "ours", 4, snapshot_dir=tmp_path / "shm")
+    ours.fit(LogsItsOwnStep())
+    names = sorted(p.name for p in (tmp_path / "ours" / "ckpts").iterdir() if p.name.startswith("epoch="))
+    assert names == ["epoch=0-step=2", "epoch=0-step=4"]  # the manifest's steps, not 8 x them
+    pl.seed_everything(0)
+    again = make_trainer(tmp_path / "ours", 6, snapshot_dir=tmp_path / "shm")
+    again.callbacks.append(_ResumedStep())
+    again.fit(LogsItsOwnStep(), ckpt_path="last")
+    assert _resumed_step(again) == 4
+
+    plain = tmp_path / "plain"
+    _plain_trainer(plain, 4, ModelCheckpoint(dirpath=plain, every_n_train_steps=2, save_top_k=-1)).fit(LogsItsOwnStep())
+    assert sorted(p.name for p in plain.iterdir()) != ["epoch=0-step=2.ckpt", "epoch=0-step=4.ckpt"]
 
 
 def _signature_column(out: str) -> dict[str, str]:

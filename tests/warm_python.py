@@ -75,11 +75,11 @@ for fd in (0, 1, 2):
         pass
 request = json.dumps({{"argv": argv, "env": dict(os.environ), "cwd": os.getcwd(), "streams": streams,
                       "pid": os.getpid(), "unbuffered": unbuffered}}).encode()
-socket.send_fds(server, [struct.pack("!Q", len(request))], streams)
-server.sendall(request)
-replies = server.makefile("rb")
 try:
-    line = replies.readline()
+    socket.send_fds(server, [struct.pack("!Q", len(request))], streams)
+    server.sendall(request)
+    replies = server.makefile("rb")
+    line = replies.readline()  # the job's pid, sent by the job itself as it starts
 except OSError:  # the server went away with this request unanswered
     line = b""
 if not line.strip():  # no job was started: run it cold, as without a server
@@ -182,11 +182,8 @@ def _start(connection: socket.socket, client: str, inherited: list[int]) -> int 
     if pid:
         for fd in streams:
             os.close(fd)
-        # A client killed since it connected (a test's timeout, a kill of its group) must not end the
-        # server, which every later job of this pytest worker needs: the job ends with its client
-        # (_die_with_client) and is reaped as any other.
-        with contextlib.suppress(OSError):
-            connection.sendall(f"{pid}\n".encode())
+        # The job sends its pid itself (_run_job): the server replies nothing that a client killed since
+        # it connected could make fail, and a client that reads no pid knows that no job started.
         return pid
     for fd in inherited:
         with contextlib.suppress(OSError):
@@ -196,6 +193,10 @@ def _start(connection: socket.socket, client: str, inherited: list[int]) -> int 
 
 def _run_job(request: dict[str, Any], streams: list[int], connection: socket.socket, client: str) -> int:
     os.setsid()  # the job's ranks and loader workers: one group, killed together
+    try:
+        connection.sendall(f"{os.getpid()}\n".encode())
+    except OSError:
+        return 1  # its client is gone: so is the job, before it ran anything
     for target, fd in zip(request["streams"], streams, strict=True):
         os.dup2(fd, target)
         os.close(fd)

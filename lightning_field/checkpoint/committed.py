@@ -1,13 +1,11 @@
 """``CommittedCheckpoint``: a ModelCheckpoint whose every save goes through the commit protocol.
 
-This is the save half of :class:`~lightning_field.checkpoint.manifest_checkpoint.ManifestCheckpoint`:
-where checkpoints go (the :class:`~lightning_field.checkpoint.store.CheckpointStore`), how a save
-is run (synchronously, or on the writer thread through
-:class:`~lightning_field.checkpoint.async_controller.AsyncSaves`), and what ModelCheckpoint's
-retention and ``save_last`` count: committed checkpoints only, and never the last recoverable one.
-What a checkpoint *holds* and *when* training meets it is the subclass's: it supplies
-:meth:`_prepare_save`, the :class:`~lightning_field.checkpoint.commit.SaveJob` of one save, and
-opens the run's event log.
+This is the save half of :class:`~lightning_field.checkpoint.manifest_checkpoint.ManifestCheckpoint`: where
+checkpoints go (the :class:`~lightning_field.checkpoint.store.CheckpointStore`), how a save is run (synchronously, or
+on the writer thread through :class:`~lightning_field.checkpoint.async_controller.AsyncSaves`), and what
+ModelCheckpoint's retention and ``save_last`` count: committed checkpoints only, and never the last recoverable one.
+What a checkpoint *holds* and *when* training meets it is the subclass's: it supplies :meth:`_prepare_save`, the
+:class:`~lightning_field.checkpoint.commit.SaveJob` of one save, and opens the run's event log.
 """
 
 from __future__ import annotations
@@ -20,6 +18,7 @@ from weakref import proxy
 
 import fsspec
 import lightning.pytorch as pl
+import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from typing_extensions import override
@@ -64,11 +63,9 @@ class CommittedCheckpoint(ModelCheckpoint):
         # Before ModelCheckpoint's __init__, which sets dirpath on it and whose first filesystem
         # handle already needs the storage options.
         self._checkpointer = Checkpointer(
-            store=store,
-            storage_options=storage_options,
-            upload_part_bytes=upload_part_bytes,
+            store=store, storage_options=storage_options, upload_part_bytes=upload_part_bytes,
             upload_concurrency=upload_concurrency,
-        )
+        )  # fmt: skip
         self.storage_options = self._checkpointer.storage_options
         super().__init__(**model_checkpoint_args)
         self._configured_every_n_train_steps = self._every_n_train_steps
@@ -77,14 +74,10 @@ class CommittedCheckpoint(ModelCheckpoint):
         self.last_blocking_seconds: float | None = None  # how long that save held training up
         self._events: EventLog | None = None
         self._saves = AsyncSaves(
-            on_save_error,
-            advertise=self._advertise,
-            remove=self._remove_checkpoint,
-            not_saved_message=self._checkpointer.not_saved_message,
-            events=lambda: self._events,
-            agreement_step=lambda trainer: self._is_agreement_step(trainer),
-            stager=self.make_stager(),
-        )
+            on_save_error, advertise=self._advertise, remove=self._remove_checkpoint,
+            not_saved_message=self._checkpointer.not_saved_message, events=lambda: self._events,
+            agreement_step=lambda trainer: self._is_agreement_step(trainer), stager=self.make_stager(),
+        )  # fmt: skip
         self._last_copy: str | None = None
         self._force_sync = False
         self._stopped: StopRecord | None = None  # save_now's, for the save it makes
@@ -105,6 +98,13 @@ class CommittedCheckpoint(ModelCheckpoint):
     def _is_agreement_step(self, trainer: pl.Trainer) -> bool:
         """Whether ranks agree on a background-save failure at this step (every step by default)."""
         return True
+
+    @override
+    def _monitor_candidates(self, trainer: pl.Trainer) -> dict[str, Any]:
+        # A logged "step" (a logger's x-axis) would name it for a step its manifest does not hold: refused.
+        candidates = super()._monitor_candidates(trainer)
+        candidates["step"] = torch.tensor(trainer.global_step)
+        return candidates
 
     # ------------------------------------------------------------------ public state
     @property

@@ -26,7 +26,7 @@ from lightning_field.checkpoint.stores import (
     store_for,
 )
 from lightning_field.checkpoint.stores.base import describe_error
-from lightning_field.checkpoint.verify import CheckpointCorruptError, VerifyReport, name_step_problem, verify_against
+from lightning_field.checkpoint.verify import CheckpointCorruptError, VerifyReport, refuse_misnamed, verify_against
 from lightning_field.core.distributed import all_gather_objects, global_rank, world_size
 from lightning_field.core.manifest import SHARED_STATE_FILE, Manifest, rank_state_file
 from lightning_field.core.storage import Location, as_location
@@ -135,9 +135,7 @@ def load_from_store(
     is unchanged since is not hashed again (:func:`~lightning_field.checkpoint.verify.verify_against`)."""
     start = time.perf_counter()
     manifest = read_manifest(checkpoint, store=store)
-    if (misnamed := name_step_problem(checkpoint, manifest)) is not None:
-        # Named by the user (ckpt_path=...) as much as found by "last": the name is what they trusted.
-        raise CheckpointCorruptError(f"checkpoint {checkpoint} was refused:\n  {misnamed}")
+    refuse_misnamed(checkpoint, manifest)
     if on_manifest is not None:
         on_manifest(manifest, checkpoint)
     wanted = _wanted_files(manifest)

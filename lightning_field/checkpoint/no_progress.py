@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 import lightning.pytorch as pl
 
 from lightning_field.checkpoint.preemption import TrainingPreempted
-from lightning_field.core.events import read_events
+from lightning_field.core.events import EventLog, EventLogError, read_events
 from lightning_field.core.hashing import IDENTITY_ALGORITHM, new_hasher
 from lightning_field.profiling.hang_rule import Phase
 
@@ -146,7 +146,9 @@ def failed_attempts_without_progress(
             break  # it moved the resume point (or started elsewhere): what came before it is another story
         retried = any(e["event"] == "no_progress_retry" for e in own)
         failures = [e for e in own if e["event"] == "attempt_failed"]
-        hangs = [e for e in own if e["event"] == "hang"]
+        # A hang the watchdog stood down from (the rank moved again) ended nothing.
+        hangs = [e for e in own if e["event"] in ("hang", "hang_resolved")][-1:]
+        hangs = [e for e in hangs if e["event"] == "hang"]
         if failures:
             payload = failures[-1]["payload"]
             if payload.get("exception") in NOT_FAILURES:
@@ -173,7 +175,8 @@ def hang_summary(report: Mapping[str, Any]) -> str:
     """One line for a ``hang`` event's report: the rank(s) the job waited for and where they stopped
     (every rank, where none was behind the others: a job of one rank, or all stuck alike). No
     durations: the same hang, attempt after attempt, reads the same."""
-    stalled = [r for r in report.get("culprits") or report.get("ranks") or [] if isinstance(r, Mapping)]
+    named = [report.get(key) for key in ("culprits", "ranks")]  # read from a log others can write
+    stalled = [r for r in next((v for v in named if isinstance(v, list) and v), []) if isinstance(r, Mapping)]
     where = []
     for rank in stalled:
         phase = str(rank.get("phase"))
@@ -243,25 +246,39 @@ class NoProgressGuard:
         if self.max_failed_attempts is None:
             return
         refused: list[FailedAttempt] | None = None
+        unreadable: str | None = None
         if events is not None:  # global rank 0, the one that holds the log
-            log_so_far = read_events(trainer.default_root_dir)
-            failed = failed_attempts_without_progress(log_so_far, step, digest, events.attempt)
-            if len(failed) >= self.max_failed_attempts:
-                # One more attempt per count: the variable left set in a job script allows no second.
-                if os.environ.get(RETRY_ENV, "").strip() not in ("", "0") and not any(a.retried for a in failed):
-                    log.warning("lightning_field: %s=1: one more attempt from step %d despite %d failed attempts"
-                                " without progress", RETRY_ENV, step, len(failed))  # fmt: skip
-                    events.emit("no_progress_retry", step=step, payload={"attempts": [a.attempt for a in failed]})
-                else:
-                    refused = failed
-                    payload = {"attempts": [asdict(a) for a in failed], "limit": self.max_failed_attempts}
-                    events.emit("no_progress_refused", step=step, payload=payload)
-        refused = trainer.strategy.broadcast(refused, src=0)  # every rank calls it: all refuse, or none
+            try:
+                refused = self._refusal(trainer, events, step, digest)
+            except Exception as err:  # a log others can write: every rank must hear it, none wait for rank 0
+                unreadable = f"{type(err).__name__}: {err}"
+        # Every rank calls it: all refuse, or none.
+        refused, unreadable = trainer.strategy.broadcast((refused, unreadable), src=0)
+        if unreadable is not None:
+            raise EventLogError(f"lightning_field: the no-progress guard cannot read the run's event log: {unreadable}")
         if refused:
             error = NoProgressError(step, refused, events.attempt if events is not None else None)
             if trainer.is_global_zero:
                 log.error("%s", error)
             raise error
+
+    def _refusal(
+        self, trainer: pl.Trainer, events: EventLog, step: int, digest: str | None
+    ) -> list[FailedAttempt] | None:
+        """Rank 0: the attempts that make this one refuse, recorded as such; None to train."""
+        assert self.max_failed_attempts is not None
+        failed = failed_attempts_without_progress(read_events(trainer.default_root_dir), step, digest, events.attempt)
+        if len(failed) < self.max_failed_attempts:
+            return None
+        # One more attempt per count: the variable left set in a job script allows no second.
+        if os.environ.get(RETRY_ENV, "").strip() not in ("", "0") and not any(a.retried for a in failed):
+            log.warning("lightning_field: %s=1: one more attempt from step %d despite %d failed attempts"
+                        " without progress", RETRY_ENV, step, len(failed))  # fmt: skip
+            events.emit("no_progress_retry", step=step, payload={"attempts": [a.attempt for a in failed]})
+            return None
+        payload = {"attempts": [asdict(a) for a in failed], "limit": self.max_failed_attempts}
+        events.emit("no_progress_refused", step=step, payload=payload)
+        return failed
 
     def ended(self, trainer: pl.Trainer, exception: BaseException) -> str:
         """The attempt's end status for ``exception``; an exception from training (not a preemption, not

@@ -23,7 +23,7 @@ from lightning_field.checkpoint.stores import (
     is_checkpoint,
     read_manifest,
 )
-from lightning_field.checkpoint.verify import CheckpointCorruptError, verify_against, verify_checkpoint
+from lightning_field.checkpoint.verify import CheckpointCorruptError, refuse_misnamed, verify_against, verify_checkpoint
 from lightning_field.compat import lightning as internals
 from lightning_field.core.distributed import all_gather_objects
 from lightning_field.core.manifest import Manifest
@@ -135,5 +135,6 @@ def load_verified(
     if not is_checkpoint(location, store=store):
         return load(path, weights_only=weights_only)
     manifest = read_manifest(location, store=store)
+    refuse_misnamed(location, manifest)  # every rank reads the same manifest: all refuse alike
     check_resume(manifest, location)
     return load_from_store(load, location, manifest, store, strategy, trust_pickles)

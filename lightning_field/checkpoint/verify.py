@@ -41,6 +41,17 @@ class CheckpointCorruptError(RuntimeError):
     """A checkpoint's files do not match its manifest. The message names every bad file."""
 
 
+def refuse_misnamed(location: Location, manifest: Manifest) -> None:
+    """Refuse to load a checkpoint whose name states another step than its manifest (:func:`name_step_problem`):
+    named by the user (``ckpt_path=...``) as much as found by ``"last"``, the name is what they trusted.
+
+    Raises:
+        CheckpointCorruptError: naming both steps.
+    """
+    if (misnamed := name_step_problem(location, manifest)) is not None:
+        raise CheckpointCorruptError(f"checkpoint {location} was refused:\n  {misnamed}")
+
+
 @dataclass
 class VerifyReport:
     path: Location

@@ -42,8 +42,9 @@ MODEL_CHECKPOINT_MEMBERS: tuple[PrivateMember, ...] = (
     PrivateMember("_should_remove_checkpoint", ("overridden", "called"), ("self", "trainer", "previous", "current"),
                   "Lightning keeps the checkpoint a run resumed from forever; here retention counts it once a newer"
                   " one has committed"),
-    PrivateMember("_monitor_candidates", ("called",), ("self", "trainer"),
-                  "save_now's checkpoints are named by the user's filename template like every other save"),
+    PrivateMember("_monitor_candidates", ("called", "overridden"), ("self", "trainer"),
+                  "save_now's checkpoints are named by the user's filename template like every other save; a"
+                  " name states global_step even where the user logs a 'step' of their own"),
     PrivateMember("_generate_state_key", ("called",), ("self", "kwargs"),
                   "the callback's state key uses the configured step interval, which CheckpointCadence may retune"),
     PrivateMember("_ModelCheckpoint__resolve_ckpt_dir", ("called",), ("self", "trainer"),

@@ -162,7 +162,8 @@ class HangWatchdog(Callback):
         # What ckpt_path="last" takes: the newest step, a persistent checkpoint where the two tie.
         if snapshot is not None and (persistent is None or snapshot[1] > persistent[1]):
             return (f"the snapshot {snapshot[0]} (step {snapshot[1]}), the newest resume point this attempt"
-                    " committed: run the same command with ckpt_path='last'")  # fmt: skip
+                    " committed (node-local: a restart on other machines takes the newest persistent checkpoint):"
+                    " run the same command with ckpt_path='last'")  # fmt: skip
         if persistent is not None:
             return (f"{persistent[0]} (step {persistent[1]}), the newest checkpoint this attempt committed: run the"
                     " same command with ckpt_path='last'")  # fmt: skip
