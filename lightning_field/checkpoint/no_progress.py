@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 import lightning.pytorch as pl
 
 from lightning_field.checkpoint.preemption import TrainingPreempted
-from lightning_field.core.events import EventLog, EventLogError, read_events
+from lightning_field.core.events import EventLog, read_events
 from lightning_field.core.hashing import IDENTITY_ALGORITHM, new_hasher
 from lightning_field.profiling.hang_rule import Phase
 
@@ -147,8 +147,8 @@ def failed_attempts_without_progress(
         retried = any(e["event"] == "no_progress_retry" for e in own)
         failures = [e for e in own if e["event"] == "attempt_failed"]
         # A hang the watchdog stood down from (the rank moved again) ended nothing.
-        hangs = [e for e in own if e["event"] in ("hang", "hang_resolved")][-1:]
-        hangs = [e for e in hangs if e["event"] == "hang"]
+        last_hang = next((e for e in reversed(own) if e["event"] in ("hang", "hang_resolved")), None)
+        hang = last_hang if last_hang is not None and last_hang["event"] == "hang" else None
         if failures:
             payload = failures[-1]["payload"]
             if payload.get("exception") in NOT_FAILURES:
@@ -157,12 +157,11 @@ def failed_attempts_without_progress(
                 break  # other code failed: the fix is presumably this one
             counted.append(FailedAttempt(number, payload.get("step"), str(payload.get("exception", "?")),
                                          str(payload.get("message", "")), retried))  # fmt: skip
-        elif hangs:
+        elif hang is not None:
             # Ended by the hang watchdog from a thread (exit 76): no exception was raised to record.
             ran = next(e for e in own if e["event"] == "fit_start").get("payload") or {}
             if code is not None and ran.get("code") not in (None, code):
                 break
-            hang = hangs[-1]
             counted.append(FailedAttempt(number, hang.get("step"), HANG_EXCEPTION, hang_summary(hang["payload"]),
                                          retried))  # fmt: skip
         elif any(s.startswith("failed") and s.partition(": ")[2] not in NOT_FAILURES for s in statuses):
@@ -246,16 +245,19 @@ class NoProgressGuard:
         if self.max_failed_attempts is None:
             return
         refused: list[FailedAttempt] | None = None
-        unreadable: str | None = None
+        failure: Exception | None = None
         if events is not None:  # global rank 0, the one that holds the log
             try:
                 refused = self._refusal(trainer, events, step, digest)
             except Exception as err:  # a log others can write: every rank must hear it, none wait for rank 0
-                unreadable = f"{type(err).__name__}: {err}"
-        # Every rank calls it: all refuse, or none.
-        refused, unreadable = trainer.strategy.broadcast((refused, unreadable), src=0)
-        if unreadable is not None:
-            raise EventLogError(f"lightning_field: the no-progress guard cannot read the run's event log: {unreadable}")
+                failure = err
+        # Every rank calls it: all refuse, or none; and all fail where rank 0's guard failed.
+        shown = None if failure is None else f"{type(failure).__name__}: {failure}"
+        refused, shown = trainer.strategy.broadcast((refused, shown), src=0)
+        if failure is not None:
+            raise failure
+        if shown is not None:
+            raise RuntimeError(f"lightning_field: the no-progress guard failed on global rank 0: {shown}")
         if refused:
             error = NoProgressError(step, refused, events.attempt if events is not None else None)
             if trainer.is_global_zero:
