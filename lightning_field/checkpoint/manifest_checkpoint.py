@@ -310,7 +310,6 @@ class ManifestCheckpoint(CommittedCheckpoint):
 
     @override
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.rank_tracker.validation_ended(trainer)
         fitting = trainer.state.fn == TrainerFn.FITTING and not trainer.sanity_checking
         if fitting and internals.is_last_batch_of_epoch(trainer):
             # A save here sits inside the epoch's last batch, and resumes like one saved at that

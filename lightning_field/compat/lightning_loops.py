@@ -17,6 +17,7 @@ from lightning_field.compat import lightning_range  # noqa: F401  refuses an unt
 import lightning.pytorch as pl
 from lightning.fabric.utilities.data import _set_sampler_epoch
 from lightning.pytorch.loops.loop import _Loop
+from lightning.pytorch.trainer.call import _call_lightning_module_hook
 
 from lightning_field.state.data_position import needs_replay, replaying_sampler_state, stale_epoch_samplers
 from lightning_field.state.loaders import Adoption, adopt_loaders
@@ -233,6 +234,50 @@ def let_resumed_epoch_step_schedulers(trainer: pl.Trainer) -> None:
     if fit_loop.restarting:
         # The base setter: the fit loop's own re-derives True for step-based runs (max_steps set).
         _Loop.restarting.fset(fit_loop, False)  # type: ignore[attr-defined]  # mypy sees the setter overload, not the property
+
+
+def rerun_validation_skipped_on_resume(trainer: pl.Trainer) -> None:
+    """Run the validation the uninterrupted run ran after the resumed step, instead of skipping it.
+
+    A checkpoint saved at a training batch's end holds the state from before the validation that the
+    uninterrupted run then ran at that step. Resuming, Lightning 2.6 counts that validation as done
+    (``increment_progress_to_evaluation_end`` in the first ``advance``) and trains the next batch, so
+    what validation changed is lost: its draws from the global generators (each validation loader's
+    base seed, any user randomness), the logged and ``callback_metrics`` values, callbacks that act
+    at its end (``EarlyStopping``), and the plateau schedulers stepped after it. Validation is run
+    there as ``on_advance_end`` runs it, at the logger step it ran at, and the plateau schedulers
+    stepped after it, so the resumed run continues from the state the uninterrupted run had.
+    Installed for the first ``advance`` of a resumed fit only; later calls are Lightning's own.
+    """
+    epoch_loop = trainer.fit_loop.epoch_loop
+    val_loop = epoch_loop.val_loop
+
+    def run_instead() -> None:
+        del val_loop.increment_progress_to_evaluation_end  # once: the instance attribute shadowed the method
+        val_loop.restarting = False  # a whole evaluation, as the uninterrupted run's
+        counted = not epoch_loop._should_accumulate()  # the loop's reset already counted this batch as stepped
+        first_loop_iter = trainer._logger_connector._first_loop_iter
+        trainer.validating = True
+        if counted:
+            _call_lightning_module_hook(trainer, "on_validation_model_zero_grad")
+            epoch_loop._batches_that_stepped -= 1
+        try:
+            val_loop.run()
+        finally:
+            if counted:
+                epoch_loop._batches_that_stepped += 1
+            trainer.training = True
+            trainer._logger_connector._first_loop_iter = first_loop_iter
+        epoch_loop.update_lr_schedulers("step", update_plateau_schedulers=True)
+
+    val_loop.increment_progress_to_evaluation_end = run_instead  # type: ignore[method-assign]
+
+
+def forget_validation_rerun(trainer: pl.Trainer) -> None:
+    """Remove ``rerun_validation_skipped_on_resume``'s wrapper where the resumed fit never called it."""
+    val_loop = trainer.fit_loop.epoch_loop.val_loop
+    if "increment_progress_to_evaluation_end" in vars(val_loop):
+        del val_loop.increment_progress_to_evaluation_end
 
 
 def start_next_epoch_iterator(trainer: pl.Trainer) -> None:

@@ -71,6 +71,13 @@ def is_dropout(module: Any) -> TypeGuard[nn.Dropout]:
     return isinstance(module, nn.modules.dropout._DropoutNd)
 
 
+def draw_sampler_seed() -> int:
+    """The seed torch's ``RandomSampler.__iter__`` draws from the global RNG when it has no generator
+    (its body, not a public function): one int64 drawn the same way, so a re-created sampler consumes
+    the global stream exactly as the user's would have."""
+    return int(torch.empty((), dtype=torch.int64).random_().item())
+
+
 def random_sampler_num_samples(sampler: Any) -> int | None:
     """The ``num_samples`` a ``RandomSampler`` was built with, None when it was left to the dataset
     size (``RandomSampler._num_samples``; the public property answers the resolved size, which

@@ -7,9 +7,11 @@ one. So the train loaders a run hands to Lightning are re-created as torchdata
 generator, pin-memory and persistent-worker settings, the way Lightning itself re-creates loaders
 to inject a ``DistributedSampler``.
 
-Only what can be restored exactly is adopted. A shuffling ``RandomSampler`` becomes torchdata's
-stateful ``RandomSampler`` (it saves its generator and position; torch's own draws a fresh seed
-from the global RNG at every epoch start, which a mid-epoch resume cannot replay). A sequential
+Only what can be restored exactly is adopted, and adopting changes nothing a run computes. A
+shuffling ``RandomSampler`` becomes ``PlainOrderRandomSampler``: torch's own order from the same
+draws of the global RNG (one seed per epoch, at the epoch's first index), with the epoch's seed and
+position saved so a mid-epoch resume replays them. (torchdata's stateful ``RandomSampler`` would not
+do: it draws one seed when built and none per epoch, so every order, and every draw after it, changed.) A sequential
 sampler, a sampler with its own ``state_dict`` and an iterable dataset are kept as they are:
 StatefulDataLoader restores or replays them. Anything else (a DataLoader subclass with its own
 constructor, a custom sampler or batch sampler without ``state_dict``) is left alone, with the
@@ -25,9 +27,9 @@ from typing import Any
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, SequentialSampler
 from torch.utils.data.distributed import DistributedSampler
 from torchdata.stateful_dataloader import StatefulDataLoader
-from torchdata.stateful_dataloader.sampler import RandomSampler as StatefulRandomSampler
 
 from lightning_field.compat.torch import random_sampler_num_samples
+from lightning_field.state.samplers import PlainOrderRandomSampler
 
 _FIX = "build it as torchdata.stateful_dataloader.StatefulDataLoader"
 
@@ -141,7 +143,7 @@ def _shared_settings(loader: DataLoader) -> dict[str, Any]:
 def _resumable_sampler(sampler: Any) -> tuple[Any, str | None]:
     if type(sampler) is RandomSampler:
         # Same data source, replacement and length, and the same generator when the user gave one.
-        stateful = StatefulRandomSampler(
+        stateful = PlainOrderRandomSampler(
             sampler.data_source, sampler.replacement, random_sampler_num_samples(sampler), sampler.generator
         )
         return stateful, None

@@ -3,10 +3,12 @@
 ``ManifestCheckpoint`` decides when to save; this decides what a rank must remember for that save
 to be an exact continuation point, and what it must put back on resume:
 
-* **RNG across validation.** Validation inside ``fit`` draws from the same global generators as
-  training (its loader's sampler, dropout under a user's own eval code). The state at each train
-  batch's end is kept and put back when validation ends, so whether a run validated between a
-  checkpoint and the next batch cannot change the continuation.
+* **Validation after the saved step.** Validation inside ``fit`` draws from the same global
+  generators as training (each validation loader's base seed, a user's own randomness), and they
+  are left as it leaves them, as plain Lightning leaves them: nothing here writes to a random stream
+  while a run goes well. A checkpoint saved at a train batch's end holds the streams from before
+  the validation that followed it, so a resume runs that validation again (where Lightning would
+  count it as done) and continues from the state the uninterrupted run had after it.
 * **RNG before the first fetch.** A resume restores each rank's streams just before every fetch
   attempt of the train loader, until a batch arrives: the loader's own draws (shuffling, worker
   seeds) must see the saved state, not the state ``fit``'s set-up left behind.
@@ -30,7 +32,6 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.data import extract_batch_size
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
@@ -56,12 +57,13 @@ class RankStateTracker:
 
     The owner calls, in training order: :meth:`install` at ``setup("fit")``; :meth:`load` from
     ``on_load_checkpoint``; :meth:`restore_on_train_start` from ``on_train_start``;
-    :meth:`batch_started`, :meth:`batch_ended` and :meth:`validation_ended` from the hooks of the
+    :meth:`batch_started` and :meth:`batch_ended` from the hooks of the
     same names; :meth:`capture` at each save; :meth:`uninstall` at ``teardown`` or on an exception.
     """
 
     def __init__(self, generators: Mapping[str, torch.Generator] | None = None) -> None:
         self.generators = dict(generators or {})
+        self._validation_rerun_in: pl.Trainer | None = None  # the fit whose skipped validation is run again
         self.prefetched = PrefetchedPosition(self.generators)
         self.samples_seen = 0
         self.tokens_seen: int | None = None
@@ -69,7 +71,6 @@ class RankStateTracker:
         self._pending_rng: dict[str, Any] | None = None
         self._pending_prefetch_rng: dict[str, Any] | None = None
         self._fetching_for: pl.Trainer | None = None
-        self._rng_before_validation: dict[str, Any] | None = None
         self.rng_at_batch_end: dict[str, Any] = {}
         self._loaded_loader_states: list[Any] | None = None
         self._loaded_sampler_state: list[dict[str, Any]] = []
@@ -98,6 +99,9 @@ class RankStateTracker:
 
     def uninstall(self) -> None:
         self._fetching_for = None
+        if self._validation_rerun_in is not None:
+            internals.forget_validation_rerun(self._validation_rerun_in)
+            self._validation_rerun_in = None
         if self._undo_loader_patch is not None:
             self._undo_loader_patch()
             self._undo_loader_patch = None
@@ -207,6 +211,9 @@ class RankStateTracker:
 
     def restore_on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Put the data position, sampler generators and epoch metrics back before the first fetch."""
+        if trainer.ckpt_path is not None:
+            internals.rerun_validation_skipped_on_resume(trainer)
+            self._validation_rerun_in = trainer
         loaders = list(internals.iter_loaders(trainer.train_dataloader))
         # Saved at an epoch's end, Lightning either replays that end (then builds the next epoch's
         # iterator itself) or goes straight on with the iterator it built over the finished position,
@@ -301,14 +308,8 @@ class RankStateTracker:
         # Host-side copy (~50 µs, no device sync): validation may follow this batch, and its loader
         # draws from the global generators before any validation hook runs. An exception save in
         # the next step saves it as this step's streams (``rng_at_batch_end``).
-        self._rng_before_validation = self.rng_at_batch_end = capture_rng_state(self.generators)
+        self.rng_at_batch_end = capture_rng_state(self.generators)
 
-    def validation_ended(self, trainer: pl.Trainer) -> None:
-        """Validation inside fit leaves the training RNG streams as it found them."""
-        fitting = trainer.state.fn == TrainerFn.FITTING and not trainer.sanity_checking
-        if fitting and self._rng_before_validation is not None:
-            restore_rng_state(self._rng_before_validation, self.generators)
-            self._rng_before_validation = None
 
     def _count_batch(self, batch: Any) -> None:
         # Shapes are host metadata: counting does not synchronise the device. A tensor, or a tuple or

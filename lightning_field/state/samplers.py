@@ -8,18 +8,27 @@ order (the same work at any position) and then start at the saved offset.
 
 ``JumpRandomSampler`` draws exactly what torchdata's ``RandomSampler`` draws from the same generator
 (one ``randperm`` per epoch), so it is a drop-in replacement that keeps existing data orders.
+
+``PlainOrderRandomSampler`` is what a plain ``DataLoader(shuffle=True)`` is re-created with: it draws
+the epoch's seed from the global RNG at the moment torch's ``RandomSampler`` does (the epoch's first
+index) and yields torch's own order from it, so a run with the callbacks is the run without them.
+Its position restores by re-drawing the order from the saved seed and skipping to the offset.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator, Sized
 from typing import Any
 
 import torch
-from torch.utils.data import Sampler
+from torch.utils.data import RandomSampler, Sampler
+
+from lightning_field.compat.torch import draw_sampler_seed
 
 _YIELDED = "yielded"
 _GENERATOR = "generator"
+_SEED = "seed"
 
 
 class _JumpIterator(Iterator[int]):
@@ -99,3 +108,102 @@ class JumpSequentialSampler(Sampler[int]):
 
     def __len__(self) -> int:
         return len(self.data_source)
+
+
+class _PlainOrderIterator(Iterator[int]):
+    """One epoch of torch's ``RandomSampler`` order, its seed drawn on the first index as torch draws it.
+
+    The state is the epoch's origin (the seed drawn from the global RNG, or the state of the user's
+    own generator before the epoch's draws) and the indices yielded. An iterator saved before its
+    first index holds no origin: restored, it draws on its first index as the uninterrupted run did.
+    """
+
+    def __init__(self, sampler: PlainOrderRandomSampler) -> None:
+        self.sampler = sampler
+        self.origin: dict[str, Any] = {}
+        self.yielded = 0
+        self._indices: Iterator[int] | None = None
+
+    def __iter__(self) -> _PlainOrderIterator:
+        return self
+
+    def __next__(self) -> int:
+        if self._indices is None:
+            self._start(self._draw_origin())
+        assert self._indices is not None
+        index = next(self._indices)
+        self.yielded += 1
+        return index
+
+    def _draw_origin(self) -> dict[str, Any]:
+        generator = self.sampler.generator
+        if generator is None:
+            return {_SEED: draw_sampler_seed()}
+        return {_GENERATOR: generator.get_state()}
+
+    def _start(self, origin: dict[str, Any]) -> None:
+        """The epoch's indices from ``origin``: torch's own ``RandomSampler.__iter__``, so the order is
+        torch's by construction, not a re-implementation of it."""
+        if _SEED in origin:
+            generator = torch.Generator()
+            generator.manual_seed(int(origin[_SEED]))
+        else:
+            # The user's generator is advanced by the epoch as torch advances it; a state saved by
+            # torchdata's RandomSampler (earlier versions) names the private generator it drew from.
+            generator = self.sampler.generator or torch.Generator()
+            generator.set_state(origin[_GENERATOR])
+        plain = RandomSampler(self.sampler.data_source, self.sampler.replacement, self.sampler.num_samples, generator)
+        self.origin, self._indices = origin, iter(plain)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {_YIELDED: self.yielded, **self.origin}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        yielded = int(state[_YIELDED])
+        if yielded < 0:
+            raise ValueError(f"cannot resume a sampler at a negative position ({yielded})")
+        if yielded > self.sampler.num_samples:
+            raise ValueError(f"saved position {yielded} is past the end of an epoch of {self.sampler.num_samples}")
+        origin = {key: state[key] for key in (_SEED, _GENERATOR) if state.get(key) is not None}
+        self.origin, self.yielded, self._indices = {}, 0, None
+        if not origin:
+            if yielded:
+                raise ValueError(f"a sampler position of {yielded} indices names no seed or generator state")
+            return  # saved before the epoch's draw: it draws on its first index, as the saved run did
+        self._start(origin)
+        assert self._indices is not None
+        next(itertools.islice(self._indices, yielded, yielded), None)  # skip the indices already trained on
+        self.yielded = yielded
+
+
+class PlainOrderRandomSampler(Sampler[int]):
+    """torch's ``RandomSampler``, draw for draw, with a position that saves and restores.
+
+    A plain ``DataLoader(shuffle=True)`` is re-created with this sampler (``state.loaders``): the
+    same indices in the same order from the same draws of the global RNG (one seed per epoch, drawn
+    at the epoch's first index, when the sampler has no generator of its own), so adopting a loader
+    changes nothing a run computes.
+    """
+
+    def __init__(
+        self,
+        data_source: Sized,
+        replacement: bool = False,
+        num_samples: int | None = None,
+        generator: torch.Generator | None = None,
+    ) -> None:
+        self.data_source = data_source
+        self.replacement = replacement
+        self._num_samples = num_samples
+        self.generator = generator
+        RandomSampler(data_source, replacement, num_samples, generator)  # torch's own argument checks
+
+    @property
+    def num_samples(self) -> int:
+        return len(self.data_source) if self._num_samples is None else self._num_samples
+
+    def __iter__(self) -> _PlainOrderIterator:
+        return _PlainOrderIterator(self)
+
+    def __len__(self) -> int:
+        return self.num_samples
