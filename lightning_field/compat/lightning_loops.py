@@ -236,7 +236,7 @@ def let_resumed_epoch_step_schedulers(trainer: pl.Trainer) -> None:
         _Loop.restarting.fset(fit_loop, False)  # type: ignore[attr-defined]  # mypy sees the setter overload, not the property
 
 
-def rerun_validation_skipped_on_resume(trainer: pl.Trainer) -> None:
+def rerun_validation_skipped_on_resume(trainer: pl.Trainer, before_validation: Callable[[], None]) -> None:
     """Run the validation the uninterrupted run ran after the resumed step, instead of skipping it.
 
     A checkpoint saved at a training batch's end holds the state from before the validation that the
@@ -248,6 +248,7 @@ def rerun_validation_skipped_on_resume(trainer: pl.Trainer) -> None:
     there as ``on_advance_end`` runs it, at the logger step it ran at, and the plateau schedulers
     stepped after it, so the resumed run continues from the state the uninterrupted run had.
     Installed for the first ``advance`` of a resumed fit only; later calls are Lightning's own.
+    ``before_validation`` puts the saved random streams back first: the validation draws from them.
     """
     epoch_loop = trainer.fit_loop.epoch_loop
     val_loop = epoch_loop.val_loop
@@ -262,6 +263,7 @@ def rerun_validation_skipped_on_resume(trainer: pl.Trainer) -> None:
             _call_lightning_module_hook(trainer, "on_validation_model_zero_grad")
             epoch_loop._batches_that_stepped -= 1
         try:
+            before_validation()
             val_loop.run()
         finally:
             if counted:

@@ -212,7 +212,7 @@ class RankStateTracker:
     def restore_on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Put the data position, sampler generators and epoch metrics back before the first fetch."""
         if trainer.ckpt_path is not None:
-            internals.rerun_validation_skipped_on_resume(trainer)
+            internals.rerun_validation_skipped_on_resume(trainer, self._streams_before_validation_rerun)
             self._validation_rerun_in = trainer
         loaders = list(internals.iter_loaders(trainer.train_dataloader))
         # Saved at an epoch's end, Lightning either replays that end (then builds the next epoch's
@@ -273,6 +273,12 @@ class RankStateTracker:
         mid_epoch = not resumed_at_epoch_end and trainer.fit_loop.epoch_loop.batch_progress.current.ready > 0
         if mid_epoch and saved.get("logged"):
             self._logged_value_merge = LoggedValueMerge(saved["logged"])
+
+    def _streams_before_validation_rerun(self) -> None:
+        # The validation the saved step was followed by draws from the saved streams; the train
+        # fetch after it draws from what it leaves, as in the uninterrupted run.
+        self.before_fetch()
+        self._pending_rng = None
 
     def before_fetch(self) -> None:
         """Put this rank's saved RNG streams back before a fetch of the resumed train loader.
