@@ -75,8 +75,8 @@ class CommittedCheckpoint(ModelCheckpoint):
         self._events: EventLog | None = None
         self._saves = AsyncSaves(
             on_save_error, advertise=self._advertise, remove=self._remove_checkpoint,
-            not_saved_message=self._checkpointer.not_saved_message, events=lambda: self._events,
-            agreement_step=lambda trainer: self._is_agreement_step(trainer), stager=self.make_stager(),
+            not_saved_message=self._checkpointer.not_saved_message, events=self._current_events,
+            agreement_step=self._is_agreement_step, stager=self.make_stager(),
         )  # fmt: skip
         self._last_copy: str | None = None
         self._force_sync = False
@@ -94,6 +94,10 @@ class CommittedCheckpoint(ModelCheckpoint):
     ) -> SaveJob:
         """All a save's commit through ``store`` (default: this callback's) needs, taken on the training thread."""
         raise NotImplementedError
+
+    def _current_events(self) -> EventLog | None:
+        # A bound method, not a closure: the callback pickles (ddp_spawn sends it to every process).
+        return self._events
 
     def _is_agreement_step(self, trainer: pl.Trainer) -> bool:
         """Whether ranks agree on a background-save failure at this step (every step by default)."""

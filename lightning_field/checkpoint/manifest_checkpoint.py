@@ -159,7 +159,7 @@ class ManifestCheckpoint(CommittedCheckpoint):
         )  # fmt: skip
         self._preemption = PreemptionSave(self, preemption_signals, preemption_check_every_n_steps)
         self.rank_tracker = self.make_rank_tracker(generators)
-        self._guard = ResumeGuard(allow_resume_mismatch, allow_changed, lambda: self._events)
+        self._guard = ResumeGuard(allow_resume_mismatch, allow_changed, self._current_events)
         self._no_progress = NoProgressGuard(self, max_failed_attempts, self._guard.code)
         self.config, self.code_dir, self.freshness = config, code_dir, Freshness(require_fresh)
         self.save_on_train_end, self.save_on_stop = save_on_train_end, save_on_stop

@@ -206,6 +206,8 @@ class RestoreDrill(Callback):
                 # Compared on resume with the checkpoint's (state/trainer_settings.py), validation or not.
                 "val_check_interval": internals.val_check_interval(trainer),
                 "check_val_every_n_epoch": trainer.check_val_every_n_epoch,
+                # A validation after the checkpoint's step is replayed too (its random draws precede the step).
+                "limit_val_batches": trainer.limit_val_batches,
             },
             "threads": torch.get_num_threads(),
             "rtol": self.rtol,

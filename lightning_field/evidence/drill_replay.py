@@ -63,8 +63,7 @@ def run_drill(spec: Mapping[str, Any]) -> dict[str, Any]:
         enable_progress_bar=False,
         enable_model_summary=False,
         num_sanity_val_steps=0,
-        limit_val_batches=0,
-    )
+    )  # validation as the live run's: one that followed the checkpoint's step drew from the streams the step sees
     trainer.fit(model, datamodule=data, ckpt_path=spec["checkpoint"])
     records = read_trace(work / "trace")
     rtol = float(spec["rtol"])
