@@ -164,10 +164,10 @@ def test_a_killed_run_resumed_across_a_validation_continues_as_the_plain_run(tmp
 def _fit_resumed(root: Path) -> dict[str, Any]:
     pl.seed_everything(1234, verbose=False)  # another seed: everything must come from the checkpoint
     model = DropoutRegressor()
+    checkpoint = ManifestCheckpoint(dirpath=root / "ckpts", every_n_train_steps=12, snapshot_every_n_train_steps=None)
     trainer = pl.Trainer(
         max_epochs=4, val_check_interval=0.5, default_root_dir=root, logger=False, enable_progress_bar=False,
-        callbacks=[ManifestCheckpoint(dirpath=root / "ckpts", every_n_train_steps=12, snapshot_every_n_train_steps=None)],
-        enable_model_summary=False,
+        callbacks=[checkpoint], enable_model_summary=False,
     )  # fmt: skip
     trainer.fit(model, ckpt_path="last")
     return {"weights": model.state_dict(), "data_order": model.seen, "rng": torch.get_rng_state()}

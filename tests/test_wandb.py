@@ -169,7 +169,14 @@ def test_the_resumed_segment_continues_the_history_rows_and_the_global_step(requ
     killed_steps = [r["trainer/global_step"] for r in killed["history"] if "trainer/global_step" in r]
     resumed_steps = [r["trainer/global_step"] for r in finished["history"] if "trainer/global_step" in r]
     resumed_from = KILL_AFTER // EVERY * EVERY
-    assert min(resumed_steps) == resumed_from and max(resumed_steps) == MAX_STEPS  # continued, never back to 0
+    assert max(resumed_steps) == MAX_STEPS
+    # Continued, never back to 0: the restart first runs the validation that followed the committed step
+    # (val_check_interval=EVERY; its values logged, as Lightning logs a validation after a batch, under
+    # the step before that batch's optimizer step), then trains from the commit on.
+    val_rows = [r for r in finished["history"] if r.get("trainer/global_step") == resumed_from - 1]
+    assert min(resumed_steps) == resumed_from - 1 and val_rows and all("val_loss" in r for r in val_rows)
+    trained = [r["trainer/global_step"] for r in finished["history"] if "train_loss" in r]
+    assert min(trained) == resumed_from
     # Lightning logs a batch under the global step before its optimizer step: the batch after the commit
     # was trained (and logged) by the killed attempt, lost, and trained again by the restart.
     redone = [[r["train_loss"] for r in run["history"] if r.get("trainer/global_step") == resumed_from and

@@ -4,11 +4,11 @@ verification, retention) and the Lightning callback that drives it."""
 from __future__ import annotations
 
 import os
-from pathlib import Path
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from lightning_field.core.lazy import lazy_exports
-from lightning_field.core.manifest import SHARED_STATE_FILE, read_manifest
+from lightning_field.core.storage import StorageOptions
 
 # Imported on first use (PEP 562), as the package's top level does: `field ckpt list/verify/inspect`
 # read manifests and hashes, and must not pay ~4 s for Lightning, which the callback needs.
@@ -61,25 +61,36 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
 
 
 def load_weights(
-    path: str | os.PathLike[str], map_location: Any = "cpu", trust_pickles: bool = False
+    path: str | os.PathLike[str],
+    map_location: Any = "cpu",
+    trust_pickles: bool = False,
+    *,
+    strip_compile_prefix: bool = False,
+    strip_prefixes: Iterable[str] = (),
+    storage_options: StorageOptions | None = None,
 ) -> dict[str, Any]:
-    """The model ``state_dict`` of any committed unsharded checkpoint (including exports), verified
-    first and loaded as untrusted input (``trust_pickles``: see :mod:`lightning_field.checkpoint.safe_load`).
+    """The model ``state_dict`` of any committed checkpoint, sharded (DCP) or not (including exports),
+    verified first and loaded as untrusted input (``trust_pickles``: see
+    :mod:`lightning_field.checkpoint.safe_load`); a sharded one is assembled whole on the CPU, in this
+    process. ``strip_compile_prefix``: the ``_orig_mod.`` segments of a ``torch.compile``d module
+    removed; ``strip_prefixes``: each removed from the start of the keys that have it (a prefix no key
+    has raises ``ValueError``). ``path`` may be an fsspec URL, with its ``storage_options``.
 
     Raises:
+        CheckpointCorruptError: a file it needs does not match the manifest, naming it.
         UnsafeCheckpointError: the file needs a full unpickle, naming what it holds (nothing was run).
     """
-    if SHARED_STATE_FILE not in read_manifest(path).files:
-        raise ValueError(
-            f"{path} is a sharded (DCP) checkpoint: its weights are spread over .distcp files; load it with"
-            " torch.distributed.checkpoint or resume from it under the strategy that wrote it"
-        )
     # Imported here, as the lazy exports are: reading a manifest must not import torch.
-    from lightning_field.checkpoint.safe_load import torch_load_untrusted
-    from lightning_field.checkpoint.verify import require_intact
+    from lightning_field.checkpoint.weights import read_model_weights
 
-    require_intact(path, [SHARED_STATE_FILE])
-    return torch_load_untrusted(Path(path) / SHARED_STATE_FILE, map_location, trust_pickles)["state_dict"]
+    return read_model_weights(
+        path,
+        map_location,
+        trust_pickles,
+        strip_prefixes=strip_prefixes,
+        strip_compile_prefix=strip_compile_prefix,
+        storage_options=storage_options,
+    ).state_dict
 
 
 __all__ = [

@@ -81,8 +81,7 @@ class CommittedCheckpoint(ModelCheckpoint):
         self._last_copy: str | None = None
         self._force_sync = False
         self._stopped: StopRecord | None = None  # save_now's, for the save it makes
-        # save_now's resume points (a stop, the end, a preemption) of this run and the attempts it
-        # resumed: retention retires them once a newer checkpoint commits (kept in this callback's state).
+        # save_now's resume points (stop, end, preemption) here and in attempts resumed: retired at a newer commit.
         self._resume_points: list[str] = []
 
     def make_stager(self) -> Stager | None:
@@ -94,10 +93,6 @@ class CommittedCheckpoint(ModelCheckpoint):
     ) -> SaveJob:
         """All a save's commit through ``store`` (default: this callback's) needs, taken on the training thread."""
         raise NotImplementedError
-
-    def _current_events(self) -> EventLog | None:
-        # A bound method, not a closure: the callback pickles (ddp_spawn sends it to every process).
-        return self._events
 
     def _is_agreement_step(self, trainer: pl.Trainer) -> bool:
         """Whether ranks agree on a background-save failure at this step (every step by default)."""
@@ -139,10 +134,11 @@ class CommittedCheckpoint(ModelCheckpoint):
         """The background save's controller: what is in flight, its host buffers, its waits."""
         return self._saves
 
-    @property
-    def events(self) -> EventLog | None:
+    def _current_events(self) -> EventLog | None:  # a method, not a closure: ddp_spawn pickles the callback
         """The run's event log on global rank 0 while fitting (None elsewhere), for sibling callbacks."""
         return self._events
+
+    events = property(_current_events)
 
     @property
     def last_saved_step(self) -> int:

@@ -269,5 +269,3 @@ def write_checked(directory: Path, name: str, data: torch.Tensor, expected_hash:
         path.unlink(missing_ok=True)
         return f"{what}: {name} arrived with hash {digest[:16]}…, sent with {expected_hash[:16]}…"
     return None
-
-

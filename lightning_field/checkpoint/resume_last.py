@@ -9,6 +9,7 @@ are refused (:class:`NoRecoverableCheckpointError`) rather than silently startin
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Mapping, MutableMapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -18,7 +19,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from lightning_field.checkpoint.resolver import committed_checkpoints, last_pointer_rollback, latest_recoverable
 from lightning_field.checkpoint.stores import CheckpointReader, read_manifest
 from lightning_field.checkpoint.verify import VerifyReport
-from lightning_field.core.launcher_env import env_global_rank
+from lightning_field.core.launcher_env import env_global_rank, restart_of
 from lightning_field.core.storage import Location, basename
 
 if TYPE_CHECKING:
@@ -124,6 +125,17 @@ def resolve_last(
     return str(snapshot_path)
 
 
+def no_checkpoint_on_restart_message(where: Path, restart: str) -> str:
+    """What a restarted job that finds nothing to resume is told: it starts over, and the likely why."""
+    return (
+        f"lightning_field: this process is a restart ({restart}), but there is no committed checkpoint under"
+        f" {where}: training starts over at step 0. If each attempt writes to a new directory (a timestamped"
+        " run directory, as Hydra's default outputs/${now:...} and lightning-hydra-template's paths.output_dir"
+        " are), the earlier attempts' checkpoints are elsewhere: give the job a run directory that survives"
+        " requeues, e.g. hydra.run.dir=outputs/${oc.env:SLURM_JOB_ID} (docs/hydra.md)."
+    )
+
+
 def _warn_rollback(
     where: Path, resumed: str | None, store: CheckpointReader | None, skipped: dict[Location, str], step: int = -1
 ) -> None:
@@ -159,7 +171,11 @@ def _resolve_persistent(
         return str(found)
     entries = committed_checkpoints(where, store=store)
     if not entries:
-        rank_zero_info(f"lightning_field: no committed checkpoint under {where} yet: training starts at step 0.")
+        restart = restart_of(os.environ)
+        if restart is None:
+            rank_zero_info(f"lightning_field: no committed checkpoint under {where} yet: training starts at step 0.")
+        else:
+            rank_zero_warn(no_checkpoint_on_restart_message(where, restart))
         return None
     # A damaged checkpoint cannot be resumed inexactly either: its bytes are not what was saved.
     resumable = [

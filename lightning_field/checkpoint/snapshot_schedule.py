@@ -143,4 +143,3 @@ def release_superseded(snapshots: Checkpointer, persistent: Checkpointer) -> Non
         " (a rerun with larger limits resumes from it; ManifestCheckpoint(save_on_train_end=True) also saves it"
         " persistently, and the snapshots are then released at the end)."
     )
-

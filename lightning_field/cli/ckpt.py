@@ -1,4 +1,5 @@
-"""``field ckpt verify|list|inspect``: look at checkpoints without starting a training run."""
+"""``field ckpt verify|list|inspect|export``: look at checkpoints without starting a training run, and take
+a model's weights out of one (``export``: :mod:`lightning_field.cli.ckpt_export`)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from lightning_field.checkpoint.snapshot_dirs import snapshot_dir_for
 from lightning_field.checkpoint.snapshot_lineage import LINEAGE_NAME, lineage_mismatch
 from lightning_field.checkpoint.stores import CheckpointStore, LocalStore, location_exists
 from lightning_field.checkpoint.verify import VerifyReport, name_step_problem, verify_checkpoint
+from lightning_field.cli.ckpt_export import add_export_parser
 from lightning_field.cli.storage_options import storage_options_of
 from lightning_field.core.manifest import MANIFEST_NAME, Manifest, ManifestError, read_manifest
 from lightning_field.core.member_paths import UnsafeMemberError
@@ -341,7 +343,7 @@ def _as_list(value: Any) -> list[Any]:
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    ckpt = subparsers.add_parser("ckpt", help="verify, list and inspect manifest checkpoints")
+    ckpt = subparsers.add_parser("ckpt", help="verify, list, inspect and export manifest checkpoints")
     sub = ckpt.add_subparsers(dest="ckpt_command", required=True)
     verify = sub.add_parser("verify", help="exit 0 only for an intact, recoverable checkpoint")
     verify.add_argument("path")
@@ -360,7 +362,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     inspect.add_argument("path")
     inspect.add_argument("--json", action="store_true", help="the raw manifest")
     inspect.set_defaults(func=cmd_inspect)
-    for command in (verify, listing, inspect):
+    export = add_export_parser(sub)
+    for command in (verify, listing, inspect, export):
         command.add_argument(
             "--storage-option",
             action="append",

@@ -4,6 +4,7 @@ scripts that never join a process group (``field``, ``field-evidence``) read it 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 
 RANK_VARIABLES = ("RANK", "LOCAL_RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK")
 """Where launchers put a process's rank, in the order Lightning's ``rank_zero_only`` reads them."""
@@ -30,3 +31,20 @@ def env_global_rank() -> int:
         return local
     local_world = max(int(os.environ.get("LOCAL_WORLD_SIZE") or 0), local + 1)
     return node * local_world + local
+
+
+RESTART_VARIABLES = ("SLURM_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT")
+"""Where launchers count a job's restarts: SLURM's requeues, torchrun's worker-group restarts."""
+
+
+def restart_of(environ: Mapping[str, str]) -> str | None:
+    """Why this process is a restart of a job that ran before (``SLURM_RESTART_COUNT=2``), else None.
+
+    A restart that finds nothing to resume has usually lost its run directory (one made anew per
+    attempt, as a timestamped Hydra run directory is), not its checkpoints: the caller says so.
+    """
+    for name in RESTART_VARIABLES:
+        value = environ.get(name, "").strip()
+        if value.isdigit() and int(value) > 0:
+            return f"{name}={value}"
+    return None
