@@ -57,8 +57,8 @@ def test_sharded_resume_after_sigkill_is_bitwise_identical_and_every_shard_is_in
     assert manifest.components["rng"] == manifest.components["data_position"] == [0, 1]
     assert {"rank-00000.pt", "rank-00001.pt", ".metadata", "meta.pt"} <= set(manifest.files)
     assert manifest.recoverable, manifest.missing
-    with pytest.raises(ValueError, match=r"is a sharded \(DCP\) checkpoint"):
-        load_weights(latest)
+    # Its weights assemble whole in this one process (bitwise: tests/test_ckpt_export.py).
+    assert load_weights(latest).keys() == torch.load(reference / "u.pt", weights_only=True)["state_dict"].keys()
 
     log = run_train_job(root, tmp_path / "r.pt", *SHARDED, "--resume")
     assert "step=10" in log

@@ -9,6 +9,7 @@ a refusal leaves the destination as it was, never half-written.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -44,14 +45,18 @@ def write_weights(state: dict[str, Any], out: str | os.PathLike[str], fmt: str, 
     """Write ``state`` (a model ``state_dict``) to ``out`` in ``fmt``, atomically.
 
     Raises:
-        ExportRefusedError: a value safetensors cannot hold (not a tensor, sparse), or ``out`` is a directory.
-        OSError: the file could not be written (nothing is left under ``out``'s name or beside it).
+        ExportRefusedError: a value safetensors cannot hold (not a tensor, sparse), or an unknown format.
+        OSError: ``out`` is a directory, its directory is missing, or the file could not be written (nothing is
+            left under ``out``'s name or beside it).
     """
     if fmt not in FORMATS:
         raise ExportRefusedError(f"unknown format {fmt!r}: one of {', '.join(FORMATS)}")
     path = Path(out)
     if path.is_dir():
-        raise ExportRefusedError(f"{path} is a directory; name the file to write")
+        raise IsADirectoryError(errno.EISDIR, "a directory: name the file to write", str(path))
+    if not path.parent.is_dir():
+        # Checked first: safetensors reports a missing directory as its own serialization error.
+        raise FileNotFoundError(errno.ENOENT, "its directory does not exist", str(path.parent))
     untied: list[str] = []
     if fmt == "safetensors":
         tensors, untied = _safetensors_ready(state)

@@ -139,6 +139,9 @@ class _UntrustedBytesPlanner(dcp.DefaultLoadPlanner):
         super().__init__(flatten_state_dict=False)
         self._shown = shown
         self._trust_pickles = trust_pickles
+        # Kept apart, not put into the planner's state dict: DCP hands back the caller's dict, which the
+        # planner's own (re-flattened) copy is not.
+        self.non_tensors: dict[str, Any] = {}
 
     def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
         fqn = read_item.dest_index.fqn
@@ -147,7 +150,7 @@ class _UntrustedBytesPlanner(dcp.DefaultLoadPlanner):
             value.seek(0)  # a refused weights-only attempt has read it; trust_pickles reads it again
             return torch.load(value, map_location="cpu", **kwargs)
 
-        self.state_dict[fqn] = load_untrusted(load, f"{self._shown} (DCP entry {fqn})", self._trust_pickles)
+        self.non_tensors[fqn] = load_untrusted(load, f"{self._shown} (DCP entry {fqn})", self._trust_pickles)
 
 
 def _assemble_dcp_model(local: Path, shown: Location, trust_pickles: bool) -> dict[str, Any]:
@@ -158,13 +161,20 @@ def _assemble_dcp_model(local: Path, shown: Location, trust_pickles: bool) -> di
     wanted = _model_entries(metadata, shown)
     try:
         flat = {fqn: _placeholder(metadata.state_dict_metadata[fqn]) for fqn in wanted}
+        planner = _UntrustedBytesPlanner(shown, trust_pickles)
         with warnings.catch_warnings():
             # dcp.load says it assumes a single process when there is no process group: that is the intent.
             warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single process")
-            dcp.load(flat, storage_reader=reader, planner=_UntrustedBytesPlanner(shown, trust_pickles), no_dist=True)
-    except UnsafeCheckpointError:
-        raise
-    except (RuntimeError, ValueError, OSError, MemoryError) as err:  # a shard the metadata does not describe
+            dcp.load(flat, storage_reader=reader, planner=planner, no_dist=True)
+        flat.update(planner.non_tensors)
+    except dcp.CheckpointException as wrapped:  # DCP wraps what its steps raised, per rank (here one)
+        cause = next((failure[0] for failure in wrapped.failures.values()), wrapped)
+        if isinstance(cause, UnsafeCheckpointError):
+            raise cause from None
+        raise UnreadableWeightsError(
+            f"checkpoint {shown}: its DCP shards cannot be read: {describe_error(cause)}"
+        ) from None
+    except (RuntimeError, ValueError, OSError, MemoryError) as err:  # an entry the metadata describes impossibly
         raise UnreadableWeightsError(
             f"checkpoint {shown}: its DCP shards cannot be read: {describe_error(err)}"
         ) from err

@@ -15,6 +15,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     options = storage_options_of(args)
     # torch, Lightning's types and DCP: imported by the one command that loads tensors, not by `field --help`.
     from lightning_field.checkpoint.export import write_weights
+    from lightning_field.checkpoint.safe_load import TRUST_PICKLES_HINT
+    from lightning_field.checkpoint.stores import describe_error
     from lightning_field.checkpoint.weights import read_model_weights
 
     try:
@@ -27,15 +29,14 @@ def cmd_export(args: argparse.Namespace) -> int:
             storage_options=options,
         )
         written = write_weights(weights.state_dict, args.out, args.format, weights.step)
-    except (ValueError, RuntimeError, OSError) as err:
+    except OSError as err:  # the checkpoint's download or OUT's write: the file system's words, not a refusal
+        return _refused(f"cannot export {args.checkpoint} to {args.out}: {describe_error(err)}")
+    except (ValueError, RuntimeError, EOFError) as err:
         # ManifestError, CheckpointCorruptError, UnsafeCheckpointError, UnreadableWeightsError, a prefix
-        # that matches nothing, a value the format cannot hold, a failed write: each names what it refused.
-        cause = " ".join(line.strip() for line in str(err).splitlines() if line.strip())
-        print(
-            f"field ckpt export: REFUSED {args.checkpoint}: {cause or type(err).__name__}; nothing written",
-            file=sys.stderr,
-        )
-        return 1
+        # that matches nothing, a value the format cannot hold, a forged file cut short: each names the cause.
+        cause = " ".join(line.strip() for line in str(err).splitlines() if line.strip()).rstrip(".")
+        cause = cause.replace(TRUST_PICKLES_HINT, "--trust-pickles")  # this command's opt-in, not the callback's
+        return _refused(f"REFUSED {args.checkpoint}: {cause or type(err).__name__}")
     kind = "sharded (DCP) checkpoint" if weights.sharded else "checkpoint"
     print(
         f"wrote {written.path} ({args.format}): {written.tensors} tensors, {written.tensor_bytes:,} bytes of"
@@ -47,6 +48,11 @@ def cmd_export(args: argparse.Namespace) -> int:
     if written.untied:
         print(f"  tied weights written apart (safetensors shares no memory between names): {', '.join(written.untied)}")
     return 0
+
+
+def _refused(line: str) -> int:
+    print(f"field ckpt export: {line}; nothing written", file=sys.stderr)
+    return 1
 
 
 def _stripped(args: argparse.Namespace) -> str:
