@@ -252,10 +252,6 @@ class ManifestCheckpoint(CommittedCheckpoint):
         self._no_progress.fit_start(trainer)  # "fit_start"; refuses where attempts before failed here, no progress
 
     @override
-    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.rank_tracker.epoch_started(trainer)
-
-    @override
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *_: Any) -> None:
         self.rank_tracker.batch_started()
 
@@ -289,6 +285,7 @@ class ManifestCheckpoint(CommittedCheckpoint):
     @override
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._exception_save.spoil("the epoch's end was under way")
+        self.rank_tracker.epoch_ended()
         deferred, self._deferred_batch_end = self._deferred_batch_end, None
         if deferred is not None:
             super().on_train_batch_end(trainer, pl_module, *deferred)

@@ -43,7 +43,7 @@ from lightning_field.state.loaders import Adoption, changed_loader_settings
 from lightning_field.state.prefetch import PositionBeforeFetch, PrefetchedPosition
 from lightning_field.state.rank_state import capture_rank_state
 from lightning_field.state.rng import capture_rng_state, restore_rng_state
-from lightning_field.state.streams import set_stream_epochs
+from lightning_field.state.streams import positions_for_the_resumed_epoch
 
 __all__ = ["RankStateTracker"]
 
@@ -57,7 +57,7 @@ class RankStateTracker:
 
     The owner calls, in training order: :meth:`install` at ``setup("fit")``; :meth:`load` from
     ``on_load_checkpoint``; :meth:`restore_on_train_start` from ``on_train_start``;
-    :meth:`batch_started` and :meth:`batch_ended` from the hooks of the
+    :meth:`batch_started`, :meth:`batch_ended` and :meth:`epoch_ended` from the hooks of the
     same names; :meth:`capture` at each save; :meth:`uninstall` at ``teardown`` or on an exception.
     """
 
@@ -77,10 +77,10 @@ class RankStateTracker:
         self._loaded_epoch_metrics: dict[str, Any] | None = None
         self._logged_value_merge: LoggedValueMerge | None = None
         self._resumed_epoch_closed = False
+        self._stream_positions_active = torch.tensor(0)
         self._prefetch_hook_installed = False
         self._undo_loader_patch: Callable[[], None] | None = None
         self._told_adopted = False
-        self._told_epochs = False
         self._told_unresumable = False
         self._saved_loader_settings: list[Any] | None = None
         self._resuming_from: str | None = None
@@ -110,10 +110,6 @@ class RankStateTracker:
         """What the train loaders became when Lightning asked for them (every time it asks)."""
         self.adoptions = adoptions
         self._refuse_changed_loaders()
-        if self._fetching_for is not None:
-            # Before the loop's first iterator over them: a resumed stream applies its saved
-            # position only within the epoch it was saved in.
-            self.epoch_started(self._fetching_for, [a.loader for a in adoptions])
         adopted = [a for a in adoptions if a.adopted]
         if adopted and not self._told_adopted:
             self._told_adopted = True
@@ -145,6 +141,10 @@ class RankStateTracker:
         self._resumed_epoch_closed = bool(position.get("epoch_closed"))
         if self._resumed_epoch_closed:
             internals.resume_as_next_epoch(checkpoint)
+        # In shared memory, as a stream's own epoch: loader workers, persistent ones too, see it cleared.
+        self._stream_positions_active = torch.tensor(int(not self._resumed_epoch_closed)).share_memory_()
+        for states in (self._loaded_loader_states, checkpoint.get("loops")):  # ours, and Lightning's own copy
+            positions_for_the_resumed_epoch(states or {}, self._stream_positions_active)
 
     @staticmethod
     def _checked_epoch_metrics(saved: Any, source: str | None) -> dict[str, Any] | None:
@@ -292,20 +292,12 @@ class RankStateTracker:
                 rank_zero_warn(f"Could not restore RNG state for {unrestored}: the continuation may differ")
 
     # ------------------------------------------------------------------ training
-    def epoch_started(self, trainer: pl.Trainer, loaders: list[Any] | None = None) -> None:
-        """Tell each train stream with ``set_epoch`` the epoch, before its iterator is built
-        (``streams.set_stream_epochs``), as Lightning tells samplers."""
-        told = set_stream_epochs(loaders if loaders is not None else internals.loaders_in_use(trainer),
-                                 trainer.current_epoch)  # fmt: skip
-        if told and not self._told_epochs:
-            self._told_epochs = True
-            rank_zero_info(
-                f"lightning_field: calling set_epoch(epoch) on the train stream {', '.join(sorted(set(told)))} each"
-                " epoch, as Lightning does on samplers, so a resumed position applies only to its own epoch."
-            )
-
     def batch_started(self) -> None:
         self._pending_rng = None
+
+    def epoch_ended(self) -> None:
+        """The resumed epoch is over: a stream's loaded position applies to no later one."""
+        self._stream_positions_active.zero_()
 
     def batch_ended(self, trainer: pl.Trainer, batch: Any) -> None:
         self._count_batch(batch)

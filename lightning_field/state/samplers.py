@@ -176,34 +176,15 @@ class _PlainOrderIterator(Iterator[int]):
         self.yielded = yielded
 
 
-class PlainOrderRandomSampler(Sampler[int]):
+class PlainOrderRandomSampler(RandomSampler):
     """torch's ``RandomSampler``, draw for draw, with a position that saves and restores.
 
     A plain ``DataLoader(shuffle=True)`` is re-created with this sampler (``state.loaders``): the
     same indices in the same order from the same draws of the global RNG (one seed per epoch, drawn
     at the epoch's first index, when the sampler has no generator of its own), so adopting a loader
-    changes nothing a run computes.
+    changes nothing a run computes. It *is* a ``RandomSampler``: whoever asks whether a loader
+    shuffles (Lightning, before it puts a ``DistributedSampler(shuffle=...)`` in its place) hears yes.
     """
-
-    def __init__(
-        self,
-        data_source: Sized,
-        replacement: bool = False,
-        num_samples: int | None = None,
-        generator: torch.Generator | None = None,
-    ) -> None:
-        self.data_source = data_source
-        self.replacement = replacement
-        self._num_samples = num_samples
-        self.generator = generator
-        RandomSampler(data_source, replacement, num_samples, generator)  # torch's own argument checks
-
-    @property
-    def num_samples(self) -> int:
-        return len(self.data_source) if self._num_samples is None else self._num_samples
 
     def __iter__(self) -> _PlainOrderIterator:
         return _PlainOrderIterator(self)
-
-    def __len__(self) -> int:
-        return self.num_samples

@@ -1,11 +1,11 @@
 """Streamed train datasets (``IterableDataset``) as the streaming libraries build them: their epoch,
 and what keeps one from resuming exactly.
 
-* **Epochs.** A stream that has ``set_epoch`` (Hugging Face ``datasets``) expects the training loop
-  to call it each epoch, as Lightning calls it on samplers: ``datasets`` applies a loaded position
-  only within the epoch it was saved in, so without it a resumed run re-applies the saved position
-  to every later epoch (each then starts where the resumed one stopped). Loaders that keep the
-  epoch themselves (LitData's and MosaicML's ``StreamingDataLoader``) are left to do so.
+* **A loaded position, once.** A Hugging Face ``datasets`` stream applies a loaded position to every
+  iteration while its epoch is the saved one, and its epoch is whatever the user's code sets: plain
+  Lightning never calls its ``set_epoch``. Calling it for the user would change the order of every
+  epoch after the first (its shards are reordered by the epoch); so the stream's epoch is left alone
+  and a loaded position applies through the resumed epoch only (:func:`positions_for_the_resumed_epoch`).
 * **Positions a library cannot restore.** ``datasets`` documents that a shuffle buffer's examples
   are not in its ``state_dict``: a resume loses them and refills the buffer.
 * **What the stream reads.** :func:`stream_manifest` lists the shards (path or URL, size, content
@@ -20,11 +20,12 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import fsspec
+import torch
 from torch.utils.data import DataLoader, IterableDataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
@@ -35,7 +36,7 @@ from lightning_field.state.rng import dataset_own_state
 
 __all__ = [
     "has_own_position",
-    "set_stream_epochs",
+    "positions_for_the_resumed_epoch",
     "stream_manifest",
     "stream_positions",
     "torch_stream",
@@ -55,22 +56,24 @@ def has_own_position(dataset: Any) -> bool:
     return callable(getattr(dataset, "state_dict", None)) and callable(getattr(dataset, "load_state_dict", None))
 
 
-def _epoch_follower(loader: Any) -> Any | None:
-    """The loader's dataset if it is a stream that wants ``set_epoch`` from the training loop."""
-    dataset = torch_stream(loader)
-    return dataset if callable(getattr(dataset, "set_epoch", None)) else None
 
-
-def set_stream_epochs(loaders: Iterable[Any], epoch: int) -> list[str]:
-    """Call ``set_epoch(epoch)`` on each train stream that has one and whose loader does not call it
-    itself; the names of the datasets told."""
-    told = []
-    for loader in loaders:
-        dataset = _epoch_follower(loader)
-        if dataset is not None and getattr(dataset, "epoch", None) != epoch:
-            dataset.set_epoch(epoch)
-            told.append(type(dataset).__name__)
-    return told
+def positions_for_the_resumed_epoch(loader_state: Any, active: torch.Tensor) -> int:
+    """Make every Hugging Face stream position in a loaded loader state apply while ``active`` is set:
+    through the resumed epoch, then never again (cleared at its end; never set where the saved epoch
+    had ended, so the next one starts at its beginning); the positions found. Replaced in place, so
+    whoever reads the state later (Lightning's restore, the loader's workers) gets them
+    (:class:`~lightning_field.compat.hf_datasets.PositionForOneEpoch`)."""
+    if not isinstance(loader_state, (dict, list)):
+        return 0
+    found = 0
+    items = loader_state.items() if isinstance(loader_state, dict) else enumerate(loader_state)
+    for key, value in list(items):
+        if hf_datasets.is_position(value):
+            loader_state[key] = hf_datasets.PositionForOneEpoch(value, active)
+            found += 1
+        elif isinstance(value, (dict, list)):
+            found += positions_for_the_resumed_epoch(value, active)
+    return found
 
 
 def unrestorable_stream(loader: Any) -> str | None:
