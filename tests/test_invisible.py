@@ -30,9 +30,9 @@ from lightning_field.state.samplers import PlainOrderRandomSampler
 class DropoutRegressor(pl.LightningModule):
     """What a user writes: dropout in training, a shuffled plain loader, logged train and val loss."""
 
-    def __init__(self, workers: int = 0) -> None:
+    def __init__(self, workers: int = 0, lr: float = 0.01) -> None:
         super().__init__()
-        self.workers = workers
+        self.workers, self.lr = workers, lr
         self.net = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Dropout(0.3), nn.Linear(32, 1))
         self.seen: list[float] = []  # the data order, as the step saw it
 
@@ -48,7 +48,7 @@ class DropoutRegressor(pl.LightningModule):
         self.log("val_loss", nn.functional.mse_loss(self.net(x), y))
 
     def configure_optimizers(self) -> Any:
-        optimizer = torch.optim.SGD(self.parameters(), lr=0.01, momentum=0.9)
+        optimizer = torch.optim.SGD(self.parameters(), lr=self.lr, momentum=0.9)
         return {"optimizer": optimizer, "lr_scheduler": torch.optim.lr_scheduler.StepLR(optimizer, 5, 0.5)}
 
     def _data(self, seed: int, n: int) -> TensorDataset:
@@ -218,3 +218,39 @@ def test_the_callback_pickles_so_ddp_spawn_can_send_it(tmp_path: Path) -> None:
                          enable_model_summary=False, callbacks=[copy], limit_val_batches=0)  # fmt: skip
     trainer.fit(BoringModel())
     assert copy.last_committed is not None and copy.last_committed[1] == 2
+
+
+# The conformance column "uninterrupted, ours against plain Lightning": a row's run with no kill, with
+# ManifestCheckpoint at the row's settings and with ModelCheckpoint (tests/conformance.py). The whole
+# column is in docs/conformance.md; these rows are its kinds: one process, loader workers, DDP, a
+# Hugging Face stream and a stream of the user's own with workers, bf16, a mid-epoch validation.
+UNINTERRUPTED_ROWS = ["plain-loader", "plain-loader-2-workers", "ddp-plain-loader", "hf-iterable-dataset",
+                      "stream-2-workers", "bf16-mixed", "val-check-interval-half"]  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", UNINTERRUPTED_ROWS)
+def test_a_conformance_rows_uninterrupted_run_is_plain_lightnings_bit_for_bit(
+    name: str, tmp_path: Path, shared_shards: Path
+) -> None:
+    from conformance import uninterrupted_against_plain
+
+    differences = uninterrupted_against_plain(name, tmp_path, shared_shards)
+    assert not differences, "\n".join(differences[:5])
+
+
+def test_the_tuners_suggestions_are_plain_lightnings(tmp_path: Path) -> None:
+    from lightning.pytorch.tuner import Tuner
+
+    def suggested(checkpoint: Callback) -> tuple[float | None, torch.Tensor]:
+        pl.seed_everything(7, verbose=False)
+        model = DropoutRegressor()
+        trainer = pl.Trainer(max_epochs=2, callbacks=[checkpoint], default_root_dir=tmp_path, logger=False,
+                             enable_progress_bar=False, enable_model_summary=False)  # fmt: skip
+        finder = Tuner(trainer).lr_find(model, num_training=12, min_lr=1e-4, max_lr=1.0)
+        assert finder is not None
+        return finder.suggestion(), torch.tensor(finder.results["loss"])
+
+    plain = suggested(ModelCheckpoint(dirpath=tmp_path / "plain"))
+    ours = suggested(ManifestCheckpoint(dirpath=tmp_path / "ours"))
+    assert ours[0] == plain[0] and torch.equal(ours[1], plain[1])
