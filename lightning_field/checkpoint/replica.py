@@ -42,6 +42,8 @@ __all__ = [
     "host_name",
     "joined_errors",
     "node_key",
+    "nodes_on_one_host",
+    "shared_between_nodes",
     "shared_folder_problem",
     "write_checked",
 ]
@@ -72,6 +74,31 @@ def shared_folder_problem(seen: Sequence[tuple[int, str, int, int, str]]) -> str
                 f" {host}): a replica there is no second copy. Give each node a node-local snapshot_dir of its own."
             )
     return None
+
+
+def nodes_on_one_host(nodes: Sequence[tuple[int, str]]) -> str | None:
+    """What a replica is worth where several nodes run on one host (two launcher agents on a machine,
+    as a test cluster runs them), or None: each node's ``(node rank, host)``, one per rank."""
+    by_host: dict[str, set[int]] = {}
+    for node, host in nodes:
+        by_host.setdefault(host, set()).add(int(node))
+    shared = {host: sorted(ranks) for host, ranks in by_host.items() if len(ranks) > 1}
+    if not shared:
+        return None
+    which = "; ".join(f"nodes {', '.join(map(str, ranks))} on {host}" for host, ranks in sorted(shared.items()))
+    return (
+        f"several nodes share a host ({which}): each node keeps its step snapshots in a folder of its own, and"
+        " a replica on a node of the same host guards against a crashed process, not against the loss of the"
+        " machine. Persistent checkpoints still do."
+    )
+
+
+def shared_between_nodes(root: Path, node: int) -> tuple[str | None, str | None]:
+    """Why this node's snapshot folder ``root`` cannot hold replicas (:func:`shared_folder_problem`), and
+    what a replica guards against where nodes share a host (:func:`nodes_on_one_host`). Collective."""
+    info = root.stat()
+    seen = all_gather_objects((node, host_name(), info.st_dev, info.st_ino, str(root)))
+    return shared_folder_problem(seen), nodes_on_one_host([(node, host) for node, host, *_ in seen])
 
 
 @dataclass(frozen=True)

@@ -17,17 +17,25 @@ __all__ = ["DEFAULT_PARENT", "make_private", "private_folder_problem", "snapshot
 DEFAULT_PARENT = Path("/dev/shm")
 
 
-def snapshot_dir_for(checkpoint_dir: str | os.PathLike[str], parent: str | os.PathLike[str] | None = None) -> Path:
+def snapshot_dir_for(
+    checkpoint_dir: str | os.PathLike[str], parent: str | os.PathLike[str] | None = None, node: int | None = None
+) -> Path:
     """Where the snapshots of the checkpoints under ``checkpoint_dir`` live: one private folder per
     user under ``parent`` (``/dev/shm`` where it is writable, else the temporary directory), then
-    one per checkpoint directory, so that a restarted run on the same machine finds its own."""
+    one per checkpoint directory, so that a restarted run on the same machine finds its own.
+
+    ``node``: the node rank of a run over several nodes (None in a one-node run). Each node's folder
+    is named for it, so that nodes sharing a host (two launcher agents on one machine) never share one.
+    """
     if parent is None:
         parent = DEFAULT_PARENT if os.access(DEFAULT_PARENT, os.W_OK | os.X_OK) else Path(tempfile.gettempdir())
     location = as_location(checkpoint_dir)
     identity = str(location.resolve()) if isinstance(location, Path) else location
     key = new_hasher(IDENTITY_ALGORITHM)
     key.update(identity.encode())
-    return Path(parent) / f"lightning_field-snapshots-{os.getuid()}" / f"{basename(location)}-{key.hexdigest()[:16]}"
+    suffix = "" if node is None else f"-node{int(node)}"
+    name = f"{basename(location)}-{key.hexdigest()[:16]}{suffix}"
+    return Path(parent) / f"lightning_field-snapshots-{os.getuid()}" / name
 
 
 def make_private(root: Path) -> None:

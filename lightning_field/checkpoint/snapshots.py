@@ -34,13 +34,7 @@ from lightning_field.checkpoint import resume_policy, sharded
 from lightning_field.checkpoint.async_controller import AsyncSaves
 from lightning_field.checkpoint.checkpointer import Checkpointer
 from lightning_field.checkpoint.commit import SaveJob, commit_save
-from lightning_field.checkpoint.replica import (
-    NodeTopology,
-    commit_replicated,
-    host_name,
-    node_key,
-    shared_folder_problem,
-)
+from lightning_field.checkpoint.replica import NodeTopology, commit_replicated, node_key, shared_between_nodes
 from lightning_field.checkpoint.replica_resume import agree_across_nodes
 from lightning_field.checkpoint.resume_policy import ResumeGuard
 from lightning_field.checkpoint.snapshot_dirs import private_folder_problem, snapshot_dir_for
@@ -145,8 +139,9 @@ class StepSnapshots:
         """What each manifest says of this run's snapshots (asked for, chosen, why), or None when off."""
         return self.schedule.record() if self.schedule is not None else None
 
-    def _checkpointer_for(self, checkpoint_dir: Location) -> Checkpointer:
-        root = snapshot_dir_for(checkpoint_dir, self.directory)
+    def _checkpointer_for(self, checkpoint_dir: Location, trainer: pl.Trainer) -> Checkpointer:
+        node = trainer.node_rank if trainer.num_nodes > 1 else None  # nodes on one host keep apart
+        root = snapshot_dir_for(checkpoint_dir, self.directory, node)
         if self._checkpointer is None or self._checkpointer.dirpath != root:
             # No fsync, raw tensor files, the retired snapshot's files reused (stores/snapshot.py).
             store = cast(CheckpointStore, SnapshotStore())  # it serves the Paths it is given
@@ -154,11 +149,12 @@ class StepSnapshots:
         return self._checkpointer
 
     # ------------------------------------------------------------------ resume
-    def latest(self, checkpoint_dir: Location, log_skips: bool) -> tuple[Location, int] | None:
+    def latest(self, checkpoint_dir: Location, trainer: pl.Trainer) -> tuple[Location, int] | None:
         """The newest snapshot of ``checkpoint_dir``'s run that is recoverable and verifies, with its step."""
         if not self.enabled:
             return None
-        checkpointer = self._checkpointer_for(checkpoint_dir)
+        log_skips = trainer.is_global_zero
+        checkpointer = self._checkpointer_for(checkpoint_dir, trainer)
         root = Path(checkpointer.dirpath)
         if not root.is_dir() or not same_run(root, self._owner.store_at(checkpoint_dir), checkpoint_dir, log_skips):
             return None
@@ -190,7 +186,7 @@ class StepSnapshots:
         on a tie (:func:`~lightning_field.checkpoint.resume_policy.resolve_last`), agreed on across
         the nodes of a multi-node run (:meth:`resolve_across_nodes`)."""
         if not self.spans_nodes(trainer):
-            snapshot = self.latest(where, log_skips=trainer.is_global_zero)
+            snapshot = self.latest(where, trainer)
             return resume_policy.resolve_last(where, inexact_guard, store, verified, snapshot)
         found = self.resolve_across_nodes(
             trainer, where, lambda: resume_policy.resolve_last(where, inexact_guard, store, verified)
@@ -218,7 +214,7 @@ class StepSnapshots:
         if self._resume_group is None:
             self._resume_group = new_host_group()  # every rank: creating a group is collective
         topology = self._gather_topology(trainer, self._resume_group)
-        checkpointer = self._checkpointer_for(checkpoint_dir)
+        checkpointer = self._checkpointer_for(checkpoint_dir, trainer)
         root = Path(checkpointer.dirpath)
         found, tier = agree_across_nodes(
             root, checkpointer.store_at(root), topology, self._resume_group, persistent, self._owner.store_at,
@@ -248,7 +244,7 @@ class StepSnapshots:
             )
         dirpath = self._owner.dirpath
         assert dirpath is not None  # ModelCheckpoint.setup resolved it
-        checkpointer = self._checkpointer_for(dirpath)
+        checkpointer = self._checkpointer_for(dirpath, trainer)
         root = Path(checkpointer.dirpath)
         problems = [p for p in all_gather_objects(private_folder_problem(root)) if p]  # all learn of any problem
         if problems:
@@ -259,9 +255,11 @@ class StepSnapshots:
             log.warning("lightning_field: step snapshots are off for this run: %s. Persistent checkpoints go on.", err)
             self.schedule = None
             return
-        shared = _shared_between_nodes(root, topology)
+        shared, one_host = shared_between_nodes(root, topology.node)
         if shared is not None:
             raise ValueError(shared)
+        if one_host is not None and trainer.is_global_zero:
+            log.warning("lightning_field: %s", one_host)
         if self._saves is None:
             self._saves = AsyncSaves(
                 "warn",  # a snapshot that fails is reported; the persistent checkpoints carry on
@@ -385,13 +383,6 @@ class StepSnapshots:
         """Block until the pending snapshot has copied what training writes next."""
         if self._saves is not None:
             self._saves.wait_for_snapshot_copy()
-
-
-def _shared_between_nodes(root: Path, topology: NodeTopology) -> str | None:
-    """Why ``root`` cannot hold replicas (:func:`~lightning_field.checkpoint.replica.shared_folder_problem`).
-    Collective."""
-    info = root.stat()
-    return shared_folder_problem(all_gather_objects((topology.node, host_name(), info.st_dev, info.st_ino, str(root))))
 
 
 def _not_training(trainer: pl.Trainer) -> bool:

@@ -170,6 +170,8 @@ def _snapshot_tier(root: str, parent: str | None) -> Path | None:
     if not isinstance(location, Path):
         return None  # snapshots are of a local run's dirpath; an object store's run keeps them on its nodes
     where = snapshot_dir_for(location, parent)
+    if not where.is_dir():  # a run over several nodes: each node's folder is named for it
+        where = next(iter(sorted(where.parent.glob(f"{where.name}-node*"))), where)
     if not where.is_dir():
         return None
     mismatch = lineage_mismatch(where, cast(CheckpointStore, LocalStore()), location)
