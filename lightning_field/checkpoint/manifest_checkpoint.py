@@ -252,6 +252,10 @@ class ManifestCheckpoint(CommittedCheckpoint):
         self._no_progress.fit_start(trainer)  # "fit_start"; refuses where attempts before failed here, no progress
 
     @override
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._guard.loaders_reloaded(trainer, list(internals.iter_loaders(trainer.train_dataloader)))
+
+    @override
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *_: Any) -> None:
         self.rank_tracker.batch_started()
 

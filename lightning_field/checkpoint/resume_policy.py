@@ -288,20 +288,40 @@ class ResumeGuard:
         Raises:
             ResumeMismatchError: the resumed checkpoint was written on different data.
         """
-        fingerprint = None
-        if trainer.is_global_zero:
-            datamodule = internals.trainer_datamodule(trainer)
-            fingerprint = provenance.data_provenance(datamodule, loaders[0] if loaders else None)
-        self._data = broadcast_object(fingerprint)
+        self._fingerprint_data(trainer, loaders)
         self._settings["train_loaders"] = len(loaders)
         saved = self.resumed.provenance.get("data") if self.resumed is not None else None
         if self.resumed is not None and saved is not None:
-            refuse_on_differences({"data": saved}, {"data": self._data}, self.allowed, self.resumed.name)
+            before: dict[str, Any] = dict(saved)
+            now: dict[str, Any] | None = dict(self._data) if self._data is not None else None
+            built = (before.pop("loaders_epoch", None), now.pop("loaders_epoch", None) if now is not None else None)
+            if None in built or built[0] == built[1]:
+                refuse_on_differences({"data": before}, {"data": now}, self.allowed, self.resumed.name)
+            elif trainer.is_global_zero:
+                log.info("Train data not compared with %s: its loaders were built for epoch %s, this run's for epoch"
+                         " %s (reload_dataloaders_every_n_epochs)", self.resumed.name, *built)  # fmt: skip
         if self.resharded_from is not None and trainer.is_global_zero:
             old, new = self.resharded_from["world_size"], self.resharded_from["to_world_size"]
             # Logged like the RNG and position notes of the remap itself (a warnings filter must not hide it).
             for warning in reshard.order_warnings(list(loaders), old, new):
                 log.warning("Resharded resume from %s: %s", self.resharded_from["checkpoint"], warning)
+
+    def loaders_reloaded(self, trainer: pl.Trainer, loaders: Sequence[Any]) -> None:
+        """At an epoch's start: where ``reload_dataloaders_every_n_epochs`` built new train loaders, the
+        data every later manifest records is theirs. Collective: every rank calls it at the same epochs."""
+        built = internals.train_loaders_built_for(trainer)
+        if built is not None and (self._data or {}).get("loaders_epoch") != built:
+            self._fingerprint_data(trainer, loaders)
+
+    def _fingerprint_data(self, trainer: pl.Trainer, loaders: Sequence[Any]) -> None:
+        fingerprint = None  # rank 0's, broadcast: every rank records the same
+        if trainer.is_global_zero:
+            datamodule = internals.trainer_datamodule(trainer)
+            fingerprint = provenance.data_provenance(datamodule, loaders[0] if loaders else None)
+            built = internals.train_loaders_built_for(trainer)
+            if fingerprint is not None and built is not None:
+                fingerprint["loaders_epoch"] = built
+        self._data = broadcast_object(fingerprint)
 
     def manifest_provenance(self, world_size: int) -> Provenance:
         """What a manifest records about this run (all but the model's, hashed at commit time)."""

@@ -37,6 +37,7 @@ from lightning_field.compat.lightning_fetcher import (
     saved_loaders,
     set_saved_loader_states,
     successful_fetches,
+    train_loaders_built_for,
 )
 from lightning_field.compat.lightning_loops import (
     MARK,
@@ -124,6 +125,7 @@ __all__ = [
     "step_progress",
     "successful_fetches",
     "timer_limit_seconds",
+    "train_loaders_built_for",
     "trainer_callbacks",
     "trainer_datamodule",
     "training_results",

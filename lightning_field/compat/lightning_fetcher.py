@@ -42,6 +42,16 @@ def loaders_in_use(trainer: pl.Trainer) -> list[Any]:
     return list(combined.flattened) if combined is not None else []
 
 
+def train_loaders_built_for(trainer: pl.Trainer) -> int | None:
+    """Under ``reload_dataloaders_every_n_epochs`` (set on the Trainer by its data connector, not declared
+    there), the epoch the fit loop last rebuilt the train loaders for (``_last_train_dl_reload_epoch``);
+    None without it, or before they were built."""
+    epoch = trainer.fit_loop._last_train_dl_reload_epoch
+    if not getattr(trainer, "reload_dataloaders_every_n_epochs", 0) or epoch == float("-inf"):
+        return None
+    return int(epoch)
+
+
 def saved_loaders(trainer: pl.Trainer) -> list[Any]:
     """The train loaders whose states a checkpoint holds, in its order: ``CombinedLoader._state_dicts``'
     own rule (Lightning's ``_Stateful`` protocol), so a copied state lines up with the one it replaces."""

@@ -296,6 +296,11 @@ def start_next_epoch_iterator(trainer: pl.Trainer) -> None:
     processed = cast("_ProcessedTracker", fit_loop.epoch_progress.current).processed
     for loader in fit_loop._combined_loader.flattened:
         _set_sampler_epoch(loader, processed)
+    reload_every = getattr(trainer, "reload_dataloaders_every_n_epochs", 0)  # set by the data connector
+    if reload_every and processed % reload_every == 0:
+        # An epoch whose loaders are rebuilt: the uninterrupted run iterated them twice as it started
+        # (in ``setup_data`` and in the epoch loop's ``on_run_start``), each drawing a base seed.
+        iter(fit_loop._data_fetcher)
     iter(fit_loop._data_fetcher)
 
 

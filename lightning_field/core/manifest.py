@@ -79,6 +79,9 @@ class DataProvenance(TypedDict, total=False):
     sample_hash: str | None
     sample_error: str
     stream: dict[str, Any]  # a streamed dataset's shards, library and workers
+    # Under reload_dataloaders_every_n_epochs: the epoch the fingerprinted train loaders were built for
+    # (a resume compares like with like: the loaders of the same epoch).
+    loaders_epoch: int
 
 
 class ModelProvenance(TypedDict, total=False):
