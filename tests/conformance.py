@@ -331,8 +331,8 @@ def uninterrupted_against_plain(name: str, tmp: Path, shards: Path | None = None
     go = _cli_launched if config.cli else _launched if config.devices > 1 else _forked
     outputs = {}
     for checkpoint in ("field", "plain"):
-        out = tmp / f"{checkpoint}-uninterrupted.pt"
-        rc, log = go(name, tmp / f"{checkpoint}-uninterrupted", out, checkpoint, kill=False, resume=False, shards=shards)
+        out, root = tmp / f"{checkpoint}-uninterrupted.pt", tmp / f"{checkpoint}-uninterrupted"
+        rc, log = go(name, root, out, checkpoint, kill=False, resume=False, shards=shards)
         if rc != 0:
             return [f"the uninterrupted {checkpoint} run exited {rc}: {_tail(log)}"]
         outputs[checkpoint] = torch.load(out, weights_only=False)
