@@ -174,8 +174,8 @@ def _resolve_persistent(
         restart = restart_of(os.environ)
         if restart is None:
             rank_zero_info(f"lightning_field: no committed checkpoint under {where} yet: training starts at step 0.")
-        else:
-            rank_zero_warn(no_checkpoint_on_restart_message(where, restart))
+        elif env_global_rank() == 0:
+            log.warning(no_checkpoint_on_restart_message(where, restart))
         return None
     # A damaged checkpoint cannot be resumed inexactly either: its bytes are not what was saved.
     resumable = [
