@@ -17,6 +17,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from lightning_field import ManifestCheckpoint, verify_checkpoint
 from lightning_field.checkpoint.manifest_checkpoint import NoRecoverableCheckpointError
 from lightning_field.checkpoint.resolver import committed_checkpoints
+from lightning_field.core.errors import ResumeMismatchError
 from lightning_field.state.loaders import adopt_loader
 
 
@@ -117,6 +118,24 @@ def test_the_opt_in_resumes_the_newest_unrecoverable_checkpoint_and_marks_the_co
     assert newest.manifest is not None and newest.manifest.step == 10
     inexact = newest.manifest.provenance["inexact_resume"]
     assert inexact["checkpoint"].endswith("epoch=0-step=6") and inexact["missing"]
+
+
+def test_the_opt_in_resumes_an_explicit_unrecoverable_checkpoint_as_plain_lightning_resumes_it_marked_inexact(
+    tmp_path: Path,
+) -> None:
+    _trainer(tmp_path, 6).fit(_BoringWithOwnLoader())
+    given = committed_checkpoints(tmp_path / "ckpts")[0].path
+    with pytest.raises(ResumeMismatchError, match="is not recoverable"):  # without the opt-in: refused by name
+        _trainer(tmp_path / "refused", 10).fit(_BoringWithOwnLoader(), ckpt_path=str(given))
+    plain = pl.Trainer(max_steps=10, default_root_dir=tmp_path / "plain", logger=False, enable_progress_bar=False,
+                       enable_model_summary=False, limit_val_batches=0)  # fmt: skip
+    plain.fit(_BoringWithOwnLoader(), ckpt_path=str(given / "state.pt"))  # Lightning resumes the same state file
+    trainer = _trainer(tmp_path, 10, resume_inexact=True)
+    with pytest.warns(UserWarning, match="as resume_inexact=True allows: this continuation is not exact"):
+        trainer.fit(_BoringWithOwnLoader(), ckpt_path=str(given))
+    assert trainer.global_step == plain.global_step == 10
+    newest = committed_checkpoints(tmp_path / "ckpts")[0]
+    assert newest.manifest is not None and newest.manifest.provenance["inexact_resume"]["checkpoint"] == str(given)
 
 
 def test_a_first_attempt_with_ckpt_path_last_says_there_is_nothing_yet_without_lightnings_wrong_hint(

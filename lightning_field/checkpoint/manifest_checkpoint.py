@@ -73,7 +73,8 @@ class ManifestCheckpoint(CommittedCheckpoint):
         store: a :class:`~lightning_field.checkpoint.stores.CheckpointStore` for every write and read
             (default: a ``LocalStore`` for a path, an ``ObjectStore`` for a URL), or your own backend.
         resume_inexact: where ``ckpt_path="last"`` finds no recoverable checkpoint, resume the newest one anyway
-            (not :class:`NoRecoverableCheckpointError`); later manifests record ``provenance.inexact_resume``.
+            (not :class:`NoRecoverableCheckpointError`), and an explicit ``ckpt_path`` to an unrecoverable one
+            too; later manifests record ``provenance.inexact_resume``.
         trust_pickles: fully unpickle files that need it; off, such a file is refused naming its type (``safe_load``).
         snapshot_every_n_train_steps: also snapshot every this many steps into ``snapshot_dir`` (default
             ``/dev/shm``, replicated to a partner node), which ``ckpt_path="last"`` takes where newer; ``"auto"``
@@ -159,7 +160,7 @@ class ManifestCheckpoint(CommittedCheckpoint):
         )  # fmt: skip
         self._preemption = PreemptionSave(self, preemption_signals, preemption_check_every_n_steps)
         self.rank_tracker = self.make_rank_tracker(generators)
-        self._guard = ResumeGuard(allow_resume_mismatch, allow_changed, self._current_events)
+        self._guard = ResumeGuard(allow_resume_mismatch, allow_changed, self._current_events, resume_inexact)
         self._no_progress = NoProgressGuard(self, max_failed_attempts, self._guard.code)
         self.config, self.code_dir, self.freshness = config, code_dir, Freshness(require_fresh)
         self.save_on_train_end, self.save_on_stop = save_on_train_end, save_on_stop
@@ -168,7 +169,7 @@ class ManifestCheckpoint(CommittedCheckpoint):
         self.snapshots = StepSnapshots(  # the step-snapshot tier
             self, snapshot_every_n_train_steps, snapshot_dir, snapshot_in_line, snapshot_overhead_budget
         )
-        self.resume_inexact, self.trust_pickles = resume_inexact, trust_pickles
+        self.trust_pickles = trust_pickles
         self._deferred_batch_end: tuple[Any, Any, int] | None = None
         self._deferred_validation_end = False
         self._show_hint_again: Any = None
@@ -191,6 +192,16 @@ class ManifestCheckpoint(CommittedCheckpoint):
     @allow_resume_mismatch.setter
     def allow_resume_mismatch(self, allowed: Iterable[str]) -> None:
         self._guard.allowed = tuple(allowed)
+
+    @property
+    def resume_inexact(self) -> bool:
+        """Whether an unrecoverable checkpoint may be resumed (``"last"`` finding no recoverable one, or an
+        explicit ``ckpt_path``), the lineage then marked inexact in every later manifest."""
+        return self._guard.resume_inexact
+
+    @resume_inexact.setter
+    def resume_inexact(self, allowed: bool) -> None:
+        self._guard.resume_inexact = bool(allowed)
 
     @property
     def preemption_check_every_n_steps(self) -> int | None:

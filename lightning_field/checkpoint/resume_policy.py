@@ -176,9 +176,10 @@ class ResumeGuard:
 
     def __init__(
         self, allowed: Iterable[str] = (), allow_changed: Iterable[str] = (),
-        events: Callable[[], EventLog | None] = lambda: None,
+        events: Callable[[], EventLog | None] = lambda: None, resume_inexact: bool = False,
     ) -> None:  # fmt: skip
         self.allowed = tuple(allowed)
+        self.resume_inexact = resume_inexact  # an unrecoverable checkpoint may be resumed, marked inexact
         self.allow_changed = allowed_changes(allow_changed)
         self.resumed: Manifest | None = None
         self.resharded_from: dict[str, Any] | None = None
@@ -227,6 +228,14 @@ class ResumeGuard:
         """
         trainer = self._trainer
         module = trainer.lightning_module if trainer is not None else None
+        if self.resume_inexact and not manifest.recoverable and self.inexact is None:
+            # An explicit ckpt_path= as "last" would have chosen it: resumed, and the lineage marked so.
+            self.choose_inexact(path, manifest.missing)
+            rank_zero_warn(
+                f"lightning_field: resuming from {path}, which is NOT recoverable ({'; '.join(manifest.missing)}),"
+                " as resume_inexact=True allows: this continuation is not exact. Every later manifest records"
+                " provenance.inexact_resume."
+            )
         self.resharded_from = check_resume(
             manifest,
             path,
