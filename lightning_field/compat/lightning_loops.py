@@ -16,6 +16,7 @@ from lightning_field.compat import lightning_range  # noqa: F401  refuses an unt
 # isort: split
 import lightning.pytorch as pl
 from lightning.fabric.utilities.data import _set_sampler_epoch
+from lightning.pytorch.callbacks import BaseFinetuning, Callback, StochasticWeightAveraging
 from lightning.pytorch.loops.loop import _Loop
 from lightning.pytorch.trainer.call import _call_lightning_module_hook
 
@@ -273,6 +274,38 @@ def rerun_validation_skipped_on_resume(trainer: pl.Trainer, before_validation: C
         epoch_loop.update_lr_schedulers("step", update_plateau_schedulers=True)
 
     val_loop.increment_progress_to_evaluation_end = run_instead  # type: ignore[method-assign]
+
+
+# Callbacks whose ``on_train_epoch_start`` rebuilds what the epoch needs from their restored state, and
+# so runs again at a mid-epoch resume: ``StochasticWeightAveraging`` builds its SWALR scheduler there (the
+# scheduler's state restored into it, its averaging skipped as already done for the epoch).
+EPOCH_START_REPLAYED: tuple[type[Callback], ...] = (StochasticWeightAveraging,)
+# Callbacks whose epoch-start work the checkpoint restores by other means: no warning for them.
+# ``BaseFinetuning`` puts its param groups back in ``on_fit_start``; replaying would add them twice.
+EPOCH_START_RESTORED: tuple[type[Callback], ...] = (BaseFinetuning,)
+
+
+def replay_resumed_epoch_start(trainer: pl.Trainer, pl_module: pl.LightningModule) -> list[str]:
+    """At a mid-epoch resume, call ``on_train_epoch_start`` of the callbacks that rebuild state there.
+
+    Lightning 2.6 does not call ``on_train_epoch_start`` for the epoch a checkpoint resumes into: the
+    uninterrupted run called it when the epoch began. ``StochasticWeightAveraging`` builds its
+    scheduler there, so without the call the resumed epoch ends with no SWA scheduler step and every
+    later learning rate lags one epoch. Returns the names of other callbacks that hold state and
+    define the hook: whether theirs builds state only they can tell, and the caller says so.
+    """
+    others = []
+    for callback in trainer.callbacks:  # type: ignore[attr-defined]  # a property the type checker misses
+        if isinstance(callback, EPOCH_START_REPLAYED):
+            callback.on_train_epoch_start(trainer, pl_module)
+        elif (
+            type(callback).on_train_epoch_start is not Callback.on_train_epoch_start
+            and not isinstance(callback, EPOCH_START_RESTORED)
+            and not type(callback).__module__.startswith("lightning_field.")
+            and callback.state_dict()
+        ):
+            others.append(type(callback).__name__)
+    return others
 
 
 def forget_validation_rerun(trainer: pl.Trainer) -> None:

@@ -257,6 +257,16 @@ class RankStateTracker:
             internals.restore_callback_metrics(trainer, saved_metrics, pl_module.device)
             if resumed_after_epoch_end:
                 internals.step_plateau_schedulers_missed_at_epoch_end(trainer)
+        mid_epoch = trainer.fit_loop.epoch_loop.batch_progress.current.ready > 0
+        if trainer.ckpt_path is not None and mid_epoch and not (restarted_at_epoch_end or resumed_after_epoch_end):
+            unknown = internals.replay_resumed_epoch_start(trainer, pl_module)
+            if unknown:
+                rank_zero_warn(
+                    f"lightning_field: resumed mid-epoch with {', '.join(sorted(unknown))}, whose on_train_epoch_start"
+                    " Lightning does not call again for the resumed epoch. If it builds state there that its"
+                    " state_dict does not restore (StochasticWeightAveraging's scheduler is rebuilt by"
+                    " lightning_field), this continuation is not exact: resume from an epoch's end instead."
+                )
 
     def _restore_epoch_metrics(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, resumed_at_epoch_end: bool

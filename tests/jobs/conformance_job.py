@@ -416,6 +416,10 @@ CONFIGS: dict[str, Config] = {
                                         callbacks=("early_stopping", "lr_monitor"),
                                         what="EarlyStopping and LearningRateMonitor"),
     "swa": Config(kill_at=2 * _EPOCH + 3, max_epochs=4, callbacks=("swa",), what="StochasticWeightAveraging"),
+    "swa-default-annealing": Config(kill_at=2 * _EPOCH + 3, max_epochs=5, every_n_train_steps=3,
+                                    callbacks=("swa_default",),
+                                    what="StochasticWeightAveraging, its default annealing (10 epochs), resumed"
+                                         " mid-epoch after it started"),
     "user-ema-callback": Config(kill_at=6, max_steps=20, callbacks=("ema",), what="a user's EMA callback"),
     "bf16-mixed": Config(kill_at=6, max_steps=20, trainer={"precision": "bf16-mixed"}, what="bf16 mixed precision"),
     "combined-loader": Config(kill_at=6, max_steps=20, combined=True, what="two train loaders in a CombinedLoader"),
@@ -686,6 +690,7 @@ def _callbacks(names: tuple[str, ...]) -> list[Callback]:
         "early_stopping_threshold": lambda: EarlyStopping(monitor="val_loss", stopping_threshold=100.0),
         "lr_monitor": lambda: LearningRateMonitor(logging_interval="step"),
         "swa": lambda: StochasticWeightAveraging(swa_lrs=0.01, swa_epoch_start=2, annealing_epochs=1),
+        "swa_default": lambda: StochasticWeightAveraging(swa_lrs=0.01, swa_epoch_start=2),
         "ema": lambda: UserEma(),
     }
     return [made[name]() for name in names]
