@@ -166,3 +166,26 @@ def test_ranks_beyond_the_old_world_start_fresh_rng_and_an_uneven_position_round
     even, warnings = remap_rank_state(None, _saved_rank(0, 32, 4), old=1, new=2, rank=1)
     assert even["data_position"]["loader_states"][0]["_num_yielded"] == 2
     assert not any("rounds down" in w for w in warnings)
+
+
+@pytest.mark.slow
+def test_a_tensor_parallel_run_resumes_on_one_device_at_its_data_parallel_position_not_its_world_sizes(
+    tmp_path: Path,
+) -> None:
+    """ModelParallelStrategy at 2 ranks of tensor parallelism splits the data over 1 rank: both read every
+    batch. Moved to one device, the position stays where it was (it was doubled, past the epoch's end)."""
+    root = tmp_path / "run"
+    run_train_job(root, tmp_path / "saved.pt", "--sharded", "--devices", "2", "--tensor-parallel", "2",
+                  "--max-steps", "10")  # fmt: skip
+    run_train_job(root, tmp_path / "resumed.pt", *RESUMED_ON_ONE, "--allow-mismatch", "world_size")
+    # Epoch 0 is 12 steps of all 96 samples on each tensor-parallel rank: 10 before, 2 after the resume.
+    before = [v for row in _rows(tmp_path / "saved.pt.trace.rank0") if row["step"] <= 10 for v in row["order"]]
+    after = [v for row in _rows(tmp_path / "resumed.pt.trace.rank0") if 11 <= row["step"] <= 12 for v in row["order"]]
+    assert len(before) == 80 and len(after) == 16
+    assert len(set(before + after)) == 96  # the rest of the epoch, each sample once
+    manifest = read_manifest(root / "checkpoints" / "epoch=1-step=15")
+    assert manifest.world_size == 1 and manifest.provenance["resharded_from"]["world_size"] == 2
+
+
+def _rows(trace: Path) -> list[dict]:
+    return [json.loads(line) for line in trace.read_text().splitlines()]

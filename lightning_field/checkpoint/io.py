@@ -163,15 +163,24 @@ def rank_files_to_load(manifest: Manifest) -> list[str]:
 
 
 def attach_rank_state(
-    checkpoint: dict[str, Any], manifest: Manifest, path: Path, shown: Any, start: float, trust_pickles: bool
+    checkpoint: dict[str, Any],
+    manifest: Manifest,
+    path: Path,
+    shown: Any,
+    start: float,
+    trust_pickles: bool,
+    data_parallel: int | None = None,
 ) -> Any:
     """Merge this rank's own RNG and data position (verified already) into a loaded checkpoint; from a
-    different world size, the remapping of :mod:`lightning_field.state.reshard` instead."""
+    different world size, the remapping of :mod:`lightning_field.state.reshard` instead, the position
+    moved to ``data_parallel`` ranks of data (default: the world size, as under DDP)."""
     rank = global_rank()
     own = rank_state_file(rank)
     rank_state = torch_load_untrusted(path / own, "cpu", trust_pickles) if own in manifest.files else None
     if manifest.world_size != world_size():
-        rank_state = _resharded_rank_state(checkpoint, manifest, path, shown, rank, rank_state, trust_pickles)
+        rank_state = _resharded_rank_state(
+            checkpoint, manifest, path, shown, rank, rank_state, trust_pickles, data_parallel
+        )
     if rank_state is not None:
         loader_states = rank_state.get("data_position", {}).get("loader_states")
         fit_loop = checkpoint.get("loops", {}).get("fit_loop", {}).get("state_dict")
@@ -190,14 +199,21 @@ def attach_rank_state(
 
 
 def _resharded_rank_state(
-    checkpoint: dict[str, Any], manifest: Manifest, path: Path, shown: Any, rank: int, own: Any, trust_pickles: bool
+    checkpoint: dict[str, Any],
+    manifest: Manifest,
+    path: Path,
+    shown: Any,
+    rank: int,
+    own: Any,
+    trust_pickles: bool,
+    data_parallel: int | None,
 ) -> dict[str, Any] | None:
     """This rank's state from a checkpoint of another world size (the resume policy allowed it)."""
     zero = rank_state_file(0)
     if zero not in manifest.files:
         return own
     rank_zero = own if rank == 0 and own is not None else torch_load_untrusted(path / zero, "cpu", trust_pickles)
-    state, warnings = reshard.remap_rank_state(own, rank_zero, manifest.world_size, world_size(), rank)
+    state, warnings = reshard.remap_rank_state(own, rank_zero, manifest.world_size, world_size(), rank, data_parallel)
     for warning in warnings:
         log.warning("Resharded resume from %s: %s", shown, warning)
     # The epoch's batch counters follow the loader: rescaled with it, or back to 0 when it restarts.

@@ -28,6 +28,7 @@ from lightning_field.compat import lightning as internals
 from lightning_field.core.distributed import all_gather_objects
 from lightning_field.core.manifest import Manifest
 from lightning_field.core.storage import Location, as_location
+from lightning_field.state import reshard
 
 __all__ = ["dcp_files", "load_from_store", "load_through_strategy", "load_verified", "verify_in_parallel"]
 
@@ -91,7 +92,8 @@ def load_from_store(
         assert local is not None
         check_dcp_metadata(local / DCP_METADATA, manifest.files, trust_pickles)  # same bytes, same outcome, every rank
         loaded = load_through_strategy(load, local, trust_pickles)
-        return attach_rank_state(loaded, manifest, local, checkpoint, start, trust_pickles)
+        data_parallel = reshard.data_parallel_size(strategy)  # its tensor-parallel ranks read the same batches
+        return attach_rank_state(loaded, manifest, local, checkpoint, start, trust_pickles, data_parallel)
 
 
 def load_through_strategy(load: Callable[..., dict[str, Any]], path: Path, trust_pickles: bool) -> dict[str, Any]:

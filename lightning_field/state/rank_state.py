@@ -18,6 +18,7 @@ from lightning_field.compat import lightning as internals
 from lightning_field.state.data_position import capture_sampler_state, describe_restore
 from lightning_field.state.epoch_metrics import capture_epoch_metrics
 from lightning_field.state.loaders import Adoption
+from lightning_field.state.reshard import data_parallel_size
 from lightning_field.state.streams import has_own_position, stream_positions, torch_stream, unrestorable_stream
 
 
@@ -106,6 +107,9 @@ def capture_rank_state(
             # Saved in on_train_epoch_end: the epoch's batches are done, its end is under way.
             "epoch_closed": epoch_closed(trainer),
             "global_step": trainer.global_step,
+            # Over how many ranks the data is split (not the world size under tensor parallelism):
+            # a resume on another number of ranks moves the position by it (state/reshard.py).
+            "data_parallel_size": data_parallel_size(trainer.strategy),
             "samples_seen": samples_seen,
             "tokens_seen": tokens_seen,
             "sampler_state": capture_sampler_state(loaders),

@@ -30,6 +30,14 @@ _BATCH_COUNTERS = ("_sampler_iter_yielded", "_num_yielded")
 _PROGRESS_KEY = "epoch_loop.batch_progress"
 
 
+def data_parallel_size(strategy: Any) -> int:
+    """Over how many ranks the data is split: the ``num_replicas`` a strategy gives its distributed
+    sampler (the world size under DDP, the data-parallel size of a ``ModelParallelStrategy``, whose
+    tensor-parallel ranks read the same batches), 1 without one (a single device)."""
+    kwargs = getattr(strategy, "distributed_sampler_kwargs", None) or {}
+    return int(kwargs.get("num_replicas") or 1)
+
+
 def rescaled_position(samples_per_rank: int, batches_per_rank: int, old: int, new: int) -> tuple[int, int, bool]:
     """``(samples, batches, exact)`` per new rank for a position of ``samples_per_rank`` on ``old`` ranks."""
     if batches_per_rank <= 0 or samples_per_rank <= 0:
@@ -76,19 +84,23 @@ def rescale_fit_loop(loops: dict[str, Any], batches: int) -> None:
 
 
 def remap_rank_state(
-    own: dict[str, Any] | None, rank_zero: dict[str, Any], old: int, new: int, rank: int
+    own: dict[str, Any] | None, rank_zero: dict[str, Any], old: int, new: int, rank: int, new_data: int | None = None
 ) -> tuple[dict[str, Any], list[str]]:
     """This rank's state for a resume from ``old`` to ``new`` ranks, and warnings to report.
 
     ``own`` is the saved state of the same rank number (None beyond the old count); ``rank_zero``
-    supplies the data position for every rank.
+    supplies the data position for every rank. The position moves between the data-parallel sizes,
+    which are the world sizes under DDP: the saved run's (recorded in its position) and ``new_data``.
     """
     warnings: list[str] = []
     position = copy.deepcopy(rank_zero.get("data_position", {}))
+    old_data = int(position.get("data_parallel_size") or old)
+    new_data = new if new_data is None else new_data
+    position["data_parallel_size"] = new_data
     rescaled = []
     inexact = False
     for state in position.get("loader_states") or []:
-        moved, batches, exact = rescale_loader_state(state, old, new)
+        moved, batches, exact = rescale_loader_state(state, old_data, new_data)
         if batches is None:
             warnings.append(
                 f"rank {rank}: a train loader's position ({type(state).__name__} without a sample count) cannot be"
@@ -101,7 +113,7 @@ def remap_rank_state(
     position["resharded_batches"] = next((b for _, b in rescaled if b is not None), None)
     if inexact:
         warnings.append(
-            f"rank {rank}: the epoch position on {old} ranks is not a whole number of batches on {new};"
+            f"rank {rank}: the epoch position on {old_data} ranks is not a whole number of batches on {new_data};"
             " it rounds down, so a few samples of this epoch are seen twice"
         )
     if own is None:
@@ -110,9 +122,9 @@ def remap_rank_state(
             " it starts fresh RNG streams"
         )
     # Rank 0's counters, rescaled to a per-rank share of the same global progress.
-    position["samples_seen"] = int(position.get("samples_seen") or 0) * old // new
+    position["samples_seen"] = int(position.get("samples_seen") or 0) * old_data // new_data
     if position.get("tokens_seen") is not None:
-        position["tokens_seen"] = int(position["tokens_seen"]) * old // new
+        position["tokens_seen"] = int(position["tokens_seen"]) * old_data // new_data
     return {"rank": rank, "rng": (own or {}).get("rng"), "data_position": position}, warnings
 
 

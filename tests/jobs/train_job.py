@@ -172,6 +172,8 @@ def main() -> None:
     p.add_argument("--async-save", action="store_true")
     p.add_argument("--strategy", default=None, help="Lightning strategy name (default: ddp for >1 device, else auto)")
     p.add_argument("--sharded", action="store_true", help="FSDP2 under ModelParallelStrategy (DCP checkpoints)")
+    p.add_argument("--tensor-parallel", type=int, default=1,
+                   help="with --sharded: ModelParallelStrategy's tensor-parallel size (data split over the rest)")
     p.add_argument("--allow-mismatch", action="append", default=[], help="ManifestCheckpoint(allow_resume_mismatch)")
     p.add_argument("--hold-writer-step", type=int, default=None, help="the async writer of this save never finishes")
     p.add_argument("--dump-loaded", default=None, help="save the full state right after the resume's load here")
@@ -250,7 +252,8 @@ def _strategy(args: argparse.Namespace) -> object:
     if args.sharded:
         from lightning.pytorch.strategies import ModelParallelStrategy
 
-        return ModelParallelStrategy(data_parallel_size=args.devices, tensor_parallel_size=1)
+        tensor = args.tensor_parallel
+        return ModelParallelStrategy(data_parallel_size=args.devices // tensor, tensor_parallel_size=tensor)
     if args.strategy is not None:
         return args.strategy
     return "ddp" if args.devices > 1 else "auto"
