@@ -105,15 +105,29 @@ def test_retention_never_deletes_the_only_recoverable_checkpoint(tmp_path: Path)
     assert callback.protection_reason(str(only)) is None
 
 
-def test_top_k_with_save_last_keeps_only_the_newest_checkpoint(tmp_path: Path) -> None:
+@pytest.mark.parametrize("save_last", [True, "link"])
+def test_save_last_writes_a_last_checkpoint_beside_the_top_k_one_as_model_checkpoint_does(
+    tmp_path: Path, save_last: bool | str
+) -> None:
     from conftest import make_trainer
+    from lightning.pytorch.callbacks import ModelCheckpoint
 
     from lightning_field.workloads.demo import DemoDataModule, DemoRegressor
 
-    trainer = make_trainer(tmp_path, 6, every_n_train_steps=1, save_top_k=1, save_last=True)
+    plain = ModelCheckpoint(dirpath=tmp_path / "plain", every_n_train_steps=1, save_top_k=1, save_last=save_last)
+    plain_trainer = make_trainer(tmp_path, 6)
+    plain_trainer.callbacks = [c for c in plain_trainer.callbacks if not isinstance(c, ModelCheckpoint)] + [plain]
+    plain_trainer.fit(DemoRegressor(), datamodule=DemoDataModule(size=64))
+    trainer = make_trainer(tmp_path, 6, every_n_train_steps=1, save_top_k=1, save_last=save_last)
     trainer.fit(DemoRegressor(), datamodule=DemoDataModule(size=64))
-    assert [e.path.name for e in committed_checkpoints(tmp_path / "ckpts")] == ["epoch=0-step=6"]
-    assert read_last_pointer(tmp_path / "ckpts") == tmp_path / "ckpts" / "epoch=0-step=6"
+    ours = trainer.checkpoint_callback
+    assert isinstance(ours, ModelCheckpoint)
+    assert sorted(p.name for p in (tmp_path / "plain").iterdir()) == ["epoch=0-step=6.ckpt", "last.ckpt"]
+    assert {e.path.name for e in committed_checkpoints(tmp_path / "ckpts")} == {"epoch=0-step=6", "last"}
+    assert Path(ours.last_model_path).name == "last" and Path(plain.last_model_path).name == "last.ckpt"
+    assert Path(ours.best_model_path).name == "epoch=0-step=6"
+    assert (tmp_path / "ckpts" / "last").is_symlink() == (tmp_path / "plain" / "last.ckpt").is_symlink()
+    assert read_last_pointer(tmp_path / "ckpts") in {tmp_path / "ckpts" / "epoch=0-step=6", tmp_path / "ckpts" / "last"}
 
 
 def test_our_saves_skip_the_zip_crc_and_a_users_torch_save_in_another_thread_keeps_it(tmp_path: Path) -> None:

@@ -78,7 +78,6 @@ class CommittedCheckpoint(ModelCheckpoint):
             not_saved_message=self._checkpointer.not_saved_message, events=self._current_events,
             agreement_step=self._is_agreement_step, stager=self.make_stager(),
         )  # fmt: skip
-        self._last_copy: str | None = None
         self._force_sync = False
         self._stopped: StopRecord | None = None  # save_now's, for the save it makes
         # save_now's resume points (stop, end, preemption) here and in attempts resumed: retired at a newer commit.
@@ -335,32 +334,6 @@ class CommittedCheckpoint(ModelCheckpoint):
                 logger.after_save_checkpoint(proxy(self))
 
     # ------------------------------------------------------------------ save_last, retention, resolution
-    @override
-    def _save_last_checkpoint(self, trainer: pl.Trainer, monitor_candidates: dict[str, Any]) -> None:
-        if not self.save_last:
-            return
-        previous_copy = self._last_copy
-        if self._last_checkpoint_saved and self._last_global_step_saved == trainer.global_step:
-            # This step is already committed: "last" is a name for it, not a second copy.
-            self.last_model_path = self._last_checkpoint_saved
-            self._last_copy = None
-        else:
-            filepath = self.format_checkpoint_name(monitor_candidates, self.CHECKPOINT_NAME_LAST)
-            version = self.STARTING_VERSION
-            while self.file_exists(filepath, trainer):
-                filepath = self.format_checkpoint_name(monitor_candidates, self.CHECKPOINT_NAME_LAST, ver=version)
-                version += 1
-            self.last_model_path = filepath
-            self._save_checkpoint(trainer, filepath)
-            self._last_copy = filepath
-        # Only a checkpoint written solely to serve as "last" is retired here; top-k ones keep their own rules.
-        if (
-            previous_copy
-            and previous_copy != self.last_model_path
-            and self._should_remove_checkpoint(trainer, previous_copy, self.last_model_path)
-        ):
-            self._remove_checkpoint(trainer, previous_copy)
-
     @override
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "resume_points": list(self._resume_points)}

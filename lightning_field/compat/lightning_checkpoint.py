@@ -34,8 +34,6 @@ MODEL_CHECKPOINT_MEMBERS: tuple[PrivateMember, ...] = (
     PrivateMember("_remove_checkpoint", ("overridden", "called"), ("self", "trainer", "filepath"),
                   "retention removes through the store, waits for an async save in flight, and never removes the"
                   " last recoverable checkpoint"),
-    PrivateMember("_save_last_checkpoint", ("overridden",), ("self", "trainer", "monitor_candidates"),
-                  "save_last writes a committed checkpoint of its own, not a symlink or copy of a file"),
     PrivateMember("_find_last_checkpoints", ("overridden",), ("self", "trainer"),
                   'ckpt_path="last" resolves to the newest recoverable checkpoint that verifies, not the newest'
                   " file named last"),
