@@ -332,7 +332,10 @@ def uninterrupted_against_plain(name: str, tmp: Path, shards: Path | None = None
     outputs = {}
     for checkpoint in ("field", "plain"):
         out, root = tmp / f"{checkpoint}-uninterrupted.pt", tmp / f"{checkpoint}-uninterrupted"
-        rc, log = go(name, root, out, checkpoint, kill=False, resume=False, shards=shards)
+        if config.nodes > 1:  # one torchrun agent per simulated node
+            rc, log = _torchrun(name, root, out, checkpoint, kill=False, shards=shards)
+        else:
+            rc, log = go(name, root, out, checkpoint, kill=False, resume=False, shards=shards)
         if rc != 0:
             return [f"the uninterrupted {checkpoint} run exited {rc}: {_tail(log)}"]
         outputs[checkpoint] = torch.load(out, weights_only=False)
