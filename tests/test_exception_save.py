@@ -51,10 +51,10 @@ class Failing(BoringModel):
             raise RuntimeError("a gradient check")
 
 
-def fit_failing(root: Path, where: str) -> tuple[list[str], list[str]]:
+def fit_failing(root: Path, where: str, **checkpoint: Any) -> tuple[list[str], list[str]]:
     """The checkpoints a run failing at step 6 left, and the warnings that say none was saved."""
     torch.manual_seed(0)
-    run = make_trainer(root, 10, every_n_train_steps=100, snapshot_every_n_train_steps=None)
+    run = make_trainer(root, 10, every_n_train_steps=100, snapshot_every_n_train_steps=None, **checkpoint)
     with pytest.raises(RuntimeError), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         run.fit(Failing(5, where))
@@ -106,3 +106,37 @@ def test_an_exception_inside_a_gradient_accumulation_window_saves_nothing(tmp_pa
     assert committed_checkpoints(tmp_path / "ckpts") == []
     said = [str(w.message) for w in caught if "no resume point saved" in str(w.message)]
     assert len(said) == 1 and "gradient-accumulation window" in said[0], said
+
+
+def _plain_save_on_exception(root: Path, where: str) -> list[str]:
+    import lightning.pytorch as pl
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    torch.manual_seed(0)
+    plain = ModelCheckpoint(
+        dirpath=root, every_n_train_steps=100, filename="{epoch}-{step}-crash", save_on_exception=True
+    )
+    trainer = pl.Trainer(max_steps=10, default_root_dir=root, logger=False, enable_progress_bar=False,
+                         enable_model_summary=False, limit_val_batches=0, callbacks=[plain])  # fmt: skip
+    with pytest.raises(RuntimeError):
+        trainer.fit(Failing(5, where))
+    return sorted(p.name for p in root.iterdir())
+
+
+def test_save_on_exception_names_the_saved_step_by_the_users_filename_as_model_checkpoint_does(tmp_path: Path) -> None:
+    plain = _plain_save_on_exception(tmp_path / "plain", "start")
+    saved, said = fit_failing(tmp_path, "start", save_on_exception=True, filename="{epoch}-{step}-crash")
+    assert plain == ["epoch=0-step=5-crash.ckpt"] and saved == ["epoch=0-step=5-crash"] and said == []
+    manifest = read_manifest(tmp_path / "ckpts" / "epoch=0-step=5-crash")
+    assert manifest.step == 5 and manifest.recoverable and manifest.stopped == {
+        "by": "RuntimeError", "detail": "RuntimeError in step 6: a bad batch", "finished": False
+    }
+
+
+def test_save_on_exception_never_saves_the_state_between_two_steps_that_plain_lightning_saves(tmp_path: Path) -> None:
+    """After an optimizer step began, ModelCheckpoint(save_on_exception=True) saves weights that are neither
+    step's with the next batch already fetched: a checkpoint that could not resume exactly. None is saved."""
+    plain = _plain_save_on_exception(tmp_path / "plain", "optimizer")
+    saved, said = fit_failing(tmp_path, "optimizer", save_on_exception=True, filename="{epoch}-{step}-crash")
+    assert plain == ["epoch=0-step=5-crash.ckpt"]
+    assert saved == [] and said and "an optimizer step had begun" in said[0]

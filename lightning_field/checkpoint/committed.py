@@ -220,7 +220,7 @@ class CommittedCheckpoint(ModelCheckpoint):
     def save_now(
         self,
         trainer: pl.Trainer,
-        name: str = "manual-{step}",
+        name: str | None = "manual-{step}",
         *,
         blocking: bool = False,
         unless_saved: bool = False,
@@ -235,7 +235,8 @@ class CommittedCheckpoint(ModelCheckpoint):
 
         Args:
             trainer: the Trainer being fitted.
-            name: the checkpoint's name template, e.g. ``"preempted-{step}"``.
+            name: the checkpoint's name template, e.g. ``"preempted-{step}"`` (None: ModelCheckpoint's own
+                default, ``"{epoch}-{step}"``).
             blocking: commit before returning, even under ``async_save`` (an in-flight background
                 save commits first).
             unless_saved: when this step is already saved, name that checkpoint instead of saving again.

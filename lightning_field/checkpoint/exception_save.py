@@ -125,10 +125,13 @@ class ExceptionSave:
         assert position is not None  # _refusal checked it
         self.rewind = Rewind(end.progress, position, end.rng)
         detail = f"{kind} in step {end.step + 1}: {exception}"[:300]
+        # save_on_exception=True: the checkpoint ModelCheckpoint would write, named by the user's filename
+        # and kept; else a resume point of lightning_field's own, retired once a newer one commits.
+        asked = bool(self._checkpoint.save_on_exception)
         try:
             saved = self._checkpoint.save_now(
-                trainer, FAILED_NAME, blocking=True, unless_saved=True, as_resume_point=True,
-                stopped={"by": kind, "detail": detail, "finished": False},
+                trainer, self._checkpoint.filename if asked else FAILED_NAME, blocking=True, unless_saved=True,
+                as_resume_point=not asked, stopped={"by": kind, "detail": detail, "finished": False},
             )  # fmt: skip
         except Exception as err:  # the save failing must not hide the user's exception
             log.warning("lightning_field: the resume point at step %d could not be saved: %s", end.step, err)

@@ -339,7 +339,9 @@ class ManifestCheckpoint(CommittedCheckpoint):
         self._saves.interrupt(trainer)
         self.snapshots.interrupt(trainer)
         self._end_attempt(trainer, self._no_progress.ended(trainer, exception))  # "attempt_failed" recorded
-        super().on_exception(trainer, pl_module, exception)
+        # Not ModelCheckpoint's on_exception: under save_on_exception=True it saves the live state, which an
+        # exception leaves between two steps (a batch fetched, random numbers drawn, an optimizer step begun),
+        # and a checkpoint of it would not resume exactly. The save above is of the last step's end, or none.
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
