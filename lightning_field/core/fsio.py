@@ -214,16 +214,26 @@ def exchange_or_replace_dir(src: Path, dst: Path) -> Path | None:
     return aside
 
 
+def remove_tree(path: Path) -> None:
+    """Delete a directory tree, or a symbolic link (``save_last="link"``'s) without touching what it names:
+    ``shutil.rmtree`` refuses a link, and with ``ignore_errors`` it would leave the link behind silently."""
+    if path.is_symlink():
+        path.unlink(missing_ok=True)
+    else:
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def remove_dir_unseen(path: Path, durable: bool = True) -> None:
-    """Delete a directory so that no reader ever sees it half-deleted: hide it by rename first.
+    """Delete a directory (or a link to one) so that no reader ever sees it half-deleted: hide it by
+    rename first.
 
     The hidden name starts with ``.trash-``, which checkpoint resolvers skip, like the directory
     :func:`exchange_or_replace_dir` moves aside.
     """
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():
         return
     hidden = path.with_name(f".trash-{path.name}-{os.getpid()}")
     os.rename(path, hidden)
     if durable:
         fsync_dir(path.parent)
-    shutil.rmtree(hidden, ignore_errors=True)
+    remove_tree(hidden)

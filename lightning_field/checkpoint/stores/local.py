@@ -19,7 +19,13 @@ from pathlib import Path
 from typing import Any
 
 from lightning_field.checkpoint.stores.base import RankOutcome, write_rank_files
-from lightning_field.core.fsio import atomic_write_bytes, exchange_or_replace_dir, fsync_dir, remove_dir_unseen
+from lightning_field.core.fsio import (
+    atomic_write_bytes,
+    exchange_or_replace_dir,
+    fsync_dir,
+    remove_dir_unseen,
+    remove_tree,
+)
 from lightning_field.core.hashing import hash_file
 from lightning_field.core.manifest import MANIFEST_NAME, Manifest
 from lightning_field.core.member_paths import resolve_member
@@ -174,8 +180,8 @@ def clean_leftovers(dirpath: Path) -> list[Path]:
     if not dirpath.is_dir():
         return removed
     for child in dirpath.iterdir():
-        if child.is_dir() and child.name.startswith(TEMP_PREFIXES):
-            shutil.rmtree(child, ignore_errors=True)
+        if (child.is_dir() or child.is_symlink()) and child.name.startswith(TEMP_PREFIXES):
+            remove_tree(child)
             removed.append(child)
     return removed
 
@@ -202,4 +208,4 @@ def publish(tmp: Path, final: Path, manifest: Manifest, durable: bool = True, co
         fsync_dir(final.parent)
     write_last_pointer(final.parent, final, durable)
     if replaced is not None:
-        shutil.rmtree(replaced, ignore_errors=True)
+        remove_tree(replaced)  # a "last" committed where save_last="link" had left a link
