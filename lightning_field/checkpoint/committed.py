@@ -166,15 +166,28 @@ class CommittedCheckpoint(ModelCheckpoint):
     @property
     @override
     def state_key(self) -> str:
-        # Keyed by the *configured* interval: a cadence controller that retunes it mid-run must not
-        # orphan this callback's state in the checkpoints it already wrote.
-        return self._generate_state_key(
-            monitor=self.monitor,
-            mode=self.mode,
-            every_n_train_steps=self._configured_every_n_train_steps,
-            every_n_epochs=self._every_n_epochs,
-            train_time_interval=self._train_time_interval,
-        )
+        # ModelCheckpoint's own key, so that either callback picks up the other's best and top-k
+        # bookkeeping when a user switches; keyed by the *configured* interval: a cadence controller that
+        # retunes it mid-run must not orphan this callback's state in the checkpoints it already wrote.
+        return f"{ModelCheckpoint.__qualname__}{self._state_key_settings()!r}"
+
+    def _state_key_settings(self) -> dict[str, Any]:
+        """What the state key names, in ``ModelCheckpoint.state_key``'s order."""
+        return {
+            "monitor": self.monitor,
+            "mode": self.mode,
+            "every_n_train_steps": self._configured_every_n_train_steps,
+            "every_n_epochs": self._every_n_epochs,
+            "train_time_interval": self._train_time_interval,
+        }
+
+    def adopt_earlier_state_key(self, checkpoint: dict[str, Any]) -> None:
+        """A checkpoint of an earlier version keyed this callback's state by its own class name: moved to
+        ``state_key`` before Lightning looks it up (from ``on_load_checkpoint``, which runs first)."""
+        states = checkpoint.get("callbacks")
+        earlier = f"{type(self).__qualname__}{self._state_key_settings()!r}"
+        if isinstance(states, dict) and self.state_key not in states and earlier in states:
+            states[self.state_key] = states.pop(earlier)
 
     # ------------------------------------------------------------------ where saves go
     @property

@@ -401,6 +401,7 @@ class ManifestCheckpoint(CommittedCheckpoint):
     def on_load_checkpoint(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
     ) -> None:
+        self.adopt_earlier_state_key(checkpoint)
         field = checkpoint.get(FIELD_KEY)
         if not field:
             return

@@ -43,8 +43,6 @@ MODEL_CHECKPOINT_MEMBERS: tuple[PrivateMember, ...] = (
     PrivateMember("_monitor_candidates", ("called", "overridden"), ("self", "trainer"),
                   "save_now's checkpoints are named by the user's filename template like every other save; a"
                   " name states global_step even where the user logs a 'step' of their own"),
-    PrivateMember("_generate_state_key", ("called",), ("self", "kwargs"),
-                  "the callback's state key uses the configured step interval, which CheckpointCadence may retune"),
     PrivateMember("_ModelCheckpoint__resolve_ckpt_dir", ("called",), ("self", "trainer"),
                   'where the callback saves, before setup: ckpt_path="last" is resolved before setup runs'),
     PrivateMember("_fs", ("replaced",), None,

@@ -1,0 +1,73 @@
+"""Switching between ``ModelCheckpoint`` and ``ManifestCheckpoint`` keeps the callback's bookkeeping.
+
+Both key their state in a checkpoint by ``ModelCheckpoint``'s own state key, so a run that resumes a
+plain ``ModelCheckpoint`` ``.ckpt`` under ``ManifestCheckpoint`` (and the reverse) picks up its
+``best_model_path``, ``best_k_models`` and scores, as a run with the same callback would.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.demos.boring_classes import BoringModel
+
+from lightning_field import ManifestCheckpoint
+
+
+class Logged(BoringModel):
+    def validation_step(self, batch: torch.Tensor, batch_idx: int) -> None:
+        self.log("val_loss", self.layer(batch).sum())
+
+
+class Restored(pl.Callback):
+    """Records a checkpoint callback's bookkeeping as the restore left it, before any new save."""
+
+    def __init__(self, callback: ModelCheckpoint, into: dict, key: type) -> None:
+        self.callback, self.into, self.key = callback, into, key
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        c = self.callback
+        self.into[self.key] = (c.best_model_path, dict(c.best_k_models), c.best_model_score)
+
+
+def _trainer(root: Path, steps: int, callback: ModelCheckpoint) -> pl.Trainer:
+    return pl.Trainer(default_root_dir=root, max_steps=steps, val_check_interval=2, logger=False, callbacks=[callback],
+                      enable_progress_bar=False, enable_model_summary=False)  # fmt: skip
+
+
+def test_the_state_key_is_model_checkpoints_own() -> None:
+    settings = {"monitor": "val_loss", "mode": "min", "every_n_train_steps": 3}
+    assert ManifestCheckpoint(**settings).state_key == ModelCheckpoint(**settings).state_key
+
+
+def test_a_model_checkpoint_ckpt_resumed_under_manifest_checkpoint_keeps_its_best_and_top_k(tmp_path: Path) -> None:
+    def checkpoint(cls: type[ModelCheckpoint]) -> ModelCheckpoint:
+        return cls(dirpath=tmp_path / "plain", monitor="val_loss", save_top_k=2, every_n_train_steps=2)
+
+    written = checkpoint(ModelCheckpoint)
+    pl.seed_everything(0)
+    _trainer(tmp_path, 6, written).fit(Logged())
+    assert len(written.best_k_models) == 2
+    resumed: dict = {}
+    for cls in (ModelCheckpoint, ManifestCheckpoint):  # plain Lightning's restore, then ours, of the same file
+        callback = checkpoint(cls)
+        pl.seed_everything(0)
+        trainer = _trainer(tmp_path / cls.__name__, 6, callback)
+        trainer.callbacks.append(Restored(callback, resumed, cls))
+        trainer.fit(Logged(), ckpt_path=written.best_model_path)
+    assert resumed[ManifestCheckpoint] == resumed[ModelCheckpoint]
+    assert resumed[ManifestCheckpoint][0] == written.best_model_path  # was "": the state key was ManifestCheckpoint's
+
+
+def test_a_checkpoint_of_an_earlier_version_keyed_by_manifest_checkpoint_is_still_picked_up() -> None:
+    callback = ManifestCheckpoint(monitor="val_loss", every_n_train_steps=3)
+    earlier = (
+        "ManifestCheckpoint{'monitor': 'val_loss', 'mode': 'min', 'every_n_train_steps': 3, 'every_n_epochs': 0,"
+        " 'train_time_interval': None}"
+    )
+    checkpoint = {"callbacks": {earlier: {"best_model_path": "x"}}}
+    callback.adopt_earlier_state_key(checkpoint)
+    assert checkpoint["callbacks"] == {callback.state_key: {"best_model_path": "x"}}
