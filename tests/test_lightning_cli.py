@@ -83,3 +83,20 @@ def test_every_bundle_callback_builds_from_a_lightning_cli_command_line_and_from
     assert "preemption_signals:\n      - 15\n      - 10" in config.read_text()
     again = LightningCLI(UserClassifier, UserData, run=False, args=[f"--config={config}"], save_config_callback=None)
     _assert_configured(again)
+
+
+@pytest.mark.parametrize("given, parsed", [("true", True), ("false", False), ("link", "link"), ("null", None)])
+def test_each_argument_parses_from_its_own_annotation_as_model_checkpoints_does(given: str, parsed: object) -> None:
+    """Tools that read a parameter's annotation (jsonargparse's ``add_argument(type=...)``, as Lightning's own
+    tests do) get a type, not a string: the module does not postpone its annotations."""
+    import inspect
+
+    from jsonargparse import ArgumentParser
+
+    from lightning_field import ManifestCheckpoint
+
+    annotation = inspect.signature(ManifestCheckpoint.__init__).parameters["save_last"].annotation
+    assert not isinstance(annotation, str)
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_argument("--save_last", type=annotation)
+    assert parser.parse_args(["--save_last", given]).save_last == parsed

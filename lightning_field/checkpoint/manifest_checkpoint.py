@@ -5,7 +5,6 @@ Lightning state, each rank's RNG and data position, and a manifest written last 
 This module decides *when* and captures a ``SaveJob``; the Lightning-free ``Checkpointer`` does the rest.
 """
 
-from __future__ import annotations
 
 import datetime
 import logging
