@@ -10,11 +10,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import lightning.pytorch as pl
+import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.demos.boring_classes import BoringModel
 
-from lightning_field import ManifestCheckpoint
+from lightning_field import ManifestCheckpoint, read_manifest
 
 
 class Logged(BoringModel):
@@ -71,3 +72,18 @@ def test_a_checkpoint_of_an_earlier_version_keyed_by_manifest_checkpoint_is_stil
     checkpoint = {"callbacks": {earlier: {"best_model_path": "x"}}}
     callback.adopt_earlier_state_key(checkpoint)
     assert checkpoint["callbacks"] == {callback.state_key: {"best_model_path": "x"}}
+
+
+def test_a_run_switched_to_manifest_checkpoint_resumes_model_checkpoints_last_ckpt_not_step_0(tmp_path: Path) -> None:
+    """Plain Lightning's ckpt_path="last" takes ``last.ckpt``; ours did not see it and trained from step 0."""
+    plain = ModelCheckpoint(dirpath=tmp_path / "ckpts", every_n_train_steps=2, save_last=True)
+    pl.seed_everything(0)
+    _trainer(tmp_path, 4, plain).fit(Logged())
+    ours = ManifestCheckpoint(dirpath=tmp_path / "ckpts", every_n_train_steps=2, snapshot_every_n_train_steps=None)
+    pl.seed_everything(0)
+    trainer = _trainer(tmp_path, 6, ours)
+    with pytest.warns(UserWarning, match="resuming from ModelCheckpoint's .*last.ckpt, as plain Lightning would"):
+        trainer.fit(Logged(), ckpt_path="last")
+    assert trainer.global_step == 6
+    newest = read_manifest(tmp_path / "ckpts" / "epoch=0-step=6")
+    assert newest.provenance["inexact_resume"]["checkpoint"] == str(tmp_path / "ckpts" / "last.ckpt")

@@ -9,7 +9,9 @@ This module decides *when* and captures a ``SaveJob``; the Lightning-free ``Chec
 import datetime
 import logging
 import os
+import re
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any, Literal
 
 import lightning.pytorch as pl
@@ -381,9 +383,31 @@ class ManifestCheckpoint(CommittedCheckpoint):
         found = self.snapshots.resolve_last(trainer, where, guard, self.store_at(where), verified)
         self.freshness.check_resume(self.store_at, where, found)  # every rank alike: the same record and pick
         if found is None:
+            found = self._adopt_model_checkpoint_last(where)
+        if found is None:
             self._show_hint_again = internals.hide_no_last_checkpoint_hint()
             return set()
         return {found}
+
+    def _adopt_model_checkpoint_last(self, where: Any) -> str | None:
+        """With no checkpoint of ours under ``where``, ModelCheckpoint's newest ``last*.ckpt`` there, as plain
+        Lightning resumes it (a user who switched callbacks mid-run): said, and marked inexact, never
+        silently started over from step 0. It holds no RNG or data position of any rank."""
+        if not isinstance(where, Path) or not where.is_dir():
+            return None
+        named_last = re.compile(r"^last(-v?\d+)?$")  # ModelCheckpoint's CHECKPOINT_NAME_LAST, maybe versioned
+        lasts = [p for p in where.iterdir() if p.is_file() and p.suffix == ".ckpt" and named_last.match(p.stem)]
+        if not lasts:
+            return None
+        newest = str(max(lasts, key=lambda p: p.stat().st_mtime))
+        missing = "rng and data position (a ModelCheckpoint file: it holds no rank's state)"
+        self._guard.choose_inexact(newest, [missing])
+        rank_zero_warn(
+            f"lightning_field: no ManifestCheckpoint checkpoint under {where}; resuming from ModelCheckpoint's"
+            f" {newest}, as plain Lightning would. It holds no RNG or data position, so this continuation is not"
+            " exact: every later manifest records provenance.inexact_resume."
+        )
+        return newest
 
     @override
     def _advertise(self, trainer: pl.Trainer, job: SaveJob, blocking: float, commit_s: float | None = None) -> None:
