@@ -17,6 +17,7 @@ from lightning.pytorch.demos.boring_classes import BoringModel, RandomDataset
 from torch import nn
 from torch.utils.data import DataLoader
 
+from lightning_field.checkpoint.manifest_checkpoint import NoRecoverableCheckpointError
 from lightning_field.checkpoint.resolver import committed_checkpoints
 from lightning_field.core.manifest import read_manifest
 
@@ -133,10 +134,16 @@ def test_save_on_exception_names_the_saved_step_by_the_users_filename_as_model_c
     }
 
 
-def test_save_on_exception_never_saves_the_state_between_two_steps_that_plain_lightning_saves(tmp_path: Path) -> None:
+def test_save_on_exception_saves_the_state_between_two_steps_as_not_recoverable(tmp_path: Path) -> None:
     """After an optimizer step began, ModelCheckpoint(save_on_exception=True) saves weights that are neither
-    step's with the next batch already fetched: a checkpoint that could not resume exactly. None is saved."""
+    step's with the next batch already fetched. Kept, as the user asked, but its manifest says it is not
+    recoverable: ckpt_path="last" passes it by instead of resuming a continuation that could not be exact."""
     plain = _plain_save_on_exception(tmp_path / "plain", "optimizer")
     saved, said = fit_failing(tmp_path, "optimizer", save_on_exception=True, filename="{epoch}-{step}-crash")
-    assert plain == ["epoch=0-step=5-crash.ckpt"]
-    assert saved == [] and said and "an optimizer step had begun" in said[0]
+    assert plain == ["epoch=0-step=5-crash.ckpt"] and saved == ["epoch=0-step=5-crash"]
+    assert said and "an optimizer step had begun" in said[0]
+    manifest = read_manifest(tmp_path / "ckpts" / "epoch=0-step=5-crash")
+    assert not manifest.recoverable and any("between two steps" in m for m in manifest.missing)
+    rerun = make_trainer(tmp_path, 10, every_n_train_steps=100, snapshot_every_n_train_steps=None)
+    with pytest.raises(NoRecoverableCheckpointError, match="epoch=0-step=5-crash"):
+        rerun.fit(Failing(99, "start"), ckpt_path="last")

@@ -174,6 +174,7 @@ class ManifestCheckpoint(CommittedCheckpoint):
         self._deferred_batch_end: tuple[Any, Any, int] | None = None
         self._deferred_validation_end = False
         self._show_hint_again: Any = None
+        self._between_steps: str | None = None  # why the save under way is not recoverable (_save_between_steps)
 
     def make_rank_tracker(self, generators: Mapping[str, torch.Generator] | None) -> RankStateTracker:
         """Each rank's RNG, data-position and epoch-metric tracker; a subclass may substitute its own."""
@@ -335,14 +336,30 @@ class ManifestCheckpoint(CommittedCheckpoint):
 
     @override
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        saved = None
         if not isinstance(exception, (TrainingPreempted, CheckpointSaveError)):  # saved, or a save that failed
-            self._exception_save.at_exception(trainer, exception)
+            saved = self._exception_save.at_exception(trainer, exception)
+            if saved is None and trainer.world_size == 1 and internals.should_save_on_exception(self, trainer):
+                self._save_between_steps(trainer, pl_module, exception)
         self._saves.interrupt(trainer)
         self.snapshots.interrupt(trainer)
         self._end_attempt(trainer, self._no_progress.ended(trainer, exception))  # "attempt_failed" recorded
-        # Not ModelCheckpoint's on_exception: under save_on_exception=True it saves the live state, which an
-        # exception leaves between two steps (a batch fetched, random numbers drawn, an optimizer step begun),
-        # and a checkpoint of it would not resume exactly. The save above is of the last step's end, or none.
+
+    def _save_between_steps(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        """``save_on_exception=True`` where the state is no step's end: ModelCheckpoint's own save, of the live
+        state an exception left between two steps (a batch fetched, random numbers drawn, an optimizer step
+        begun). It is kept, its weights loadable, but its manifest says it is not recoverable: resuming it
+        would not continue exactly, so ``ckpt_path="last"`` passes it by."""
+        self._between_steps = (
+            f"the state at an exception ({type(exception).__name__}) between two steps, saved as save_on_exception"
+            " asks: it is no step's end, so a resume from it could not continue exactly"
+        )
+        try:
+            super().on_exception(trainer, pl_module, exception)
+        except Exception as err:  # the save failing must not hide the user's exception
+            log.warning("lightning_field: save_on_exception's checkpoint could not be saved: %s", err)
+        finally:
+            self._between_steps = None
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -368,6 +385,8 @@ class ManifestCheckpoint(CommittedCheckpoint):
         # Put back to the step it holds where the save is made after it (exception_save.py).
         rewound = self._exception_save.rewind_checkpoint(checkpoint)
         rank_state, rank_missing = self.rank_tracker.capture(trainer, checkpoint, self.save_weights_only, rewound)
+        if self._between_steps is not None:
+            rank_missing = [*rank_missing, self._between_steps]
         return SaveJob.capture(
             trainer, final, start, store=store or self._store, checkpoint=checkpoint, rank_state=rank_state,
             rank_missing=rank_missing, weights_only=self.save_weights_only,

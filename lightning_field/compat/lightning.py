@@ -120,6 +120,7 @@ __all__ = [
     "set_saved_loader_states",
     "set_trainer_callbacks",
     "set_wrapped_sampler_order",
+    "should_save_on_exception",
     "slurm_requeue_signal",
     "start_next_epoch_iterator",
     "start_process_group_early",
@@ -145,6 +146,12 @@ __all__ = [
 def dump_checkpoint(trainer: pl.Trainer, weights_only: bool) -> dict[str, Any]:
     """The checkpoint dict ``trainer.save_checkpoint`` would write, built on every rank."""
     return trainer._checkpoint_connector.dump_checkpoint(weights_only)
+
+
+def should_save_on_exception(callback: ModelCheckpoint, trainer: pl.Trainer) -> bool:
+    """ModelCheckpoint's own test for its ``save_on_exception`` save (``_should_save_on_exception``: asked
+    for, not a fast_dev_run or sanity check, this step not saved yet)."""
+    return bool(callback._should_save_on_exception(trainer))
 
 
 def checkpoint_dir(callback: ModelCheckpoint, trainer: pl.Trainer) -> Location:

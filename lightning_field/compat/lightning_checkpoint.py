@@ -34,6 +34,9 @@ MODEL_CHECKPOINT_MEMBERS: tuple[PrivateMember, ...] = (
     PrivateMember("_remove_checkpoint", ("overridden", "called"), ("self", "trainer", "filepath"),
                   "retention removes through the store, waits for an async save in flight, and never removes the"
                   " last recoverable checkpoint"),
+    PrivateMember("_should_save_on_exception", ("called",), ("self", "trainer"),
+                  "save_on_exception's own save runs only where the last step's end could not be saved, and is"
+                  " then marked not recoverable"),
     PrivateMember("_find_last_checkpoints", ("overridden",), ("self", "trainer"),
                   'ckpt_path="last" resolves to the newest recoverable checkpoint that verifies, not the newest'
                   " file named last"),
