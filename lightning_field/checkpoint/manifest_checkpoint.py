@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 import lightning.pytorch as pl
 import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from typing_extensions import override
@@ -402,23 +403,25 @@ class ManifestCheckpoint(CommittedCheckpoint):
         found = self.snapshots.resolve_last(trainer, where, guard, self.store_at(where), verified)
         self.freshness.check_resume(self.store_at, where, found)  # every rank alike: the same record and pick
         if found is None:
-            found = self._adopt_model_checkpoint_last(where)
-        if found is None:
+            plain = self._model_checkpoint_lasts(where)
+            if plain:
+                return plain
             self._show_hint_again = internals.hide_no_last_checkpoint_hint()
             return set()
         return {found}
 
-    def _adopt_model_checkpoint_last(self, where: Any) -> str | None:
-        """With no checkpoint of ours under ``where``, ModelCheckpoint's newest ``last*.ckpt`` there, as plain
-        Lightning resumes it (a user who switched callbacks mid-run): said, and marked inexact, never
-        silently started over from step 0. It holds no RNG or data position of any rank."""
+    def _model_checkpoint_lasts(self, where: Any) -> set[str]:
+        """With no checkpoint of ours under ``where``, ModelCheckpoint's ``last*.ckpt`` files there, which plain
+        Lightning resumes (the newest: a user who switched callbacks mid-run): said, and the lineage marked
+        inexact, never silently started over from step 0. They hold no rank's RNG or data position."""
         if not isinstance(where, Path) or not where.is_dir():
-            return None
-        named_last = re.compile(r"^last(-v?\d+)?$")  # ModelCheckpoint's CHECKPOINT_NAME_LAST, maybe versioned
-        lasts = [p for p in where.iterdir() if p.is_file() and p.suffix == ".ckpt" and named_last.match(p.stem)]
+            return set()
+        extension = self.FILE_EXTENSION or ModelCheckpoint.FILE_EXTENSION  # ours name folders without one
+        named_last = re.compile(rf"^{re.escape(self.CHECKPOINT_NAME_LAST)}(-(\d+))?")  # ModelCheckpoint's pattern
+        lasts = [p for p in where.iterdir() if p.is_file() and p.suffix == extension and named_last.match(p.stem)]
         if not lasts:
-            return None
-        newest = str(max(lasts, key=lambda p: p.stat().st_mtime))
+            return set()
+        newest = str(max(lasts, key=lambda p: p.stat().st_mtime))  # the one Lightning takes
         missing = "rng and data position (a ModelCheckpoint file: it holds no rank's state)"
         self._guard.choose_inexact(newest, [missing])
         rank_zero_warn(
@@ -426,7 +429,7 @@ class ManifestCheckpoint(CommittedCheckpoint):
             f" {newest}, as plain Lightning would. It holds no RNG or data position, so this continuation is not"
             " exact: every later manifest records provenance.inexact_resume."
         )
-        return newest
+        return {str(p) for p in lasts}
 
     @override
     def _advertise(self, trainer: pl.Trainer, job: SaveJob, blocking: float, commit_s: float | None = None) -> None:
