@@ -39,9 +39,24 @@ def _trainer(root: Path, steps: int, callback: ModelCheckpoint) -> pl.Trainer:
                       enable_progress_bar=False, enable_model_summary=False)  # fmt: skip
 
 
-def test_the_state_key_is_model_checkpoints_own() -> None:
-    settings = {"monitor": "val_loss", "mode": "min", "every_n_train_steps": 3}
-    assert ManifestCheckpoint(**settings).state_key == ModelCheckpoint(**settings).state_key
+def test_our_state_is_saved_under_model_checkpoints_key_too_and_a_model_checkpoint_beside_ours_keeps_its_own(
+    tmp_path: Path,
+) -> None:
+    settings = {"monitor": "val_loss", "every_n_train_steps": 2}
+    ours = ManifestCheckpoint(dirpath=tmp_path / "ours", snapshot_every_n_train_steps=None, **settings)
+    beside = ModelCheckpoint(dirpath=tmp_path / "plain", **settings)  # one Trainer, both: Lightning allows it
+    pl.seed_everything(0)
+    _trainer(tmp_path, 4, ours).fit(Logged())
+    saved = torch.load(Path(ours.best_model_path) / "state.pt", weights_only=False)["callbacks"]
+    assert saved[ours.model_checkpoint_state_key] == saved[ours.state_key]
+    pl.seed_everything(0)
+    ours = ManifestCheckpoint(dirpath=tmp_path / "both", snapshot_every_n_train_steps=None, **settings)
+    trainer = _trainer(tmp_path / "both-run", 4, ours)
+    trainer.callbacks.append(beside)
+    trainer.fit(Logged())
+    saved = torch.load(Path(ours.best_model_path) / "state.pt", weights_only=False)["callbacks"]
+    assert saved[ours.model_checkpoint_state_key]["dirpath"] == str(tmp_path / "plain")  # the plain one's own
+    assert saved[ours.state_key]["dirpath"] == str(tmp_path / "both")
 
 
 def test_a_model_checkpoint_ckpt_resumed_under_manifest_checkpoint_keeps_its_best_and_top_k(tmp_path: Path) -> None:
@@ -60,18 +75,7 @@ def test_a_model_checkpoint_ckpt_resumed_under_manifest_checkpoint_keeps_its_bes
         trainer.callbacks.append(Restored(callback, resumed, cls))
         trainer.fit(Logged(), ckpt_path=written.best_model_path)
     assert resumed[ManifestCheckpoint] == resumed[ModelCheckpoint]
-    assert resumed[ManifestCheckpoint][0] == written.best_model_path  # was "": the state key was ManifestCheckpoint's
-
-
-def test_a_checkpoint_of_an_earlier_version_keyed_by_manifest_checkpoint_is_still_picked_up() -> None:
-    callback = ManifestCheckpoint(monitor="val_loss", every_n_train_steps=3)
-    earlier = (
-        "ManifestCheckpoint{'monitor': 'val_loss', 'mode': 'min', 'every_n_train_steps': 3, 'every_n_epochs': 0,"
-        " 'train_time_interval': None}"
-    )
-    checkpoint = {"callbacks": {earlier: {"best_model_path": "x"}}}
-    callback.adopt_earlier_state_key(checkpoint)
-    assert checkpoint["callbacks"] == {callback.state_key: {"best_model_path": "x"}}
+    assert resumed[ManifestCheckpoint][0] == written.best_model_path  # was "": ModelCheckpoint's key was not read
 
 
 def test_a_run_switched_to_manifest_checkpoint_resumes_model_checkpoints_last_ckpt_not_step_0(tmp_path: Path) -> None:

@@ -6,7 +6,6 @@ import os
 from pathlib import Path
 
 import blake3
-import lightning.pytorch as pl
 import pytest
 import torch
 
@@ -106,34 +105,15 @@ def test_retention_never_deletes_the_only_recoverable_checkpoint(tmp_path: Path)
     assert callback.protection_reason(str(only)) is None
 
 
-@pytest.mark.parametrize("save_last", [True, "link"])
-def test_save_last_writes_a_last_checkpoint_beside_the_top_k_one_as_model_checkpoint_does(
-    tmp_path: Path, save_last: bool | str
-) -> None:
+def test_top_k_with_save_last_keeps_only_the_newest_checkpoint(tmp_path: Path) -> None:
     from conftest import make_trainer
-    from lightning.pytorch.callbacks import ModelCheckpoint
 
     from lightning_field.workloads.demo import DemoDataModule, DemoRegressor
 
-    plain = ModelCheckpoint(dirpath=tmp_path / "plain", every_n_train_steps=1, save_top_k=1, save_last=save_last)
-    plain.CHECKPOINT_NAME_LAST = "last-{step}"  # a new "last" at every save: the one before it is removed
-    plain_trainer = pl.Trainer(default_root_dir=tmp_path / "plain-run", max_steps=6, logger=False, callbacks=[plain],
-                               enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0)  # fmt: skip
-    plain_trainer.fit(DemoRegressor(), datamodule=DemoDataModule(size=64))
-    trainer = make_trainer(tmp_path, 6, every_n_train_steps=1, save_top_k=1, save_last=save_last)
-    ours = trainer.checkpoint_callback
-    assert isinstance(ours, ModelCheckpoint)
-    ours.CHECKPOINT_NAME_LAST = "last-{step}"
+    trainer = make_trainer(tmp_path, 6, every_n_train_steps=1, save_top_k=1, save_last=True)
     trainer.fit(DemoRegressor(), datamodule=DemoDataModule(size=64))
-    assert {"epoch=0-step=6.ckpt", "last-step=6.ckpt"} <= {p.name for p in (tmp_path / "plain").iterdir()}
-    # Every entry of the folder (no link or directory left aside by a removal), with LAST, the commit pointer.
-    listed = ["LAST", "SNAPSHOT_LINEAGE", "epoch=0-step=6", "last-step=6"]
-    assert sorted(p.name for p in (tmp_path / "ckpts").iterdir()) == listed
-    assert Path(ours.last_model_path).name == "last-step=6"
-    assert Path(plain.last_model_path).name == "last-step=6.ckpt"
-    assert Path(ours.best_model_path).name == "epoch=0-step=6"
-    assert (tmp_path / "ckpts" / "last-step=6").is_symlink() == (tmp_path / "plain" / "last-step=6.ckpt").is_symlink()
-    assert read_last_pointer(tmp_path / "ckpts") in {tmp_path / "ckpts" / name for name in listed[2:]}
+    assert [e.path.name for e in committed_checkpoints(tmp_path / "ckpts")] == ["epoch=0-step=6"]
+    assert read_last_pointer(tmp_path / "ckpts") == tmp_path / "ckpts" / "epoch=0-step=6"
 
 
 def test_our_saves_skip_the_zip_crc_and_a_users_torch_save_in_another_thread_keeps_it(tmp_path: Path) -> None:

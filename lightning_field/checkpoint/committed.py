@@ -78,6 +78,7 @@ class CommittedCheckpoint(ModelCheckpoint):
             not_saved_message=self._checkpointer.not_saved_message, events=self._current_events,
             agreement_step=self._is_agreement_step, stager=self.make_stager(),
         )  # fmt: skip
+        self._last_copy: str | None = None
         self._force_sync = False
         self._stopped: StopRecord | None = None  # save_now's, for the save it makes
         # save_now's resume points (stop, end, preemption) here and in attempts resumed: retired at a newer commit.
@@ -166,10 +167,9 @@ class CommittedCheckpoint(ModelCheckpoint):
     @property
     @override
     def state_key(self) -> str:
-        # ModelCheckpoint's own key, so that either callback picks up the other's best and top-k
-        # bookkeeping when a user switches; keyed by the *configured* interval: a cadence controller that
-        # retunes it mid-run must not orphan this callback's state in the checkpoints it already wrote.
-        return f"{ModelCheckpoint.__qualname__}{self._state_key_settings()!r}"
+        # Keyed by the *configured* interval: a cadence controller that retunes it mid-run must not
+        # orphan this callback's state in the checkpoints it already wrote.
+        return f"{type(self).__qualname__}{self._state_key_settings()!r}"
 
     def _state_key_settings(self) -> dict[str, Any]:
         """What the state key names, in ``ModelCheckpoint.state_key``'s order."""
@@ -181,13 +181,27 @@ class CommittedCheckpoint(ModelCheckpoint):
             "train_time_interval": self._train_time_interval,
         }
 
-    def adopt_earlier_state_key(self, checkpoint: dict[str, Any]) -> None:
-        """A checkpoint of an earlier version keyed this callback's state by its own class name: moved to
-        ``state_key`` before Lightning looks it up (from ``on_load_checkpoint``, which runs first)."""
+    @property
+    def model_checkpoint_state_key(self) -> str:
+        """The key a ``ModelCheckpoint`` of the same settings keeps its state under."""
+        return f"{ModelCheckpoint.__qualname__}{self._state_key_settings()!r}"
+
+    def share_state_with_model_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Saving: this callback's state also under ``ModelCheckpoint``'s key (unless a ModelCheckpoint in the
+        same Trainer keeps its own there), so that a run switched back to it keeps the bookkeeping."""
         states = checkpoint.get("callbacks")
-        earlier = f"{type(self).__qualname__}{self._state_key_settings()!r}"
-        if isinstance(states, dict) and self.state_key not in states and earlier in states:
-            states[self.state_key] = states.pop(earlier)
+        if isinstance(states, dict) and self.state_key in states:
+            states.setdefault(self.model_checkpoint_state_key, states[self.state_key])
+
+    def adopt_model_checkpoint_state(self, checkpoint: dict[str, Any], callbacks: list[Any]) -> None:
+        """Loading a checkpoint ``ModelCheckpoint`` wrote (a run switched to this callback): its best and top-k
+        bookkeeping, moved under this callback's key before Lightning looks it up (``on_load_checkpoint``
+        runs first), unless a ModelCheckpoint of the same settings in this Trainer takes it itself."""
+        states = checkpoint.get("callbacks")
+        shared = self.model_checkpoint_state_key
+        taken = any(type(c) is ModelCheckpoint and c.state_key == shared for c in callbacks)
+        if isinstance(states, dict) and self.state_key not in states and shared in states and not taken:
+            states[self.state_key] = states[shared]
 
     # ------------------------------------------------------------------ where saves go
     @property
@@ -348,6 +362,32 @@ class CommittedCheckpoint(ModelCheckpoint):
                 logger.after_save_checkpoint(proxy(self))
 
     # ------------------------------------------------------------------ save_last, retention, resolution
+    @override
+    def _save_last_checkpoint(self, trainer: pl.Trainer, monitor_candidates: dict[str, Any]) -> None:
+        if not self.save_last:
+            return
+        previous_copy = self._last_copy
+        if self._last_checkpoint_saved and self._last_global_step_saved == trainer.global_step:
+            # This step is already committed: "last" is a name for it, not a second copy.
+            self.last_model_path = self._last_checkpoint_saved
+            self._last_copy = None
+        else:
+            filepath = self.format_checkpoint_name(monitor_candidates, self.CHECKPOINT_NAME_LAST)
+            version = self.STARTING_VERSION
+            while self.file_exists(filepath, trainer):
+                filepath = self.format_checkpoint_name(monitor_candidates, self.CHECKPOINT_NAME_LAST, ver=version)
+                version += 1
+            self.last_model_path = filepath
+            self._save_checkpoint(trainer, filepath)
+            self._last_copy = filepath
+        # Only a checkpoint written solely to serve as "last" is retired here; top-k ones keep their own rules.
+        if (
+            previous_copy
+            and previous_copy != self.last_model_path
+            and self._should_remove_checkpoint(trainer, previous_copy, self.last_model_path)
+        ):
+            self._remove_checkpoint(trainer, previous_copy)
+
     @override
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "resume_points": list(self._resume_points)}

@@ -443,10 +443,16 @@ class ManifestCheckpoint(CommittedCheckpoint):
 
     # ------------------------------------------------------------------ resuming
     @override
+    def on_save_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        self.share_state_with_model_checkpoint(checkpoint)
+
+    @override
     def on_load_checkpoint(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
     ) -> None:
-        self.adopt_earlier_state_key(checkpoint)
+        self.adopt_model_checkpoint_state(checkpoint, internals.trainer_callbacks(trainer))
         field = checkpoint.get(FIELD_KEY)
         if not field:
             return

@@ -37,6 +37,8 @@ MODEL_CHECKPOINT_MEMBERS: tuple[PrivateMember, ...] = (
     PrivateMember("_should_save_on_exception", ("called",), ("self", "trainer"),
                   "save_on_exception's own save runs only where the last step's end could not be saved, and is"
                   " then marked not recoverable"),
+    PrivateMember("_save_last_checkpoint", ("overridden",), ("self", "trainer", "monitor_candidates"),
+                  "save_last names the step's committed checkpoint where one exists, not a second copy or a link"),
     PrivateMember("_find_last_checkpoints", ("overridden",), ("self", "trainer"),
                   'ckpt_path="last" resolves to the newest recoverable checkpoint that verifies, not the newest'
                   " file named last"),
