@@ -254,3 +254,16 @@ def test_the_tuners_suggestions_are_plain_lightnings(tmp_path: Path) -> None:
     plain = suggested(ModelCheckpoint(dirpath=tmp_path / "plain"))
     ours = suggested(ManifestCheckpoint(dirpath=tmp_path / "ours"))
     assert ours[0] == plain[0] and torch.equal(ours[1], plain[1])
+
+
+@pytest.mark.parametrize(
+    "state, named",
+    [({"yielded": -1}, "0 to 4 indices"), ({"yielded": 9}, "0 to 4 indices"), ({"yielded": "2"}, "0 to 4"),
+     ({"yielded": 1, "seed": 2**70}, "64-bit integer"), ({"yielded": 1, "seed": "7"}, "64-bit integer"),
+     ({"yielded": 1, "generator": [1, 2]}, "byte tensor")],
+)  # fmt: skip
+def test_a_malformed_sampler_position_read_back_from_a_checkpoint_is_refused_by_name(
+    state: dict[str, Any], named: str
+) -> None:
+    with pytest.raises(ValueError, match=named):
+        iter(PlainOrderRandomSampler(range(4))).load_state_dict(state)

@@ -221,3 +221,23 @@ def test_field_ckpt_inspect_refuses_a_manifests_malformed_data_positions_naming_
     shown = subprocess.run([python_program(), "-m", "lightning_field.cli.main", "ckpt", "inspect", str(checkpoint)],
                            capture_output=True, text=True, timeout=120)  # fmt: skip
     assert shown.returncode == 0 and "rank 0  loader 0: a string, not a list" in shown.stdout, shown.stderr
+
+
+def test_loaded_stream_positions_are_found_and_a_hostile_nesting_is_walked_without_recursion() -> None:
+    import torch
+
+    from lightning_field.compat.hf_datasets import PositionForOneEpoch
+    from lightning_field.state.streams import positions_for_the_resumed_epoch
+
+    position = {"epoch": 0, "examples_iterable": {"shard_idx": 1}}
+    state = {"_snapshot": {"_worker_snapshots": {"worker_0": {"dataset_state": dict(position)}}}}
+    active = torch.tensor(1)
+    assert positions_for_the_resumed_epoch(state, active) == 1
+    held = state["_snapshot"]["_worker_snapshots"]["worker_0"]["dataset_state"]
+    assert isinstance(held, PositionForOneEpoch) and len(held) == 2
+    active.zero_()
+    assert not held  # the resumed epoch over: datasets' `if self._starting_state_dict` reads it as none
+    deep: list = []
+    for _ in range(100_000):
+        deep = [deep]
+    assert positions_for_the_resumed_epoch(deep, active) == 0

@@ -267,7 +267,7 @@ class ManifestCheckpoint(CommittedCheckpoint):
 
     @override
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._guard.loaders_reloaded(trainer, list(internals.iter_loaders(trainer.train_dataloader)))
+        self._guard.loaders_reloaded(trainer)
 
     @override
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *_: Any) -> None:

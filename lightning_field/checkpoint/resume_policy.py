@@ -315,12 +315,12 @@ class ResumeGuard:
             for warning in reshard.order_warnings(list(loaders), old, new):
                 log.warning("Resharded resume from %s: %s", self.resharded_from["checkpoint"], warning)
 
-    def loaders_reloaded(self, trainer: pl.Trainer, loaders: Sequence[Any]) -> None:
+    def loaders_reloaded(self, trainer: pl.Trainer) -> None:
         """At an epoch's start: where ``reload_dataloaders_every_n_epochs`` built new train loaders, the
         data every later manifest records is theirs. Collective: every rank calls it at the same epochs."""
         built = internals.train_loaders_built_for(trainer)
         if built is not None and (self._data or {}).get("loaders_epoch") != built:
-            self._fingerprint_data(trainer, loaders)
+            self._fingerprint_data(trainer, list(internals.iter_loaders(trainer.train_dataloader)))
 
     def _fingerprint_data(self, trainer: pl.Trainer, loaders: Sequence[Any]) -> None:
         fingerprint = None  # rank 0's, broadcast: every rank records the same

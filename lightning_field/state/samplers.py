@@ -159,12 +159,17 @@ class _PlainOrderIterator(Iterator[int]):
         return {_YIELDED: self.yielded, **self.origin}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        yielded = int(state[_YIELDED])
-        if yielded < 0:
-            raise ValueError(f"cannot resume a sampler at a negative position ({yielded})")
-        if yielded > self.sampler.num_samples:
-            raise ValueError(f"saved position {yielded} is past the end of an epoch of {self.sampler.num_samples}")
+        """Read back from a checkpoint: every field checked, a malformed one refused naming it."""
+        yielded = state.get(_YIELDED)
+        if type(yielded) is not int or not 0 <= yielded <= self.sampler.num_samples:
+            raise ValueError(f"a sampler position must be 0 to {self.sampler.num_samples} indices, not {yielded!r}")
         origin = {key: state[key] for key in (_SEED, _GENERATOR) if state.get(key) is not None}
+        seed = origin.get(_SEED)
+        if seed is not None and (type(seed) is not int or not -(2**63) <= seed < 2**64):
+            raise ValueError(f"a sampler's saved seed must be a 64-bit integer, not {seed!r}")
+        generator = origin.get(_GENERATOR)
+        if generator is not None and not (isinstance(generator, torch.Tensor) and generator.dtype == torch.uint8):
+            raise ValueError(f"a sampler's saved generator state must be a byte tensor, not {type(generator).__name__}")
         self.origin, self.yielded, self._indices = {}, 0, None
         if not origin:
             if yielded:

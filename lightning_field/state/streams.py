@@ -63,17 +63,26 @@ def positions_for_the_resumed_epoch(loader_state: Any, active: torch.Tensor) -> 
     had ended, so the next one starts at its beginning); the positions found. Replaced in place, so
     whoever reads the state later (Lightning's restore, the loader's workers) gets them
     (:class:`~lightning_field.compat.hf_datasets.PositionForOneEpoch`)."""
-    if not isinstance(loader_state, (dict, list)):
-        return 0
     found = 0
-    items = loader_state.items() if isinstance(loader_state, dict) else enumerate(loader_state)
-    for key, value in list(items):
-        if hf_datasets.is_position(value):
-            loader_state[key] = hf_datasets.PositionForOneEpoch(value, active)
-            found += 1
-        elif isinstance(value, (dict, list)):
-            found += positions_for_the_resumed_epoch(value, active)
+    # Read back from a checkpoint: walked without recursion, as deep as a loader's state goes and no deeper.
+    pending: list[tuple[Any, int]] = [(loader_state, 0)]
+    while pending:
+        container, depth = pending.pop()
+        if not isinstance(container, (dict, list)) or depth > _MAX_STATE_DEPTH:
+            continue
+        items = container.items() if isinstance(container, dict) else enumerate(container)
+        for key, value in list(items):
+            if hf_datasets.is_position(value):
+                container[key] = hf_datasets.PositionForOneEpoch(value, active)
+                found += 1
+            else:
+                pending.append((value, depth + 1))
     return found
+
+
+# A StatefulDataLoader's state nests a worker's dataset state about six levels down; far past it is no
+# loader state of a library's, and a hostile one deeper still would only cost time to walk.
+_MAX_STATE_DEPTH = 32
 
 
 def unrestorable_stream(loader: Any) -> str | None:
