@@ -47,14 +47,14 @@ def test_our_state_is_saved_under_model_checkpoints_key_too_and_a_model_checkpoi
     beside = ModelCheckpoint(dirpath=tmp_path / "plain", **settings)  # one Trainer, both: Lightning allows it
     pl.seed_everything(0)
     _trainer(tmp_path, 4, ours).fit(Logged())
-    saved = torch.load(Path(ours.best_model_path) / "state.pt", weights_only=False)["callbacks"]
+    saved = torch.load(ours.best_model_path, weights_only=False)["callbacks"]
     assert saved[ours.model_checkpoint_state_key] == saved[ours.state_key]
     pl.seed_everything(0)
     ours = ManifestCheckpoint(dirpath=tmp_path / "both", snapshot_every_n_train_steps=None, **settings)
     trainer = _trainer(tmp_path / "both-run", 4, ours)
     trainer.callbacks.append(beside)
     trainer.fit(Logged())
-    saved = torch.load(Path(ours.best_model_path) / "state.pt", weights_only=False)["callbacks"]
+    saved = torch.load(ours.best_model_path, weights_only=False)["callbacks"]
     assert saved[ours.model_checkpoint_state_key]["dirpath"] == str(tmp_path / "plain")  # the plain one's own
     assert saved[ours.state_key]["dirpath"] == str(tmp_path / "both")
 

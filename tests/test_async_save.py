@@ -89,7 +89,7 @@ def test_an_async_save_is_not_resolvable_advertised_or_pruning_before_its_commit
     # Step 4 was being written while step 5 trained: only step 2 existed for anyone else, and top-1
     # retention had not removed it yet.
     assert probe.seen["latest"] == ckpts / "epoch=0-step=2"
-    assert probe.seen["names"] == ["LAST", "SNAPSHOT_LINEAGE", "epoch=0-step=2"]
+    assert probe.seen["names"] == ["LAST", "SNAPSHOT_LINEAGE", "epoch=0-step=2", "epoch=0-step=2.ckpt"]
     assert probe.seen["last_committed"] == (str(ckpts / "epoch=0-step=2"), 2)
     # After training: the last save committed, and retention kept only it.
     assert [e.path.name for e in committed_checkpoints(ckpts)] == ["epoch=0-step=6"]

@@ -152,7 +152,8 @@ def test_a_killed_run_resumed_across_a_validation_continues_as_the_plain_run(tmp
         interrupted.fit(DropoutRegressor())
     assert interrupted.global_step == 12
     saved = sorted(p.name for p in (root / "ckpts").iterdir() if p.name.startswith("epoch="))
-    assert saved == ["epoch=1-step=12"], saved  # step 12 is epoch 1's 4th batch: val_check_interval=0.5 validates there
+    # Step 12 is epoch 1's 4th batch: val_check_interval=0.5 validates there.
+    assert saved == ["epoch=1-step=12", "epoch=1-step=12.ckpt"], saved
 
     resumed = _fit_resumed(root)
     for name, tensor in plain["weights"].items():

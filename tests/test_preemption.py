@@ -34,7 +34,7 @@ def test_signal_saves_at_the_next_step_exits_cleanly_and_the_resume_is_exact(
         root, tmp_path / "p.pt", "--signal-after-step", "11", "--signal", signame, expect_rc=PREEMPTED_EXIT_CODE
     )
     assert f"Preempted ({signame}): saved recoverable checkpoint" in out
-    checkpoint = root / "checkpoints" / "preempted-step=12"
+    checkpoint = root / "checkpoints" / "preempted-step=12.ckpt"  # what ModelCheckpoint would name it
     assert f"PREEMPTED-CHECKPOINT {checkpoint} at step 12" in out
     assert verify_checkpoint(checkpoint).recoverable
     events = read_events(root)
@@ -52,7 +52,7 @@ def test_sigterm_with_an_async_save_in_flight_commits_it_before_the_final_save_a
     out = run_train_job(
         root, tmp_path / "p.pt", "--async-save", "--signal-after-step", "10", expect_rc=PREEMPTED_EXIT_CODE
     )
-    checkpoint = root / "checkpoints" / "preempted-step=11"
+    checkpoint = root / "checkpoints" / "preempted-step=11.ckpt"
     assert f"PREEMPTED-CHECKPOINT {checkpoint} at step 11" in out
     events = [(e["event"], e["step"]) for e in read_events(root) if e["event"].startswith(("ckpt_", "preempted"))]
     # The in-flight save committed before the final one began, and the final one before "preempted".

@@ -199,7 +199,8 @@ def test_with_save_top_k_1_every_drill_runs_on_a_private_copy_while_retention_st
     assert [e.path for e in committed_checkpoints(ckpts)] == [ckpts / "epoch=0-step=6"]
     assert read_manifest(ckpts / "epoch=0-step=6").restore_tested
     # The private copies are gone once their drills are recorded; the drills' logs and results stay.
-    assert sorted(p.name for p in ckpts.iterdir()) == ["LAST", "SNAPSHOT_LINEAGE", "epoch=0-step=6"]
+    left = sorted(p.name for p in ckpts.iterdir())
+    assert left == ["LAST", "SNAPSHOT_LINEAGE", "epoch=0-step=6", "epoch=0-step=6.ckpt"]
     assert len(list((tmp_path / "field" / "drills").glob("*/result.json"))) == 2
     drills = [e for e in read_events(tmp_path) if e["event"] == "restore_drill"]
     assert sorted((e["step"], e["payload"]["outcome"]) for e in drills) == [(3, "passed"), (6, "passed")]
@@ -277,7 +278,8 @@ class WaitForDrills(Callback):
         for running in drill.running:
             running.process.wait(timeout=120)
         checkpoint = next(c for c in trainer.callbacks if isinstance(c, ManifestCheckpoint))
-        self.seen[trainer.global_step] = (names(self.checkpoint_dir), Path(checkpoint.best_model_path).name)
+        kept = Path(checkpoint.best_model_path).name.removesuffix(checkpoint.FILE_EXTENSION)  # its folder's name
+        self.seen[trainer.global_step] = (names(self.checkpoint_dir), kept)
 
 
 @pytest.mark.slow

@@ -16,6 +16,7 @@ import torch
 from lightning.pytorch.demos.boring_classes import BoringModel
 
 from lightning_field import ManifestCheckpoint
+from lightning_field.checkpoint.stores import checkpoint_location
 from lightning_field.core.manifest import read_manifest
 
 
@@ -51,16 +52,17 @@ def test_save_now_commits_a_recoverable_checkpoint_holding_what_plain_lightning_
 ) -> None:
     checkpoint, saver = _fit(tmp_path, async_save=async_save, blocking=async_save)
     path, again = saver.paths
-    assert path is not None and Path(path).name == "manual-step=3"
+    assert path is not None and Path(path).name == "manual-step=3.ckpt"  # ModelCheckpoint's name for it
     assert again == path, "unless_saved names this step's checkpoint instead of saving it twice"
-    assert saver.committed == (path, 3), "advertised by the time save_now returns"
+    assert saver.committed == (str(checkpoint_location(path)), 3), "advertised by the time save_now returns"
     assert checkpoint.save_failures == 0
     manifest = read_manifest(path)  # committed: a manifest exists only after the commit
     assert manifest.step == 3 and manifest.recoverable, manifest.missing
-    ours = torch.load(Path(path) / "state.pt", weights_only=False)
+    ours = torch.load(path, weights_only=False)
     plain = torch.load(saver.plain, weights_only=False)
     assert ours["state_dict"].keys() == plain["state_dict"].keys()
     for name, tensor in plain["state_dict"].items():
         assert torch.equal(ours["state_dict"][name], tensor), name
     assert ours["global_step"] == plain["global_step"] == 3
     assert not (Path(tmp_path) / "ckpts" / "again-step=3").exists()
+    assert not (Path(tmp_path) / "ckpts" / "again-step=3.ckpt").exists()

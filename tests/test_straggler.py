@@ -76,7 +76,7 @@ def test_checkpoint_and_stop_is_executed_by_every_rank_together(tmp_path: Path) 
                        "--steps", "200", "--policy", "checkpoint_and_stop")  # fmt: skip
     assert len(ranks) == 2 and all(r["stopped"] for r in ranks)
     assert ranks[0]["step"] == ranks[1]["step"] < 200  # both stopped early, at the same step
-    saved = [p for p in (tmp_path / "checkpoints").iterdir() if p.name.startswith("straggler-")]
+    saved = [p for p in (tmp_path / "checkpoints").iterdir() if p.is_dir() and p.name.startswith("straggler-")]
     assert len(saved) == 1 and read_manifest(saved[0]).recoverable
 
 

@@ -273,7 +273,9 @@ class Checkpointer:
             return False
         location, root = as_location(checkpoint), as_location(self.dirpath)
         if isinstance(location, Path) and isinstance(root, Path):
-            return location.resolve().parent == root.resolve()
+            # The parent resolved, not the entry: a symbolic link in dirpath (an advertised ``.ckpt``
+            # where hard links fail) is this dirpath's, wherever it points.
+            return location.name not in ("", ".", "..") and location.parent.resolve() == root.resolve()
         head, _, name = str(location).rpartition("/")
         return head == str(root) and name not in ("", ".", "..")
 

@@ -18,9 +18,11 @@ what it left. After it, the checkpoint is complete.
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
@@ -36,7 +38,13 @@ from lightning_field.checkpoint.stores.base import (
     save_durably,
     write_rank_files,
 )
-from lightning_field.checkpoint.stores.local import LocalStore, clean_leftovers, publish, write_last_pointer
+from lightning_field.checkpoint.stores.local import (
+    LocalStore,
+    advertise,
+    clean_leftovers,
+    publish,
+    write_last_pointer,
+)
 from lightning_field.core.distributed import all_gather_objects, broadcast_object
 from lightning_field.core.manifest import (
     SHARED_STATE_FILE,
@@ -50,6 +58,8 @@ from lightning_field.core.manifest import (
 from lightning_field.core.signing import keys_from_environment
 from lightning_field.core.storage import Location, StorageOptions, basename, parent
 from lightning_field.state import provenance
+
+log = logging.getLogger(__name__)
 
 # The local store's pieces moved to checkpoint/stores/; these names stay importable from here, where
 # earlier versions defined them (a user's LocalStore subclass imports it from this module).
@@ -104,6 +114,7 @@ class SaveJob:
     model_state: Any = None
     stopped: StopRecord | None = None  # why training stopped at this save (``save_now(stopped=...)``)
     snapshot_interval: SnapshotIntervalRecord | None = None  # the run's step snapshots then
+    advertised_suffix: str | None = None  # name state.pt <name><suffix> beside the folder (stores.local.advertise)
 
     @classmethod
     def capture(
@@ -206,9 +217,30 @@ def commit_save(job: SaveJob, group: Any = None) -> str | None:
             store.publish(final, token, manifest)
         except Exception as err:
             error = f"rank 0 (commit): {describe_error(err)}"
+        else:
+            if job.advertised_suffix and isinstance(final, Path):
+                advertise_committed(final, job.advertised_suffix, getattr(store, "durable", True))
     if job.is_global_zero and error is not None:
         store.discard(final, token)
     return broadcast_object(error, group=group)
+
+
+def advertise_committed(final: Path, suffix: str, durable: bool) -> None:
+    """After the commit, the advertised ``<name>.ckpt``; its failure loses nothing (the checkpoint is
+    committed and resumes from its folder), so it is said, not raised."""
+    try:
+        advertise(final, suffix, durable)
+    except OSError as err:
+        log.warning(
+            "lightning_field: checkpoint %s is committed, but its Lightning-format file could not be named %s%s"
+            " (%s); load it with trainer.fit(ckpt_path=%r) or from %s/state.pt",
+            final,
+            final.name,
+            suffix,
+            describe_error(err),
+            str(final),
+            final,
+        )
 
 
 def _write_sharded(job: SaveJob, token: str, group: Any) -> tuple[RankOutcome, list[str]]:

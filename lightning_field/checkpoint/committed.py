@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 from weakref import proxy
 
@@ -320,26 +321,39 @@ class CommittedCheckpoint(ModelCheckpoint):
         # At most one save in flight: the previous one commits (and is advertised and pruned for)
         # before this one snapshots into the same buffers. Every rank reaches this point together.
         self._saves.settle(trainer)
-        final = as_location(filepath)
+        final = self.checkpoint_folder(filepath)
         if self._events is not None:
             self._events.emit("ckpt_save_start", step=trainer.global_step, payload={"path": str(final)})
         if trainer.model is None:
             raise AttributeError("Saving a checkpoint is only possible if a model is attached to the Trainer.")
         job = self._prepare_save(trainer, final, start)
         job.stopped = self._stopped
+        if final != as_location(filepath):
+            job.advertised_suffix = self.FILE_EXTENSION
         # ModelCheckpoint's own bookkeeping (no double save of a step, "last" as an alias of this
         # step's save). What others see (events, loggers, last_committed, pruning) waits for the commit.
         if not self.async_save or self._force_sync:
             self._checkpointer.commit(job)
             self._last_global_step_saved = job.step
-            self._last_checkpoint_saved = str(final)
+            self._last_checkpoint_saved = filepath
             self._advertise(trainer, job, time.perf_counter() - start)
-            self._retire_resume_points(trainer, str(final))
+            self._retire_resume_points(trainer, filepath)
             return
         self._saves.submit(trainer, job, start)
         self._last_global_step_saved = job.step
-        self._last_checkpoint_saved = str(final)
-        self._retire_resume_points(trainer, str(final))
+        self._last_checkpoint_saved = filepath
+        self._retire_resume_points(trainer, filepath)
+
+    def checkpoint_folder(self, filepath: str | os.PathLike[str]) -> Location:
+        """The checkpoint folder behind a path ModelCheckpoint's naming made: ``<name>`` for
+        ``<name>.ckpt`` where its ``state.pt`` takes that name after the commit (``FILE_EXTENSION``
+        is emptied at setup where it cannot: a sharded checkpoint, an object store)."""
+        location = as_location(filepath)
+        extension = self.FILE_EXTENSION
+        if not isinstance(location, Path) or not extension:
+            return location
+        stem = location.name.removesuffix(extension)
+        return location.with_name(stem) if stem and stem != location.name else location
 
     def _retire_resume_points(self, trainer: pl.Trainer, newest: str) -> None:
         # Removals wait for the commit of ``newest`` under async_save (``_remove_checkpoint``).
@@ -419,9 +433,12 @@ class CommittedCheckpoint(ModelCheckpoint):
 
     def protection_reason(self, filepath: str) -> str | None:
         """Why retention must keep ``filepath`` (``Checkpointer.protection_reason``), else None."""
-        return self._checkpointer.protection_reason(filepath)
+        return self._checkpointer.protection_reason(self.checkpoint_folder(filepath))
 
     def retains(self, filepath: str | os.PathLike[str]) -> bool:
         """Whether ModelCheckpoint's own retention still keeps ``filepath`` (every one under ``save_top_k=-1``)."""
         kept = [self.best_model_path, self.last_model_path, self._last_checkpoint_saved, *self.best_k_models]
-        return self.save_top_k == -1 or any(p and same_location(p, filepath) for p in [*kept, *self._resume_points])
+        folder = self.checkpoint_folder(filepath)
+        return self.save_top_k == -1 or any(
+            p and same_location(self.checkpoint_folder(p), folder) for p in [*kept, *self._resume_points]
+        )

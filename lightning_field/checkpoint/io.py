@@ -21,6 +21,7 @@ from lightning_field.checkpoint.stores import (
     CheckpointReader,
     CheckpointStore,
     LocalStore,
+    checkpoint_location,
     is_checkpoint,
     read_manifest,
     store_for,
@@ -29,7 +30,7 @@ from lightning_field.checkpoint.stores.base import describe_error
 from lightning_field.checkpoint.verify import CheckpointCorruptError, VerifyReport, refuse_misnamed, verify_against
 from lightning_field.core.distributed import all_gather_objects, global_rank, world_size
 from lightning_field.core.manifest import SHARED_STATE_FILE, Manifest, rank_state_file
-from lightning_field.core.storage import Location, as_location
+from lightning_field.core.storage import Location
 from lightning_field.state import reshard
 
 log = logging.getLogger(__name__)
@@ -74,7 +75,7 @@ class ManifestCheckpointIO(CheckpointIO):
         self.inner.save_checkpoint(checkpoint, path, storage_options=storage_options)
 
     def load_checkpoint(self, path: Any, map_location: Any = None, weights_only: bool | None = None) -> dict[str, Any]:
-        location = as_location(path)
+        location = checkpoint_location(path)  # the folder behind an advertised <name>.ckpt: verified, merged
         store = self.store_at(location)
         if not is_checkpoint(location, store=store):
             return self.inner.load_checkpoint(path, map_location=map_location, weights_only=weights_only)
@@ -84,7 +85,7 @@ class ManifestCheckpointIO(CheckpointIO):
         )
 
     def remove_checkpoint(self, path: Any) -> None:
-        location = as_location(path)
+        location = checkpoint_location(path)  # an advertised <name>.ckpt goes with its folder
         if isinstance(location, Path) and location.is_file():
             self.inner.remove_checkpoint(path)  # a plain ``.ckpt``: Lightning's own
         else:

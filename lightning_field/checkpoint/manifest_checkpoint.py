@@ -34,7 +34,14 @@ from lightning_field.checkpoint.resume_policy import NoRecoverableCheckpointErro
 from lightning_field.checkpoint.snapshot_interval import DEFAULT_BUDGET
 from lightning_field.checkpoint.snapshots import StepSnapshots
 from lightning_field.checkpoint.stop_points import StopPointSave
-from lightning_field.checkpoint.stores import DEFAULT_CONCURRENCY, DEFAULT_PART_BYTES, CheckpointStore, CheckpointWriter
+from lightning_field.checkpoint.stores import (
+    DEFAULT_CONCURRENCY,
+    DEFAULT_PART_BYTES,
+    CheckpointStore,
+    CheckpointWriter,
+    LocalStore,
+)
+from lightning_field.checkpoint.stores.local import advertised_checkpoint
 from lightning_field.compat import lightning as internals
 from lightning_field.core.distributed import all_gather_objects, elastic_restart_hazard
 from lightning_field.core.events import EventLog
@@ -107,7 +114,7 @@ class ManifestCheckpoint(CommittedCheckpoint):
         trainer.fit(model, datamodule=data, ckpt_path="last")  # the newest recoverable, or a refusal saying why
     """
 
-    FILE_EXTENSION = ""
+    FILE_EXTENSION = ModelCheckpoint.FILE_EXTENSION
 
     def __init__(
         self,
@@ -231,6 +238,9 @@ class ManifestCheckpoint(CommittedCheckpoint):
         hazard = elastic_restart_hazard(os.environ)
         if hazard is not None:
             rank_zero_warn(f"lightning_field: {hazard}")
+        if not isinstance(self.store_at(self.dirpath), LocalStore) or sharded.is_sharded(trainer.strategy):
+            # There the checkpoint is its folder (DCP shards; an object-store prefix): named without one.
+            self.FILE_EXTENSION = ""
         if sharded.check_strategy(trainer.strategy):
             sharded_load.guard_strategy_load(trainer.strategy, self.store_at, self._guard.check, self.trust_pickles)
         if self.async_save:
@@ -416,9 +426,13 @@ class ManifestCheckpoint(CommittedCheckpoint):
         inexact, never silently started over from step 0. They hold no rank's RNG or data position."""
         if not isinstance(where, Path) or not where.is_dir():
             return set()
-        extension = self.FILE_EXTENSION or ModelCheckpoint.FILE_EXTENSION  # ours name folders without one
+        extension = self.FILE_EXTENSION or ModelCheckpoint.FILE_EXTENSION
         named_last = re.compile(rf"^{re.escape(self.CHECKPOINT_NAME_LAST)}(-(\d+))?")  # ModelCheckpoint's pattern
-        lasts = [p for p in where.iterdir() if p.is_file() and p.suffix == extension and named_last.match(p.stem)]
+        lasts = [
+            p
+            for p in where.iterdir()
+            if p.is_file() and p.suffix == extension and named_last.match(p.stem) and advertised_checkpoint(p) is None
+        ]
         if not lasts:
             return set()
         newest = str(max(lasts, key=lambda p: p.stat().st_mtime))  # the one Lightning takes

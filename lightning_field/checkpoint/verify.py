@@ -8,11 +8,17 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lightning_field.checkpoint.stores import CheckpointReader, LocalStore, read_manifest, store_for
+from lightning_field.checkpoint.stores import (
+    CheckpointReader,
+    LocalStore,
+    checkpoint_location,
+    read_manifest,
+    store_for,
+)
 from lightning_field.core.manifest import MANIFEST_NAME, Manifest, ManifestError
 from lightning_field.core.member_paths import UnsafeMemberError, resolve_member
 from lightning_field.core.signing import keys_from_environment
-from lightning_field.core.storage import Location, StorageOptions, as_location, basename
+from lightning_field.core.storage import Location, StorageOptions, basename
 
 _STEP_IN_NAME = re.compile(r"(?:^|-)step=(\d+)(?=-|$)")
 
@@ -94,7 +100,7 @@ def verify_checkpoint(
     ``path`` may be an fsspec URL; its objects are then streamed through the hash. ``store``: the
     store that reads it (default: the one :func:`~lightning_field.checkpoint.stores.store_for` picks).
     """
-    location = as_location(path)
+    location = checkpoint_location(path)  # an advertised <name>.ckpt: its folder
     reader = store or store_for(location, storage_options)
     try:
         manifest = read_manifest(location, store=reader)

@@ -34,10 +34,10 @@ from lightning_field.checkpoint.safe_load import (
 )
 from lightning_field.checkpoint.sharded import DCP_METADATA
 from lightning_field.checkpoint.sharded_load import dcp_files
-from lightning_field.checkpoint.stores import describe_error, read_manifest, store_for
+from lightning_field.checkpoint.stores import checkpoint_location, describe_error, read_manifest, store_for
 from lightning_field.checkpoint.verify import CheckpointCorruptError, refuse_misnamed, verify_against
 from lightning_field.core.manifest import SHARED_STATE_FILE
-from lightning_field.core.storage import Location, StorageOptions, as_location
+from lightning_field.core.storage import Location, StorageOptions
 
 COMPILE_SEGMENT = "_orig_mod"
 """The attribute ``torch.compile``'s wrapper keeps the original module under: a segment of every key below it."""
@@ -88,7 +88,7 @@ def read_model_weights(
         UnreadableWeightsError: the verified files hold no model weights that can be read.
         ValueError: a prefix matches no key, or two keys become one.
     """
-    location = as_location(path)
+    location = checkpoint_location(path)  # an advertised <name>.ckpt: its folder
     store = store_for(location, storage_options)
     manifest = read_manifest(location, store=store)
     refuse_misnamed(location, manifest)

@@ -100,7 +100,10 @@ def _not_a_checkpoint(path: str, options: StorageOptions | None, problems: list[
             return (
                 f"NOT A CHECKPOINT  {path} is its manifest; verify the directory: field ckpt verify {parent(location)}"
             )
-        return f"NOT A CHECKPOINT  {path} is a file; a checkpoint is a directory holding {MANIFEST_NAME}"
+        return (
+            f"NOT A CHECKPOINT  {path} is a file, and not the .ckpt of a committed checkpoint (no folder beside it"
+            f" whose state.pt it is); a checkpoint is a directory holding {MANIFEST_NAME}"
+        )
     if has_manifest:  # there, but unreadable: the reader's words say how
         return f"NOT A CHECKPOINT  {path}: its manifest cannot be read\n  " + "\n  ".join(problems)
     inside = committed_checkpoints(location, options)

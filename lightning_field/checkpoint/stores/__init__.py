@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+from pathlib import Path
 from typing import cast
 
 from lightning_field.checkpoint.stores.base import (
@@ -20,7 +21,7 @@ from lightning_field.checkpoint.stores.base import (
     describe_error,
 )
 from lightning_field.checkpoint.stores.key_value import KeyValueStore
-from lightning_field.checkpoint.stores.local import LocalStore
+from lightning_field.checkpoint.stores.local import LocalStore, advertised_checkpoint
 from lightning_field.checkpoint.stores.object import DEFAULT_CONCURRENCY, DEFAULT_PART_BYTES, ObjectStore
 from lightning_field.core.manifest import (
     DRILL_RECORD_NAME,
@@ -44,6 +45,7 @@ __all__ = [
     "ObjectStore",
     "RankOutcome",
     "Receipt",
+    "checkpoint_location",
     "describe_error",
     "is_checkpoint",
     "location_exists",
@@ -76,6 +78,16 @@ def store_for(
     return cast(CheckpointStore, LocalStore())
 
 
+def checkpoint_location(path: str | os.PathLike[str]) -> Location:
+    """The checkpoint ``path`` names: its folder where ``path`` is the ``<name>.ckpt`` a commit advertised
+    beside it (:func:`~lightning_field.checkpoint.stores.local.advertise`), else ``path`` itself. Every
+    reader takes either, so what ModelCheckpoint's ``best_model_path`` names is verified as the folder."""
+    location = as_location(path)
+    if isinstance(location, Path) and location.is_file():
+        return advertised_checkpoint(location) or location
+    return location
+
+
 def location_exists(
     location: str | os.PathLike[str],
     storage_options: StorageOptions | None = None,
@@ -101,7 +113,7 @@ def read_manifest(
         ManifestError: naming the file, when the manifest or the drill record beside it is missing
             (the manifest), not JSON, of a format this version cannot read, or lacks a field.
     """
-    location = as_location(checkpoint)
+    location = checkpoint_location(checkpoint)
     reader = store or store_for(location, storage_options)
     try:
         raw = reader.read(location, MANIFEST_NAME)
@@ -119,7 +131,7 @@ def is_checkpoint(
     store: CheckpointReader | None = None,
 ) -> bool:
     """Whether ``location`` holds a committed checkpoint (its manifest is there)."""
-    where = as_location(location)
+    where = checkpoint_location(location)
     return (store or store_for(where, storage_options)).size(where, MANIFEST_NAME) is not None
 
 

@@ -6,6 +6,14 @@
 
 A crash before the directory rename leaves only a hidden directory, which no reader lists and the
 next run's setup deletes. After it, the checkpoint is complete.
+
+**The advertised file.** ModelCheckpoint's users open the path it advertises with
+``Model.load_from_checkpoint``, ``torch.load`` or ``trainer.fit(ckpt_path=...)``. A checkpoint's
+``state.pt`` is the complete Lightning checkpoint, so after the commit it gets a second name beside
+the folder, ``<name>.ckpt`` (:func:`advertise`): a hard link, no byte copied, the very bytes the
+manifest hashes. The folder stays the unit of the commit (one rename), so the commit protocol,
+verification, retention, drills and every reader stay as they were; the manifest is still the
+commit, and a ``.ckpt`` without a committed folder behind it is never resumed as ours.
 """
 
 from __future__ import annotations
@@ -27,11 +35,13 @@ from lightning_field.core.fsio import (
     remove_tree,
 )
 from lightning_field.core.hashing import hash_file
-from lightning_field.core.manifest import MANIFEST_NAME, Manifest
+from lightning_field.core.manifest import MANIFEST_NAME, SHARED_STATE_FILE, Manifest
 from lightning_field.core.member_paths import resolve_member
 
 LAST_POINTER = "LAST"
 TEMP_PREFIXES = (".tmp-", ".trash-")
+ADVERTISED_SUFFIX = ".ckpt"
+"""ModelCheckpoint's ``FILE_EXTENSION``: ``<name>.ckpt`` beside a checkpoint folder ``<name>`` is its ``state.pt``."""
 
 
 class LocalStore:
@@ -72,6 +82,7 @@ class LocalStore:
         shutil.rmtree(temp_dir_for(final.parent, final.name, token), ignore_errors=True)
 
     def remove(self, final: Path) -> None:
+        unadvertise(final)  # first: the advertised name never outlives the commit it names
         remove_dir_unseen(final, durable=self.durable)
 
     def clean_leftovers(self, dirpath: Path) -> list[Path]:
@@ -180,10 +191,70 @@ def clean_leftovers(dirpath: Path) -> list[Path]:
     if not dirpath.is_dir():
         return removed
     for child in dirpath.iterdir():
-        if (child.is_dir() or child.is_symlink()) and child.name.startswith(TEMP_PREFIXES):
-            remove_tree(child)
+        if child.name.startswith(TEMP_PREFIXES):
+            if child.is_dir() or child.is_symlink():
+                remove_tree(child)
+            else:
+                child.unlink(missing_ok=True)  # an advertised link that was never renamed into place
             removed.append(child)
     return removed
+
+
+def advertise(checkpoint: Path, suffix: str = ADVERTISED_SUFFIX, durable: bool = True) -> Path | None:
+    """Give a committed checkpoint's ``state.pt`` the name ``<name><suffix>`` beside its folder,
+    replacing what had it atomically; that path, or None for a checkpoint without ``state.pt`` (a
+    sharded one).
+
+    A hard link: no byte is copied, and what a user's ``torch.load`` reads is what the manifest
+    hashes. Where the filesystem has no hard links, a relative symbolic link (as ``save_last="link"``).
+
+    Raises:
+        OSError: neither link could be made, or a directory has the advertised name.
+    """
+    state = checkpoint / SHARED_STATE_FILE
+    if not state.is_file():
+        return None
+    target = checkpoint.with_name(checkpoint.name + suffix)
+    temp = checkpoint.parent / f".tmp-{target.name}-{os.getpid()}"
+    temp.unlink(missing_ok=True)
+    try:
+        os.link(state, temp)
+    except OSError:
+        os.symlink(os.path.join(checkpoint.name, SHARED_STATE_FILE), temp)
+    try:
+        os.replace(temp, target)
+    except OSError:
+        temp.unlink(missing_ok=True)
+        raise
+    if durable:
+        fsync_dir(checkpoint.parent)
+    return target
+
+
+def advertised_checkpoint(path: Path) -> Path | None:
+    """The checkpoint folder whose advertised file ``path`` is (:func:`advertise`: the same file as its
+    ``state.pt``, a manifest beside it), else None: a file of anyone else's is never taken for ours."""
+    if not path.suffix or path.name.startswith("."):
+        return None
+    folder = path.with_name(path.name[: -len(path.suffix)])
+    try:
+        if (folder / MANIFEST_NAME).is_file() and os.path.samefile(path, folder / SHARED_STATE_FILE):
+            return folder
+    except OSError:  # either is missing, or unreadable
+        return None
+    return None
+
+
+def unadvertise(checkpoint: Path) -> None:
+    """Remove the advertised files of ``checkpoint`` (:func:`advertise`), and nothing that is not one."""
+    if not checkpoint.parent.is_dir():
+        return
+    ours = os.path.join(checkpoint.name, SHARED_STATE_FILE)
+    for sibling in checkpoint.parent.iterdir():
+        if not sibling.name.startswith(checkpoint.name + ".") or sibling.is_dir():
+            continue
+        if (sibling.is_symlink() and os.readlink(sibling) == ours) or advertised_checkpoint(sibling) == checkpoint:
+            sibling.unlink(missing_ok=True)
 
 
 def temp_dir_for(dirpath: Path, name: str, token: str) -> Path:
