@@ -22,7 +22,6 @@ import os
 import pathlib
 import posixpath
 import sys
-from collections.abc import Callable
 from typing import Any
 
 MANIFEST = "manifest.json"
@@ -31,27 +30,20 @@ BOOKKEEPING_FILES = ("LAST", "SNAPSHOT_LINEAGE")
 EVENT_LOG_DIR, EVENT_LOG_FILE = "field", "events.jsonl"
 
 ADAPTATIONS: dict[str, str] = {
-    "ckpt-extension": (
-        "ManifestCheckpoint.FILE_EXTENSION is set to '.ckpt' (ModelCheckpoint's) for the session: a checkpoint "
-        "folder is named '<name>' where Lightning names its file '<name>.ckpt', and the tests compare names "
-        "(listings, best_model_path, filename templates). FILE_EXTENSION is a documented ModelCheckpoint class "
-        "attribute; only the suffix of the name changes."
-    ),
     "hide-bookkeeping": (
         "os.listdir / Path.iterdir called by test code leave out the regular files LAST and SNAPSHOT_LINEAGE "
         "(the commit pointer and the snapshot run token ManifestCheckpoint keeps in dirpath, docs/checkpoints.md): "
         "the tests assert the exact set of entries in dirpath."
     ),
+    "hide-checkpoint-folders": (
+        "the same listings leave out a committed checkpoint folder '<name>' whose state.pt is the '<name>.ckpt' "
+        "beside it (the file ModelCheckpoint would have written, and the path the callback advertises): the "
+        "folder holds the manifest and every rank's state (docs/checkpoints.md), the tests list files."
+    ),
     "hide-event-log": (
         "the same listings leave out a 'field' folder holding only events.jsonl (the run's event log, written to "
         "<default_root_dir>/field/): tests that use default_root_dir as dirpath assert the exact listing. "
         "(Arguably not format: plain Lightning writes nothing there; counted separately for that reason.)"
-    ),
-    "folder-is-file": (
-        "for a committed checkpoint folder (one holding manifest.json), test code's os.path.isfile() is True "
-        "and test code's torch.load()/pl_load(), and Lightning's LightningModule/LightningDataModule "
-        ".load_from_checkpoint(), load its state.pt (the complete Lightning checkpoint, docs/checkpoints.md) "
-        "instead of failing on a directory."
     ),
 }
 
@@ -83,16 +75,13 @@ def _hidden(directory: Any, name: str, enabled: set[str]) -> bool:
     full = os.path.join(os.fspath(directory), name)
     if "hide-bookkeeping" in enabled and name in BOOKKEEPING_FILES and _isfile(full):
         return True
+    if "hide-checkpoint-folders" in enabled and is_checkpoint_folder(full):
+        state = os.path.join(full, STATE_FILE)
+        siblings = [os.path.join(os.fspath(directory), n) for n in _listdir(directory) if n.startswith(name + ".")]
+        return any(_isfile(s) and os.path.samefile(s, state) for s in siblings if _isfile(state))
     if "hide-event-log" in enabled and name == EVENT_LOG_DIR and _isdir(full):
         return set(_listdir(full)) <= {EVENT_LOG_FILE}
     return False
-
-
-def _redirect(path: Any) -> Any:
-    """A committed checkpoint folder's state.pt, else ``path`` unchanged."""
-    if is_checkpoint_folder(path):
-        return os.path.join(os.fspath(path), STATE_FILE)
-    return path
 
 
 def install(swapped: bool, enabled: tuple[str, ...] | None = None) -> list[str]:
@@ -102,12 +91,7 @@ def install(swapped: bool, enabled: tuple[str, ...] | None = None) -> list[str]:
     if unknown:
         raise ValueError(f"unknown adaptations {sorted(unknown)}; known: {sorted(ADAPTATIONS)}")
 
-    if "ckpt-extension" in chosen and swapped:
-        from lightning_field.checkpoint.manifest_checkpoint import ManifestCheckpoint
-
-        ManifestCheckpoint.FILE_EXTENSION = ".ckpt"
-
-    listing = chosen & {"hide-bookkeeping", "hide-event-log"}
+    listing = chosen & {"hide-bookkeeping", "hide-checkpoint-folders", "hide-event-log"}
     if listing:
 
         def listdir(path: Any = ".") -> list[Any]:
@@ -127,36 +111,4 @@ def install(swapped: bool, enabled: tuple[str, ...] | None = None) -> list[str]:
         os.listdir = listdir
         pathlib.Path.iterdir = iterdir  # type: ignore[method-assign]
 
-    if "folder-is-file" in chosen:
-        import lightning.fabric.utilities.cloud_io as cloud_io
-        import lightning.pytorch.core.saving as saving
-        import torch
-
-        def isfile(path: Any) -> bool:
-            if _caller_is_test() and is_checkpoint_folder(path):
-                return True
-            return _isfile(path)
-
-        posixpath.isfile = isfile
-        os.path.isfile = isfile
-
-        def wrap_for_tests(load: Callable[..., Any]) -> Callable[..., Any]:
-            def wrapped(path: Any, *args: Any, **kwargs: Any) -> Any:
-                if _caller_is_test():
-                    path = _redirect(path)
-                return load(path, *args, **kwargs)
-
-            wrapped.__wrapped__ = load  # type: ignore[attr-defined]
-            return wrapped
-
-        torch.load = wrap_for_tests(torch.load)
-        cloud_io._load = wrap_for_tests(cloud_io._load)  # the test modules import it as pl_load
-
-        original_pl_load = saving.pl_load
-
-        def saving_pl_load(path: Any, *args: Any, **kwargs: Any) -> Any:  # load_from_checkpoint's loader
-            return original_pl_load(_redirect(path), *args, **kwargs)
-
-        saving.pl_load = saving_pl_load
-
-    return sorted(chosen if swapped else chosen - {"ckpt-extension"})
+    return sorted(chosen)
