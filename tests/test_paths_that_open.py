@@ -185,3 +185,30 @@ def test_a_lightning_cli_script_loads_its_best_model_from_the_path_the_callback_
         loaded[name] = (Path(best).name, UserClassifier.load_from_checkpoint(best))
     assert loaded["ours"][0] == loaded["plain"][0]
     _same_tensors(loaded["ours"][1].state_dict(), loaded["plain"][1].state_dict())
+
+
+@pytest.mark.parametrize(("save_last", "async_save"), [(True, False), ("link", False), (True, True)])
+def test_save_last_names_the_newest_checkpoint_last_as_modelcheckpoint_does_and_a_resume_from_it_is_exact(
+    tmp_path: Path, save_last: bool | str, async_save: bool
+) -> None:
+    settings = {"monitor": "step", "mode": "max", "save_top_k": 2, "every_n_train_steps": 4, "save_last": save_last}
+    plain = ModelCheckpoint(dirpath=tmp_path / "plain", **settings)  # type: ignore[arg-type]
+    ours = ManifestCheckpoint(dirpath=tmp_path / "ours", async_save=async_save, **settings)  # type: ignore[arg-type]
+    _fit(plain, tmp_path / "plain-root")
+    uninterrupted = _fit(ours, tmp_path / "ours-root").lightning_module.state_dict()
+
+    assert _relative(ours) == _relative(plain)
+    assert os.path.islink(ours.last_model_path) == os.path.islink(plain.last_model_path) == (save_last == "link")
+    # As ModelCheckpoint's: its real path is the last checkpoint saved (for True, the last file itself).
+    assert os.path.realpath(ours.last_model_path) == ours._last_checkpoint_saved
+    assert torch.load(ours.last_model_path)["global_step"] == torch.load(plain.last_model_path)["global_step"] == 12
+    # Behind the name: the newest committed folder, verified on load like any of ours.
+    assert checkpoint_location(ours.last_model_path) == tmp_path / "ours" / "epoch=0-step=12"
+
+    # A run stopped at step 8 and continued from its last_model_path ends where the uninterrupted one did.
+    shortened = ManifestCheckpoint(dirpath=tmp_path / "again", async_save=async_save, **settings)  # type: ignore[arg-type]
+    first = _trainer(shortened, tmp_path / "again-root", max_steps=8)
+    first.fit(LoggedBoring())
+    resumed = _trainer(ManifestCheckpoint(dirpath=tmp_path / "again", **settings), tmp_path / "again-root")  # type: ignore[arg-type]
+    resumed.fit(LoggedBoring(), ckpt_path=shortened.last_model_path)
+    _same_tensors(resumed.lightning_module.state_dict(), uninterrupted)

@@ -21,7 +21,7 @@ import fsspec
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.utilities.rank_zero import rank_zero_info
+from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
 from lightning_field.checkpoint.async_controller import AsyncSaves, SaveErrorPolicy
@@ -29,9 +29,10 @@ from lightning_field.checkpoint.async_save import Stager
 from lightning_field.checkpoint.checkpointer import Checkpointer
 from lightning_field.checkpoint.commit import SaveJob
 from lightning_field.checkpoint.stores import DEFAULT_CONCURRENCY, DEFAULT_PART_BYTES, CheckpointStore, CheckpointWriter
+from lightning_field.checkpoint.stores.local import name_file
 from lightning_field.core.distributed import broadcast_object
 from lightning_field.core.events import EventLog
-from lightning_field.core.manifest import StopRecord
+from lightning_field.core.manifest import SHARED_STATE_FILE, StopRecord
 from lightning_field.core.storage import Location, as_location, fs_options, same_location
 
 __all__ = ["CommittedCheckpoint"]
@@ -80,6 +81,8 @@ class CommittedCheckpoint(ModelCheckpoint):
             agreement_step=self._is_agreement_step, stager=self.make_stager(),
         )  # fmt: skip
         self._last_copy: str | None = None
+        self._pending_last_name: tuple[str, str] | None = None  # (checkpoint, its "last" name), made at its commit
+        self._last_named: str | None = None
         self._force_sync = False
         self._stopped: StopRecord | None = None  # save_now's, for the save it makes
         # save_now's resume points (stop, end, preemption) here and in attempts resumed: retired at a newer commit.
@@ -374,33 +377,73 @@ class CommittedCheckpoint(ModelCheckpoint):
         if trainer.is_global_zero:
             for logger in trainer.loggers:
                 logger.after_save_checkpoint(proxy(self))
+        pending = self._pending_last_name
+        if pending is not None and same_location(self.checkpoint_folder(pending[0]), job.final):
+            self._name_last(trainer)
 
     # ------------------------------------------------------------------ save_last, retention, resolution
     @override
     def _save_last_checkpoint(self, trainer: pl.Trainer, monitor_candidates: dict[str, Any]) -> None:
         if not self.save_last:
             return
-        previous_copy = self._last_copy
-        if self._last_checkpoint_saved and self._last_global_step_saved == trainer.global_step:
-            # This step is already committed: "last" is a name for it, not a second copy.
+        saved_now = bool(self._last_checkpoint_saved) and self._last_global_step_saved == trainer.global_step
+        if saved_now and not self.FILE_EXTENSION:
+            # A sharded or object-store checkpoint is its folder, with no file to name twice: "last" is this
+            # step's checkpoint itself, not a second full commit of it.
+            self._retire_last_copy(trainer, name_moves=True)
             self.last_model_path = self._last_checkpoint_saved
-            self._last_copy = None
+            return
+        filepath = self.format_checkpoint_name(monitor_candidates, self.CHECKPOINT_NAME_LAST)
+        version = self.STARTING_VERSION
+        while self._enable_version_counter and self.file_exists(filepath, trainer) and filepath != self.last_model_path:
+            filepath = self.format_checkpoint_name(monitor_candidates, self.CHECKPOINT_NAME_LAST, ver=version)
+            version += 1
+        previous, self.last_model_path = self.last_model_path, filepath
+        if saved_now and filepath != self._last_checkpoint_saved:
+            # ModelCheckpoint writes this step a second time (or links it, for "link"). Here "last" is a
+            # second name of the file this step's commit advertises: the same bytes, at no cost, named
+            # once that commit is done (under async_save, when it is).
+            self._retire_last_copy(trainer, name_moves=True)
+            self._pending_last_name = (self._last_checkpoint_saved, filepath)
+            committed = self.last_committed is not None and same_location(
+                self.last_committed[0], self.checkpoint_folder(self._last_checkpoint_saved)
+            )
+            if committed:
+                self._name_last(trainer)
+            if self.save_last is True:
+                self._last_checkpoint_saved = filepath  # as ModelCheckpoint's own save of it would
         else:
-            filepath = self.format_checkpoint_name(monitor_candidates, self.CHECKPOINT_NAME_LAST)
-            version = self.STARTING_VERSION
-            while self.file_exists(filepath, trainer):
-                filepath = self.format_checkpoint_name(monitor_candidates, self.CHECKPOINT_NAME_LAST, ver=version)
-                version += 1
-            self.last_model_path = filepath
             self._save_checkpoint(trainer, filepath)
+            self._retire_last_copy(trainer, name_moves=False)
             self._last_copy = filepath
-        # Only a checkpoint written solely to serve as "last" is retired here; top-k ones keep their own rules.
-        if (
-            previous_copy
-            and previous_copy != self.last_model_path
-            and self._should_remove_checkpoint(trainer, previous_copy, self.last_model_path)
-        ):
-            self._remove_checkpoint(trainer, previous_copy)
+        if previous and previous != filepath and previous == self._last_named:
+            self._remove_checkpoint(trainer, previous)  # a name an earlier step's "last" had: the name alone goes
+
+    def _retire_last_copy(self, trainer: pl.Trainer, name_moves: bool) -> None:
+        """Remove the checkpoint an earlier step wrote solely to serve as "last" (top-k ones keep their own
+        rules), unless this save replaced it in place. By its folder: its name may be about to name another."""
+        copy, self._last_copy = self._last_copy, None
+        if not copy or (copy == self.last_model_path and not name_moves):
+            return
+        folder = str(self.checkpoint_folder(copy))
+        if self._should_remove_checkpoint(trainer, folder, self.last_model_path):
+            self._remove_checkpoint(trainer, folder)
+
+    def _name_last(self, trainer: pl.Trainer) -> None:
+        """Give the committed checkpoint ``save_last`` names its "last" name: the symbolic link
+        ``save_last="link"`` asks for, else a hard link to its ``state.pt``."""
+        assert self._pending_last_name is not None
+        target, name = self._pending_last_name
+        self._pending_last_name = None
+        self._last_named = name
+        if not trainer.is_global_zero:
+            return
+        symbolic = self.save_last == "link"
+        source = Path(target) if symbolic else Path(self.checkpoint_folder(target)) / SHARED_STATE_FILE
+        try:
+            name_file(source, Path(name), symbolic=symbolic, durable=getattr(self.store_at(name), "durable", True))
+        except OSError as err:
+            rank_zero_warn(f"lightning_field: {target} is committed, but could not also be named {name}: {err}")
 
     @override
     def state_dict(self) -> dict[str, Any]:

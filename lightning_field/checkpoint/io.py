@@ -27,10 +27,11 @@ from lightning_field.checkpoint.stores import (
     store_for,
 )
 from lightning_field.checkpoint.stores.base import describe_error
+from lightning_field.checkpoint.stores.local import advertised_checkpoint
 from lightning_field.checkpoint.verify import CheckpointCorruptError, VerifyReport, refuse_misnamed, verify_against
 from lightning_field.core.distributed import all_gather_objects, global_rank, world_size
 from lightning_field.core.manifest import SHARED_STATE_FILE, Manifest, rank_state_file
-from lightning_field.core.storage import Location
+from lightning_field.core.storage import Location, as_location
 from lightning_field.state import reshard
 
 log = logging.getLogger(__name__)
@@ -85,7 +86,10 @@ class ManifestCheckpointIO(CheckpointIO):
         )
 
     def remove_checkpoint(self, path: Any) -> None:
-        location = checkpoint_location(path)  # an advertised <name>.ckpt goes with its folder
+        # An advertised <name>.ckpt goes with its folder; another name of it (a last.ckpt) goes alone.
+        location = as_location(path)
+        if isinstance(location, Path) and location.is_file():
+            location = advertised_checkpoint(location) or location
         if isinstance(location, Path) and location.is_file():
             self.inner.remove_checkpoint(path)  # a plain ``.ckpt``: Lightning's own
         else:

@@ -21,7 +21,7 @@ from lightning_field.checkpoint.stores.base import (
     describe_error,
 )
 from lightning_field.checkpoint.stores.key_value import KeyValueStore
-from lightning_field.checkpoint.stores.local import LocalStore, advertised_checkpoint
+from lightning_field.checkpoint.stores.local import LocalStore, named_checkpoint
 from lightning_field.checkpoint.stores.object import DEFAULT_CONCURRENCY, DEFAULT_PART_BYTES, ObjectStore
 from lightning_field.core.manifest import (
     DRILL_RECORD_NAME,
@@ -80,11 +80,12 @@ def store_for(
 
 def checkpoint_location(path: str | os.PathLike[str]) -> Location:
     """The checkpoint ``path`` names: its folder where ``path`` is the ``<name>.ckpt`` a commit advertised
-    beside it (:func:`~lightning_field.checkpoint.stores.local.advertise`), else ``path`` itself. Every
-    reader takes either, so what ModelCheckpoint's ``best_model_path`` names is verified as the folder."""
+    beside it (:func:`~lightning_field.checkpoint.stores.local.advertise`) or another name of that file
+    in the same folder (``save_last``'s ``last.ckpt``), else ``path`` itself. Every reader takes either, so
+    what ModelCheckpoint's ``best_model_path`` and ``last_model_path`` name is verified as the folder."""
     location = as_location(path)
     if isinstance(location, Path) and location.is_file():
-        return advertised_checkpoint(location) or location
+        return named_checkpoint(location) or location
     return location
 
 

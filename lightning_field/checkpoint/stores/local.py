@@ -215,20 +215,56 @@ def advertise(checkpoint: Path, suffix: str = ADVERTISED_SUFFIX, durable: bool =
     if not state.is_file():
         return None
     target = checkpoint.with_name(checkpoint.name + suffix)
-    temp = checkpoint.parent / f".tmp-{target.name}-{os.getpid()}"
+    name_file(state, target, symbolic=False, durable=durable)
+    return target
+
+
+def name_file(source: Path, name: Path, symbolic: bool, durable: bool = True) -> None:
+    """Make ``name`` another name of the file ``source``, replacing what had it in one rename: a hard
+    link, or a relative symbolic link where ``symbolic`` or the filesystem has no hard links.
+
+    Raises:
+        OSError: no link could be made, or a directory has the name.
+    """
+    temp = name.parent / f".tmp-{name.name}-{os.getpid()}"
     temp.unlink(missing_ok=True)
+    relative = os.path.relpath(source, name.parent)
+    if symbolic:
+        os.symlink(relative, temp)
+    else:
+        try:
+            os.link(source, temp)
+        except OSError:
+            os.symlink(relative, temp)
     try:
-        os.link(state, temp)
-    except OSError:
-        os.symlink(os.path.join(checkpoint.name, SHARED_STATE_FILE), temp)
-    try:
-        os.replace(temp, target)
+        os.replace(temp, name)
     except OSError:
         temp.unlink(missing_ok=True)
         raise
     if durable:
-        fsync_dir(checkpoint.parent)
-    return target
+        fsync_dir(name.parent)
+
+
+def named_checkpoint(path: Path) -> Path | None:
+    """The committed checkpoint folder whose ``state.pt`` the file ``path`` is, under any name in its
+    folder (the advertised ``<name>.ckpt``, a ``last.ckpt`` that names the newest), else None."""
+    folder = advertised_checkpoint(path)
+    if folder is not None or not path.is_file():
+        return folder
+    try:
+        identity = path.stat()
+        siblings = list(path.parent.iterdir())
+    except OSError:
+        return None
+    for sibling in siblings:
+        state = sibling / SHARED_STATE_FILE
+        try:
+            same = os.path.samestat(identity, state.stat()) and (sibling / MANIFEST_NAME).is_file()
+        except OSError:  # not a folder, or no state.pt
+            continue
+        if same and not sibling.name.startswith("."):
+            return sibling
+    return None
 
 
 def advertised_checkpoint(path: Path) -> Path | None:
