@@ -38,7 +38,10 @@ MODEL_CHECKPOINT_MEMBERS: tuple[PrivateMember, ...] = (
                   "save_on_exception's own save runs only where the last step's end could not be saved, and is"
                   " then marked not recoverable"),
     PrivateMember("_save_last_checkpoint", ("overridden",), ("self", "trainer", "monitor_candidates"),
-                  "save_last names the step's committed checkpoint where one exists, not a second copy or a link"),
+                  "save_last's last.ckpt is a second name of the step's committed file (made when it commits, also"
+                  " under async_save), not a second write of the step"),
+    PrivateMember("_enable_version_counter", ("read",), None,
+                  "save_last's name takes ModelCheckpoint's version counter, as its own _save_last_checkpoint does"),
     PrivateMember("_find_last_checkpoints", ("overridden",), ("self", "trainer"),
                   'ckpt_path="last" resolves to the newest recoverable checkpoint that verifies, not the newest'
                   " file named last"),
