@@ -18,6 +18,7 @@ _EXPORTS: dict[str, str] = {
     "Restored": "lightning_field.checkpoint.checkpointer",
     "Stateful": "lightning_field.checkpoint.checkpointer",
     "CheckpointSaveError": "lightning_field.checkpoint.commit",
+    "CheckpointError": "lightning_field.core.errors",
     "ManifestCheckpointIO": "lightning_field.checkpoint.io",
     "ManifestCheckpoint": "lightning_field.checkpoint.manifest_checkpoint",
     "NO_PROGRESS_EXIT_CODE": "lightning_field.checkpoint.no_progress",
@@ -58,6 +59,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
         require_intact,
         verify_checkpoint,
     )
+    from lightning_field.core.errors import CheckpointError
 
 
 def load_weights(
@@ -97,6 +99,7 @@ __all__ = [
     "NO_PROGRESS_EXIT_CODE",
     "PREEMPTED_EXIT_CODE",
     "CheckpointCorruptError",
+    "CheckpointError",
     "CheckpointSaveError",
     "Checkpointer",
     "ManifestCheckpoint",

@@ -33,6 +33,7 @@ from lightning_field.checkpoint.stores import (
 )
 from lightning_field.checkpoint.verify import VerifyReport, verify_checkpoint
 from lightning_field.core.distributed import global_rank, world_size
+from lightning_field.core.errors import CheckpointError
 from lightning_field.core.manifest import SHARED_STATE_FILE, Manifest, Provenance, rank_state_file
 from lightning_field.core.storage import Location, as_location, join, parent, same_location
 from lightning_field.state.rng import capture_rng_state, restore_rng_state
@@ -52,7 +53,7 @@ class Stateful(Protocol):
     def load_state_dict(self, state_dict: Any) -> Any: ...
 
 
-class NothingToRestoreError(FileNotFoundError):
+class NothingToRestoreError(CheckpointError, FileNotFoundError):
     """:meth:`Checkpointer.restore` found no recoverable checkpoint to restore."""
 
 

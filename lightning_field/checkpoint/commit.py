@@ -46,6 +46,7 @@ from lightning_field.checkpoint.stores.local import (
     write_last_pointer,
 )
 from lightning_field.core.distributed import all_gather_objects, broadcast_object
+from lightning_field.core.errors import CheckpointError
 from lightning_field.core.manifest import (
     SHARED_STATE_FILE,
     FileEntry,
@@ -83,7 +84,7 @@ RankReport = tuple[RankOutcome, list[str], list[str], list[dict[str, Any]]]
 """What each rank reports to the commit: its outcome, what it lacks, its data restore, its stream positions."""
 
 
-class CheckpointSaveError(RuntimeError):
+class CheckpointSaveError(CheckpointError, RuntimeError):
     """A save failed on some rank; nothing was committed and earlier checkpoints are untouched."""
 
 

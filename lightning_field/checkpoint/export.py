@@ -19,12 +19,13 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
+from lightning_field.core.errors import CheckpointError
 from lightning_field.core.fsio import fsync_dir
 
 FORMATS = ("safetensors", "torch")
 
 
-class ExportRefusedError(ValueError):
+class ExportRefusedError(CheckpointError, ValueError):
     """The weights cannot be written in the format asked for (the reason names the keys)."""
 
 

@@ -19,6 +19,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from lightning_field.checkpoint.resolver import committed_checkpoints, last_pointer_rollback, latest_recoverable
 from lightning_field.checkpoint.stores import CheckpointReader, read_manifest
 from lightning_field.checkpoint.verify import VerifyReport
+from lightning_field.core.errors import CheckpointError
 from lightning_field.core.launcher_env import env_global_rank, restart_of
 from lightning_field.core.storage import Location, basename
 
@@ -30,7 +31,7 @@ log = logging.getLogger(__name__)
 __all__ = ["NoRecoverableCheckpointError", "no_recoverable_message", "resolve_last"]
 
 
-class NoRecoverableCheckpointError(RuntimeError):
+class NoRecoverableCheckpointError(CheckpointError, RuntimeError):
     """``ckpt_path="last"`` found committed checkpoints, but none that resumes exactly.
 
     Training from step 0 instead would silently throw the run's work away, so it is refused; the

@@ -26,6 +26,7 @@ import torch
 from lightning.fabric.utilities.data import AttributeDict
 from omegaconf import DictConfig, ListConfig, base, nodes
 
+from lightning_field.core.errors import CheckpointError
 from lightning_field.core.member_paths import member_name_problem
 
 log = logging.getLogger(__name__)
@@ -60,7 +61,7 @@ CHECKPOINT_SAFE_TYPES: tuple[Any, ...] = (
 TRUST_PICKLES_HINT = "ManifestCheckpoint(trust_pickles=True) (from Hydra: callbacks.checkpoint.trust_pickles=true)"
 
 
-class UnsafeCheckpointError(RuntimeError):
+class UnsafeCheckpointError(CheckpointError, RuntimeError):
     """A checkpoint file needs full unpickling, which could run code that whoever wrote it chose."""
 
 

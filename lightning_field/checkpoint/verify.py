@@ -15,6 +15,7 @@ from lightning_field.checkpoint.stores import (
     read_manifest,
     store_for,
 )
+from lightning_field.core.errors import CheckpointError
 from lightning_field.core.manifest import MANIFEST_NAME, Manifest, ManifestError
 from lightning_field.core.member_paths import UnsafeMemberError, resolve_member
 from lightning_field.core.signing import keys_from_environment
@@ -43,7 +44,7 @@ def name_step_problem(location: Location, manifest: Manifest) -> str | None:
     )
 
 
-class CheckpointCorruptError(RuntimeError):
+class CheckpointCorruptError(CheckpointError, RuntimeError):
     """A checkpoint's files do not match its manifest. The message names every bad file."""
 
 

@@ -36,6 +36,7 @@ from lightning_field.checkpoint.sharded import DCP_METADATA
 from lightning_field.checkpoint.sharded_load import dcp_files
 from lightning_field.checkpoint.stores import checkpoint_location, describe_error, read_manifest, store_for
 from lightning_field.checkpoint.verify import CheckpointCorruptError, refuse_misnamed, verify_against
+from lightning_field.core.errors import CheckpointError
 from lightning_field.core.manifest import SHARED_STATE_FILE
 from lightning_field.core.storage import Location, StorageOptions
 
@@ -46,7 +47,7 @@ MODEL_KEY = "state_dict"
 """Where a Lightning checkpoint keeps the LightningModule's ``state_dict``, and the DCP entry of a sharded one."""
 
 
-class UnreadableWeightsError(RuntimeError):
+class UnreadableWeightsError(CheckpointError, RuntimeError):
     """A checkpoint whose files verify, but whose model weights cannot be read from them."""
 
 

@@ -1,8 +1,14 @@
-"""The refusal every capability raises when a checkpoint may not resume into this run.
+"""The checkpoint errors' common base, and the refusal every capability raises when a checkpoint
+may not resume into this run.
 
-It lives in ``core`` because both sides meet it: the resume policy (``checkpoint``) refuses a
-different code, config, data, model or world size, and the rank-state tracker (``state``) a train
-loader whose settings changed since the save.
+:class:`CheckpointError` is what a user catches to handle any checkpoint failure in one place (a
+save that did not commit, a corrupt or unsafe file, a refusal to resume, a manifest that cannot be
+read). Each subclass keeps the built-in base it had (``RuntimeError``, ``ValueError``, ...), so code
+that caught those still does.
+
+:class:`ResumeMismatchError` lives in ``core`` because both sides meet it: the resume policy
+(``checkpoint``) refuses a different code, config, data, model or world size, and the rank-state
+tracker (``state``) a train loader whose settings changed since the save.
 """
 
 from __future__ import annotations
@@ -10,10 +16,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["ResumeMismatchError"]
+__all__ = ["CheckpointError", "ResumeMismatchError"]
 
 
-class ResumeMismatchError(RuntimeError):
+class CheckpointError(Exception):
+    """Base of every error about a checkpoint: saving, verifying, loading or resuming one."""
+
+
+class ResumeMismatchError(CheckpointError, RuntimeError):
     """The checkpoint was written by a run whose code, data, config, model or world size differ.
 
     Attributes:

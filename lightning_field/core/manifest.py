@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 from lightning_field.core.documents import DocumentFormat, check_envelope, parse_document
+from lightning_field.core.errors import CheckpointError
 from lightning_field.core.fsio import atomic_write_bytes
 from lightning_field.core.hashing import HASH_ALGORITHM
 from lightning_field.core.manifest_records import (
@@ -117,7 +118,7 @@ def rank_state_file(rank: int) -> str:
     return f"rank-{rank:05d}.pt"
 
 
-class ManifestError(ValueError):
+class ManifestError(CheckpointError, ValueError):
     """A manifest is missing, unreadable, or of a format this version cannot read."""
 
 
