@@ -212,3 +212,27 @@ def test_save_last_names_the_newest_checkpoint_last_as_modelcheckpoint_does_and_
     resumed = _trainer(ManifestCheckpoint(dirpath=tmp_path / "again", **settings), tmp_path / "again-root")  # type: ignore[arg-type]
     resumed.fit(LoggedBoring(), ckpt_path=shortened.last_model_path)
     _same_tensors(resumed.lightning_module.state_dict(), uninterrupted)
+
+
+@pytest.mark.parametrize("save_last", [True, "link"])
+def test_a_last_name_that_changes_each_epoch_leaves_only_the_newest_as_modelcheckpoint_does(
+    tmp_path: Path, save_last: bool | str
+) -> None:
+    class LastOfEachEpoch(ManifestCheckpoint):
+        CHECKPOINT_NAME_LAST = "last-{epoch}"
+
+    class PlainLastOfEachEpoch(ModelCheckpoint):
+        CHECKPOINT_NAME_LAST = "last-{epoch}"
+
+    def listed(callback: ModelCheckpoint) -> list[str]:
+        return sorted(p.name for p in Path(callback.dirpath).iterdir() if p.is_file() and p.suffix == ".ckpt")
+
+    runs = []
+    for kind in (PlainLastOfEachEpoch, LastOfEachEpoch):
+        seed_everything(7)
+        callback = kind(dirpath=tmp_path / kind.__name__, monitor="val_loss", save_top_k=-1, save_last=save_last)
+        trainer = Trainer(max_epochs=3, limit_train_batches=4, limit_val_batches=2, callbacks=[callback],
+                          default_root_dir=tmp_path, logger=False, enable_progress_bar=False)  # fmt: skip
+        trainer.fit(LoggedBoring())
+        runs.append((listed(callback), Path(callback.last_model_path).name))
+    assert runs[1] == runs[0] and runs[0][1] == "last-epoch=2.ckpt"

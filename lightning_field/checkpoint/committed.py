@@ -399,6 +399,7 @@ class CommittedCheckpoint(ModelCheckpoint):
             filepath = self.format_checkpoint_name(monitor_candidates, self.CHECKPOINT_NAME_LAST, ver=version)
             version += 1
         previous, self.last_model_path = self.last_model_path, filepath
+        named_before = self._last_named
         if saved_now and filepath != self._last_checkpoint_saved:
             # ModelCheckpoint writes this step a second time (or links it, for "link"). Here "last" is a
             # second name of the file this step's commit advertises: the same bytes, at no cost, named
@@ -416,7 +417,7 @@ class CommittedCheckpoint(ModelCheckpoint):
             self._save_checkpoint(trainer, filepath)
             self._retire_last_copy(trainer, name_moves=False)
             self._last_copy = filepath
-        if previous and previous != filepath and previous == self._last_named:
+        if previous and previous != filepath and previous == named_before:
             self._remove_checkpoint(trainer, previous)  # a name an earlier step's "last" had: the name alone goes
 
     def _retire_last_copy(self, trainer: pl.Trainer, name_moves: bool) -> None:
