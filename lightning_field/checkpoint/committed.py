@@ -83,6 +83,10 @@ class CommittedCheckpoint(ModelCheckpoint):
         self._last_copy: str | None = None
         self._pending_last_name: tuple[str, str] | None = None  # (checkpoint, its "last" name), made at its commit
         self._last_named: str | None = None
+        # Set at setup where saves go through Trainer.save_checkpoint (every strategy but a sharded one).
+        self.routes_saves = False
+        self._capturing = False
+        self._captured: dict[str, Any] | None = None
         self._force_sync = False
         self._stopped: StopRecord | None = None  # save_now's, for the save it makes
         # save_now's resume points (stop, end, preemption) here and in attempts resumed: retired at a newer commit.
@@ -93,9 +97,15 @@ class CommittedCheckpoint(ModelCheckpoint):
         return None
 
     def _prepare_save(
-        self, trainer: pl.Trainer, final: Location, start: float, store: CheckpointWriter | None = None
+        self,
+        trainer: pl.Trainer,
+        final: Location,
+        start: float,
+        store: CheckpointWriter | None = None,
+        checkpoint: dict[str, Any] | None = None,
     ) -> SaveJob:
-        """All a save's commit through ``store`` (default: this callback's) needs, taken on the training thread."""
+        """All a save's commit through ``store`` (default: this callback's) needs, taken on the training
+        thread; ``checkpoint``: the dict Trainer.save_checkpoint built for it, if it went through there."""
         raise NotImplementedError
 
     def _is_agreement_step(self, trainer: pl.Trainer) -> bool:
@@ -329,7 +339,14 @@ class CommittedCheckpoint(ModelCheckpoint):
             self._events.emit("ckpt_save_start", step=trainer.global_step, payload={"path": str(final)})
         if trainer.model is None:
             raise AttributeError("Saving a checkpoint is only possible if a model is attached to the Trainer.")
-        job = self._prepare_save(trainer, final, start)
+        routed, checkpoint = self._dump_through_trainer(trainer, filepath)
+        if routed and checkpoint is None:
+            # Trainer.save_checkpoint is replaced by one that never reached the strategy (a mock, an override
+            # that saves elsewhere): ModelCheckpoint's bookkeeping, as for its own save; nothing to commit.
+            self._last_global_step_saved = trainer.global_step
+            self._last_checkpoint_saved = filepath
+            return
+        job = self._prepare_save(trainer, final, start, checkpoint=checkpoint)
         job.stopped = self._stopped
         if final != as_location(filepath):
             job.advertised_suffix = self.FILE_EXTENSION
@@ -346,6 +363,27 @@ class CommittedCheckpoint(ModelCheckpoint):
         self._last_global_step_saved = job.step
         self._last_checkpoint_saved = filepath
         self._retire_resume_points(trainer, filepath)
+
+    def _dump_through_trainer(self, trainer: pl.Trainer, filepath: str) -> tuple[bool, dict[str, Any] | None]:
+        """Whether this save goes through ``Trainer.save_checkpoint`` (``routes_saves``), and the
+        checkpoint dict it handed the strategy there (None where it handed none), which the commit
+        writes instead: an override of ``Trainer.save_checkpoint`` sees each save, as ModelCheckpoint's."""
+        if not self.routes_saves:
+            return False, None
+        self._capturing, self._captured = True, None
+        try:
+            trainer.save_checkpoint(filepath, self.save_weights_only)
+        finally:
+            captured, self._capturing, self._captured = self._captured, False, None
+        return True, captured
+
+    def take_checkpoint(self, checkpoint: dict[str, Any]) -> bool:
+        """The strategy's save, offered the dict (``compat.lightning.intercept_strategy_save``): taken
+        while this callback's own save is under way, else left to the strategy."""
+        if not self._capturing:
+            return False
+        self._captured, self._capturing = checkpoint, False
+        return True
 
     def checkpoint_folder(self, filepath: str | os.PathLike[str]) -> Location:
         """The checkpoint folder behind a path ModelCheckpoint's naming made: ``<name>`` for

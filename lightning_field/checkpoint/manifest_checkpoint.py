@@ -241,6 +241,10 @@ class ManifestCheckpoint(CommittedCheckpoint):
         if not isinstance(self.store_at(self.dirpath), LocalStore) or sharded.is_sharded(trainer.strategy):
             # There the checkpoint is its folder (DCP shards; an object-store prefix): named without one.
             self.FILE_EXTENSION = ""
+        if not sharded.is_sharded(trainer.strategy):
+            # A sharded strategy's own save writes DCP files itself; there the callback dumps the state directly.
+            internals.intercept_strategy_save(trainer.strategy, self.take_checkpoint)
+            self.routes_saves = True
         if sharded.check_strategy(trainer.strategy):
             sharded_load.guard_strategy_load(trainer.strategy, self.store_at, self._guard.check, self.trust_pickles)
         if self.async_save:
@@ -374,6 +378,8 @@ class ManifestCheckpoint(CommittedCheckpoint):
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        internals.release_strategy_save(trainer.strategy, self.take_checkpoint)
+        self.routes_saves = False
         self._saves.close(trainer)
         self.snapshots.close(trainer, finished=stage == "fit")  # Lightning tears callbacks down after a clean fit only
         self._end_attempt(trainer, "finished")  # a preemption ends in on_exception
@@ -388,11 +394,18 @@ class ManifestCheckpoint(CommittedCheckpoint):
 
     # ------------------------------------------------------------------ saving
     def _prepare_save(
-        self, trainer: pl.Trainer, final: Location, start: float, store: CheckpointWriter | None = None
+        self,
+        trainer: pl.Trainer,
+        final: Location,
+        start: float,
+        store: CheckpointWriter | None = None,
+        checkpoint: dict[str, Any] | None = None,
     ) -> SaveJob:
         """Everything a commit needs, captured on the training thread: after this, the commit reads
-        nothing from the trainer, so it can run while training moves on."""
-        checkpoint = internals.dump_checkpoint(trainer, self.save_weights_only)
+        nothing from the trainer, so it can run while training moves on. ``checkpoint``: the dict
+        ``Trainer.save_checkpoint`` built for this save, else it is built here (a step snapshot)."""
+        if checkpoint is None:
+            checkpoint = internals.dump_checkpoint(trainer, self.save_weights_only)
         # Put back to the step it holds where the save is made after it (exception_save.py).
         rewound = self._exception_save.rewind_checkpoint(checkpoint)
         rank_state, rank_missing = self.rank_tracker.capture(trainer, checkpoint, self.save_weights_only, rewound)

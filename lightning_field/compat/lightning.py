@@ -176,6 +176,49 @@ def wrap_strategy_load(strategy: Any, hook: Callable[..., dict[str, Any]]) -> No
     strategy.load_checkpoint = load_checkpoint
 
 
+SAVE_INTERCEPTORS = "_lightning_field_save_interceptors"
+
+
+def intercept_strategy_save(strategy: Any, interceptor: Callable[[dict[str, Any]], bool]) -> None:
+    """Offer ``interceptor`` the checkpoint dict ``Trainer.save_checkpoint`` hands ``strategy.save_checkpoint``,
+    on every rank, before the strategy writes it: where it returns True (a save of ManifestCheckpoint's
+    own, which commits the dict itself) the strategy writes nothing; otherwise it saves as it would.
+
+    Works around: ``Strategy.save_checkpoint`` writes through the CheckpointIO on global rank 0 only, and
+    the commit needs the dict on every rank. Routing each save through ``Trainer.save_checkpoint`` is
+    what lets a user's override of it (or a test's mock) see every save, as with ModelCheckpoint.
+    Installed once per strategy instance; several callbacks share it (:func:`release_strategy_save`)."""
+    current = strategy.save_checkpoint
+    interceptors: list[Callable[[dict[str, Any]], bool]] | None = getattr(current, SAVE_INTERCEPTORS, None)
+    if interceptors is None:
+        original, interceptors = current, []
+        offered = interceptors
+
+        def save_checkpoint(checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:
+            if any(take(checkpoint) for take in list(offered)):
+                return
+            original(checkpoint, filepath, storage_options=storage_options)
+
+        setattr(save_checkpoint, SAVE_INTERCEPTORS, interceptors)
+        save_checkpoint.__wrapped__ = original  # type: ignore[attr-defined]
+        strategy.save_checkpoint = save_checkpoint
+    if interceptor not in interceptors:
+        interceptors.append(interceptor)
+
+
+def release_strategy_save(strategy: Any, interceptor: Callable[[dict[str, Any]], bool]) -> None:
+    """Undo :func:`intercept_strategy_save` for ``interceptor``; the strategy's own method is back once
+    no interceptor is left (a spawned run pickles the strategy, which a closure cannot be)."""
+    current = strategy.save_checkpoint
+    interceptors = getattr(current, SAVE_INTERCEPTORS, None)
+    if interceptors is None:
+        return
+    if interceptor in interceptors:
+        interceptors.remove(interceptor)
+    if not interceptors:
+        strategy.save_checkpoint = current.__wrapped__
+
+
 def load_sharded_from(strategy: Any, path: Any, weights_only: bool | None = None) -> dict[str, Any]:
     """``ModelParallelStrategy.load_checkpoint`` from this rank's own ``path``.
 
