@@ -428,8 +428,8 @@ class CommittedCheckpoint(ModelCheckpoint):
         if saved_now and not self.FILE_EXTENSION:
             # A sharded or object-store checkpoint is its folder, with no file to name twice: "last" is this
             # step's checkpoint itself, not a second full commit of it.
-            self._retire_last_copy(trainer, name_moves=True)
             self.last_model_path = self._last_checkpoint_saved
+            self._retire_last_copy(trainer, name_moves=True)
             return
         filepath = self.format_checkpoint_name(monitor_candidates, self.CHECKPOINT_NAME_LAST)
         version = self.STARTING_VERSION
