@@ -13,6 +13,7 @@ agents and workers start from the suite's warm python (``warm_python.py``) where
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import multiprocessing
 import os
 import re
@@ -282,6 +283,31 @@ def _lose_a_node(name: str, root: Path, out: Path, checkpoint: str, shards: Path
     return next((c for c in codes if c != 0), 0), text
 
 
+def _uninterrupted_run(
+    go: Any, name: str, root: Path, out: Path, checkpoint: str, shards: Path | None
+) -> tuple[int, str]:
+    """The row's run without a kill, with ``checkpoint``'s callback: where the suite shares a folder
+    (``shards``), made once per suite and copied to ``out`` for every test that needs it (a row's
+    conformance test, its plain control, the column "ours against plain"), under a lock so that two
+    workers never make it twice. The run is the same command wherever it is made; only its folder differs."""
+    if shards is None:
+        return go(name, root, out, checkpoint, kill=False, resume=False, shards=shards)
+    cache = shards.parent / "uninterrupted-runs"
+    cache.mkdir(parents=True, exist_ok=True)
+    made = cache / f"{name}-{checkpoint}.pt"
+    with open(cache / f"{name}-{checkpoint}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if made.is_file():
+            shutil.copyfile(made, out)
+            return 0, f"(the uninterrupted run made earlier in this suite: {made})"
+        rc, log = go(name, root, out, checkpoint, kill=False, resume=False, shards=shards)
+        if rc == 0:
+            partial = made.with_suffix(".partial")
+            shutil.copyfile(out, partial)
+            os.replace(partial, made)
+        return rc, log
+
+
 def run_protocol(name: str, checkpoint: str, tmp: Path, shards: Path | None = None) -> Outcome:
     """Reference, killed, resumed; the outcome names the first difference from the reference.
 
@@ -294,7 +320,7 @@ def run_protocol(name: str, checkpoint: str, tmp: Path, shards: Path | None = No
     go = _cli_launched if config.cli else _launched if config.devices > 1 else _forked
     outcome = Outcome(name, checkpoint)
     reference, resumed = tmp / f"{checkpoint}-reference.pt", tmp / f"{checkpoint}-resumed.pt"
-    rc, log = go(name, tmp / f"{checkpoint}-reference", reference, checkpoint, kill=False, resume=False, shards=shards)
+    rc, log = _uninterrupted_run(go, name, tmp / f"{checkpoint}-reference", reference, checkpoint, shards)
     if rc != 0:
         outcome.error, outcome.log = f"reference run exited {rc}: {_tail(log)}", log
         return outcome
@@ -335,7 +361,7 @@ def uninterrupted_against_plain(name: str, tmp: Path, shards: Path | None = None
         if config.nodes > 1:  # one torchrun agent per simulated node
             rc, log = _torchrun(name, root, out, checkpoint, kill=False, shards=shards)
         else:
-            rc, log = go(name, root, out, checkpoint, kill=False, resume=False, shards=shards)
+            rc, log = _uninterrupted_run(go, name, root, out, checkpoint, shards)
         if rc != 0:
             return [f"the uninterrupted {checkpoint} run exited {rc}: {_tail(log)}"]
         outputs[checkpoint] = torch.load(out, weights_only=False)
