@@ -41,7 +41,7 @@ from lightning_field.checkpoint.stores import (
     CheckpointWriter,
     LocalStore,
 )
-from lightning_field.checkpoint.stores.local import advertised_checkpoint
+from lightning_field.checkpoint.stores.local import named_checkpoint
 from lightning_field.compat import lightning as internals
 from lightning_field.core.distributed import all_gather_objects, elastic_restart_hazard
 from lightning_field.core.events import EventLog
@@ -444,7 +444,7 @@ class ManifestCheckpoint(CommittedCheckpoint):
         lasts = [
             p
             for p in where.iterdir()
-            if p.is_file() and p.suffix == extension and named_last.match(p.stem) and advertised_checkpoint(p) is None
+            if p.is_file() and p.suffix == extension and named_last.match(p.stem) and named_checkpoint(p) is None
         ]
         if not lasts:
             return set()
