@@ -169,6 +169,17 @@ def test_every_function_level_import_says_why() -> None:
     )
 
 
+def test_the_package_keeps_no_formatter_exemptions() -> None:
+    # Module boundaries follow concerns, not a line count: nothing is squeezed past the formatter.
+    exempt = [
+        f"{path.relative_to(REPO)}:{number}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if line.rstrip().endswith("# fmt: skip") or line.strip() in ("# fmt: off", "# fmt: on")
+    ]
+    assert not exempt, "formatter exemptions in the package:\n" + "\n".join(exempt)
+
+
 # ---------------------------------------------------------------------------------------------- the checkers fail
 def _tree(root: Path, files: dict[str, str]) -> Path:
     package = root / "pkg"

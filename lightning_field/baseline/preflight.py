@@ -115,14 +115,16 @@ class StepClock(SectionHooks):
         now = time.perf_counter()
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
         samples, tokens = batch_counts(batch)
-        self.steps.append({
-            "step": trainer.global_step,
-            "seconds": None if self._last is None else now - self._last,
-            # Kept as a tensor: reading it here would synchronise the device inside the timed step.
-            "loss": loss.detach() if isinstance(loss, torch.Tensor) else None,
-            "samples": samples,
-            "tokens": tokens,
-        })  # fmt: skip
+        self.steps.append(
+            {
+                "step": trainer.global_step,
+                "seconds": None if self._last is None else now - self._last,
+                # Kept as a tensor: reading it here would synchronise the device inside the timed step.
+                "loss": loss.detach() if isinstance(loss, torch.Tensor) else None,
+                "samples": samples,
+                "tokens": tokens,
+            }
+        )
         self._last = now
 
     @property
@@ -194,10 +196,19 @@ def baseline(
     clock = StepClock()
     steps = settings.baseline_warmup_steps + settings.baseline_steps
     trainer = pl.Trainer(
-        **{**trainer_kwargs, "max_steps": steps, "max_epochs": -1, "logger": False, "enable_checkpointing": False,
-           "enable_progress_bar": False, "enable_model_summary": False, "limit_val_batches": 0,
-           "num_sanity_val_steps": 0, "callbacks": [clock]},
-    )  # fmt: skip
+        **{
+            **trainer_kwargs,
+            "max_steps": steps,
+            "max_epochs": -1,
+            "logger": False,
+            "enable_checkpointing": False,
+            "enable_progress_bar": False,
+            "enable_model_summary": False,
+            "limit_val_batches": 0,
+            "num_sanity_val_steps": 0,
+            "callbacks": [clock],
+        },
+    )
     trainer.fit(model, datamodule=datamodule)
     timed = [s for s in clock.steps[settings.baseline_warmup_steps :] if s["seconds"] is not None]
     first_timed = len(clock.steps) - len(timed)
@@ -252,17 +263,24 @@ def run_preflight(
     val_loader = _val_loader(datamodule)
     num_classes = settings.num_classes if settings.num_classes is not None else getattr(model, "num_classes", None)
     data: list[CheckResult] = check_data(
-        train_loader, val_loader, num_classes=num_classes, sample_batches=settings.sample_batches,
-        label_key=settings.label_key, ignore_index=settings.ignore_index,
-    )  # fmt: skip
+        train_loader,
+        val_loader,
+        num_classes=num_classes,
+        sample_batches=settings.sample_batches,
+        label_key=settings.label_key,
+        ignore_index=settings.ignore_index,
+    )
     # A data fault (a label out of range, ...) can make training itself raise. That is a finding to
     # report next to the data check that explains it, not a crash that hides the table.
     overfit, overfit_error = _attempt(
         lambda: tiny_overfit(
-            model, _take(train_loader, settings.overfit_batches), max_steps=settings.overfit_max_steps,
-            target_ratio=settings.overfit_target_ratio, lr=settings.overfit_lr,
+            model,
+            _take(train_loader, settings.overfit_batches),
+            max_steps=settings.overfit_max_steps,
+            target_ratio=settings.overfit_target_ratio,
+            lr=settings.overfit_lr,
         )
-    )  # fmt: skip
+    )
     measured_trainer, baseline_error = _attempt(lambda: baseline(model, datamodule, trainer_kwargs, settings))
     measured, trainer = measured_trainer if measured_trainer is not None else (None, None)
     fit = None

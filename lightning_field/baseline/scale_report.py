@@ -30,10 +30,14 @@ def render_report(record: dict[str, Any]) -> str:
     ]
     for r in record["runs"]:
         b, g = r["breakdown_s"], r["gradient"]
-        grad = "reference" if g is None else (
-            f"{'PASS' if g['passed'] else 'FAIL'} max abs {g.get('max_abs', float('nan')):.2e} "
-            f"rel {g.get('max_rel', float('nan')):.2e}" + (f" ({g['reason']})" if g.get("reason") else "")
-        )  # fmt: skip
+        grad = (
+            "reference"
+            if g is None
+            else (
+                f"{'PASS' if g['passed'] else 'FAIL'} max abs {g.get('max_abs', float('nan')):.2e} "
+                f"rel {g.get('max_rel', float('nan')):.2e}" + (f" ({g['reason']})" if g.get("reason") else "")
+            )
+        )
         lines.append(
             f"{r['ranks']:>5} {r['per_rank_batch']:>10} {r['accumulation']:>5} {r['effective_batch']:>9} "
             f"{r['throughput_samples_s']:>10.1f} {r['efficiency']:>10.2f} {1e3 * r['step_time_median_s']:>8.2f} "
@@ -42,8 +46,10 @@ def render_report(record: dict[str, Any]) -> str:
         )
         for s in r["stragglers"]:
             lines.append(f"      straggler: rank {s['rank']} in {SECTION_NAMES[s['section']]}")
-    lines.append(f"(breakdown: the critical rank, the last to arrive at the all-reduce; steps->N: steps to "
-                 f"{record['target_samples']} samples)")  # fmt: skip
+    lines.append(
+        f"(breakdown: the critical rank, the last to arrive at the all-reduce; steps->N: steps to "
+        f"{record['target_samples']} samples)"
+    )
     lines.append(f"Verdict: {record['verdict']['message']}")
     return "\n".join(lines)
 

@@ -182,9 +182,13 @@ class StudyData(pl.LightningDataModule):
         stalled = self.spec.stall_rank is not None and rank == self.spec.stall_rank and self.spec.stall_s > 0
         collate = StallingCollate(self.collate, self.spec.stall_s) if stalled else self.collate
         return DataLoader(
-            self.dataset, batch_size=self.spec.per_rank_batch, sampler=self.sampler, collate_fn=collate,
-            num_workers=self.num_workers, pin_memory=self.pin_memory,
-        )  # fmt: skip
+            self.dataset,
+            batch_size=self.spec.per_rank_batch,
+            sampler=self.sampler,
+            collate_fn=collate,
+            num_workers=self.num_workers,
+            pin_memory=self.pin_memory,
+        )
 
 
 def disable_dropout(model: nn.Module) -> int:

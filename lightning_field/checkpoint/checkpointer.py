@@ -190,11 +190,23 @@ class Checkpointer:
             files[SHARED_STATE_FILE] = (shared, sorted(shared))
         model = shared.get("model")
         job = SaveJob(
-            final=final, store=self.store, rank=rank, is_global_zero=zero, step=step, epoch=epoch,
-            world_size=world_size(), files=files, rank_missing=[], data_restore=[], stream_positions=[],
-            shared_components=sorted(shared), shared_missing=[], start=start,
-            provenance=Provenance(**(provenance or {})), model_state=model if isinstance(model, Mapping) else {},
-        )  # fmt: skip
+            final=final,
+            store=self.store,
+            rank=rank,
+            is_global_zero=zero,
+            step=step,
+            epoch=epoch,
+            world_size=world_size(),
+            files=files,
+            rank_missing=[],
+            data_restore=[],
+            stream_positions=[],
+            shared_components=sorted(shared),
+            shared_missing=[],
+            start=start,
+            provenance=Provenance(**(provenance or {})),
+            model_state=model if isinstance(model, Mapping) else {},
+        )
         self.commit(job)
         if zero and self.keep is not None:
             for entry in self.committed()[self.keep :]:

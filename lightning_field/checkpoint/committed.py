@@ -65,9 +65,11 @@ class CommittedCheckpoint(ModelCheckpoint):
         # Before ModelCheckpoint's __init__, which sets dirpath on it and whose first filesystem
         # handle already needs the storage options.
         self._checkpointer = Checkpointer(
-            store=store, storage_options=storage_options, upload_part_bytes=upload_part_bytes,
+            store=store,
+            storage_options=storage_options,
+            upload_part_bytes=upload_part_bytes,
             upload_concurrency=upload_concurrency,
-        )  # fmt: skip
+        )
         self.storage_options = self._checkpointer.storage_options
         super().__init__(**model_checkpoint_args)
         self._configured_every_n_train_steps = self._every_n_train_steps
@@ -76,10 +78,14 @@ class CommittedCheckpoint(ModelCheckpoint):
         self.last_blocking_seconds: float | None = None  # how long that save held training up
         self._events: EventLog | None = None
         self._saves = AsyncSaves(
-            on_save_error, advertise=self._advertise, remove=self._remove_checkpoint,
-            not_saved_message=self._checkpointer.not_saved_message, events=self._current_events,
-            agreement_step=self._is_agreement_step, stager=self.make_stager(),
-        )  # fmt: skip
+            on_save_error,
+            advertise=self._advertise,
+            remove=self._remove_checkpoint,
+            not_saved_message=self._checkpointer.not_saved_message,
+            events=self._current_events,
+            agreement_step=self._is_agreement_step,
+            stager=self.make_stager(),
+        )
         self._last_copy: str | None = None
         self._pending_last_name: tuple[str, str] | None = None  # (checkpoint, its "last" name), made at its commit
         self._last_named: str | None = None

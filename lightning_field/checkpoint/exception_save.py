@@ -91,8 +91,10 @@ class ExceptionSave:
         if trainer.world_size > 1:
             return
         if internals.accumulating(trainer):
-            self.spoil(f"it came inside a gradient-accumulation window of step {trainer.global_step + 1}, whose"
-                       " accumulated gradients are in no checkpoint")  # fmt: skip
+            self.spoil(
+                f"it came inside a gradient-accumulation window of step {trainer.global_step + 1}, whose"
+                " accumulated gradients are in no checkpoint"
+            )
             return
         self._end = StepEnd.capture(trainer, self._checkpoint.rank_tracker.rng_at_batch_end, self._watch)
         self._why_not = ""
@@ -130,9 +132,13 @@ class ExceptionSave:
         asked = bool(self._checkpoint.save_on_exception)
         try:
             saved = self._checkpoint.save_now(
-                trainer, self._checkpoint.filename if asked else FAILED_NAME, blocking=True, unless_saved=True,
-                as_resume_point=not asked, stopped={"by": kind, "detail": detail, "finished": False},
-            )  # fmt: skip
+                trainer,
+                self._checkpoint.filename if asked else FAILED_NAME,
+                blocking=True,
+                unless_saved=True,
+                as_resume_point=not asked,
+                stopped={"by": kind, "detail": detail, "finished": False},
+            )
         except Exception as err:  # the save failing must not hide the user's exception
             log.warning("lightning_field: the resume point at step %d could not be saved: %s", end.step, err)
             return None
@@ -146,8 +152,10 @@ class ExceptionSave:
 
     def _refusal(self, trainer: pl.Trainer) -> str | None:
         if trainer.world_size > 1:
-            return ("the other ranks wait in a collective for this one, and a save needs them all (the"
-                    " newest checkpoint or snapshot stands)")  # fmt: skip
+            return (
+                "the other ranks wait in a collective for this one, and a save needs them all (the"
+                " newest checkpoint or snapshot stands)"
+            )
         end = self._end
         if end is None:
             return self._why_not

@@ -5,7 +5,6 @@ Lightning state, each rank's RNG and data position, and a manifest written last 
 This module decides *when* and captures a ``SaveJob``; the Lightning-free ``Checkpointer`` does the rest.
 """
 
-
 import datetime
 import logging
 import os
@@ -159,14 +158,28 @@ class ManifestCheckpoint(CommittedCheckpoint):
         require_fresh: bool = False,
     ) -> None:
         super().__init__(
-            dirpath=dirpath, filename=filename, monitor=monitor, verbose=verbose, save_last=save_last,
-            save_top_k=save_top_k, save_on_exception=save_on_exception, save_weights_only=save_weights_only,
-            mode=mode, auto_insert_metric_name=auto_insert_metric_name, every_n_train_steps=every_n_train_steps,
-            train_time_interval=train_time_interval, every_n_epochs=every_n_epochs,
-            save_on_train_epoch_end=save_on_train_epoch_end, enable_version_counter=enable_version_counter,
-            storage_options=storage_options, upload_part_bytes=upload_part_bytes,
-            upload_concurrency=upload_concurrency, async_save=async_save, on_save_error=on_save_error, store=store,
-        )  # fmt: skip
+            dirpath=dirpath,
+            filename=filename,
+            monitor=monitor,
+            verbose=verbose,
+            save_last=save_last,
+            save_top_k=save_top_k,
+            save_on_exception=save_on_exception,
+            save_weights_only=save_weights_only,
+            mode=mode,
+            auto_insert_metric_name=auto_insert_metric_name,
+            every_n_train_steps=every_n_train_steps,
+            train_time_interval=train_time_interval,
+            every_n_epochs=every_n_epochs,
+            save_on_train_epoch_end=save_on_train_epoch_end,
+            enable_version_counter=enable_version_counter,
+            storage_options=storage_options,
+            upload_part_bytes=upload_part_bytes,
+            upload_concurrency=upload_concurrency,
+            async_save=async_save,
+            on_save_error=on_save_error,
+            store=store,
+        )
         self._preemption = PreemptionSave(self, preemption_signals, preemption_check_every_n_steps)
         self.rank_tracker = self.make_rank_tracker(generators)
         self._guard = ResumeGuard(allow_resume_mismatch, allow_changed, self._current_events, resume_inexact)
@@ -412,11 +425,17 @@ class ManifestCheckpoint(CommittedCheckpoint):
         if self._between_steps is not None:
             rank_missing = [*rank_missing, self._between_steps]
         return SaveJob.capture(
-            trainer, final, start, store=store or self._store, checkpoint=checkpoint, rank_state=rank_state,
-            rank_missing=rank_missing, weights_only=self.save_weights_only,
+            trainer,
+            final,
+            start,
+            store=store or self._store,
+            checkpoint=checkpoint,
+            rank_state=rank_state,
+            rank_missing=rank_missing,
+            weights_only=self.save_weights_only,
             provenance=self._guard.manifest_provenance(trainer.world_size),
             snapshot_interval=self.snapshots.interval_record(),
-        )  # fmt: skip
+        )
 
     @override
     def _find_last_checkpoints(self, trainer: pl.Trainer) -> set[str]:

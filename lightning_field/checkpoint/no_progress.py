@@ -155,15 +155,23 @@ def failed_attempts_without_progress(
                 continue
             if code is not None and payload.get("code") not in (None, code):
                 break  # other code failed: the fix is presumably this one
-            counted.append(FailedAttempt(number, payload.get("step"), str(payload.get("exception", "?")),
-                                         str(payload.get("message", "")), retried))  # fmt: skip
+            counted.append(
+                FailedAttempt(
+                    number,
+                    payload.get("step"),
+                    str(payload.get("exception", "?")),
+                    str(payload.get("message", "")),
+                    retried,
+                )
+            )
         elif hang is not None:
             # Ended by the hang watchdog from a thread (exit 76): no exception was raised to record.
             ran = next(e for e in own if e["event"] == "fit_start").get("payload") or {}
             if code is not None and ran.get("code") not in (None, code):
                 break
-            counted.append(FailedAttempt(number, hang.get("step"), HANG_EXCEPTION, hang_summary(hang["payload"]),
-                                         retried))  # fmt: skip
+            counted.append(
+                FailedAttempt(number, hang.get("step"), HANG_EXCEPTION, hang_summary(hang["payload"]), retried)
+            )
         elif any(s.startswith("failed") and s.partition(": ")[2] not in NOT_FAILURES for s in statuses):
             # a log written before attempt_failed
             counted.append(FailedAttempt(number, None, statuses[-1].partition(": ")[2] or "an exception", ""))
@@ -274,8 +282,12 @@ class NoProgressGuard:
             return None
         # One more attempt per count: the variable left set in a job script allows no second.
         if os.environ.get(RETRY_ENV, "").strip() not in ("", "0") and not any(a.retried for a in failed):
-            log.warning("lightning_field: %s=1: one more attempt from step %d despite %d failed attempts"
-                        " without progress", RETRY_ENV, step, len(failed))  # fmt: skip
+            log.warning(
+                "lightning_field: %s=1: one more attempt from step %d despite %d failed attempts without progress",
+                RETRY_ENV,
+                step,
+                len(failed),
+            )
             events.emit("no_progress_retry", step=step, payload={"attempts": [a.attempt for a in failed]})
             return None
         payload = {"attempts": [asdict(a) for a in failed], "limit": self.max_failed_attempts}
@@ -293,7 +305,12 @@ class NoProgressGuard:
         events = self._checkpoint.events
         if events is not None:
             step = trainer.global_step
-            payload = {"step": step, "failed_step": step + 1, "exception": kind, "message": shorten(str(exception)),
-                       "code": code_digest(self._code())}  # fmt: skip
+            payload = {
+                "step": step,
+                "failed_step": step + 1,
+                "exception": kind,
+                "message": shorten(str(exception)),
+                "code": code_digest(self._code()),
+            }
             events.emit("attempt_failed", step=step, payload=payload)
         return f"failed: {kind}"

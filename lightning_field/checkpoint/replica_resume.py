@@ -217,9 +217,14 @@ def _files_to_send(
 
 
 def _receive_and_publish(
-    root: Path, plan: RestorePlan, manifest: Manifest, raw: bytes, topology: NodeTopology, group: Any,
+    root: Path,
+    plan: RestorePlan,
+    manifest: Manifest,
+    raw: bytes,
+    topology: NodeTopology,
+    group: Any,
     sends: list[tuple[torch.Tensor, int]],
-) -> str | None:  # fmt: skip
+) -> str | None:
     """This leader's part of the restore: send what others lack, receive what its node lacks, check
     each file against the manifest, and publish the node's complete copy."""
     node = topology.node
@@ -236,8 +241,9 @@ def _receive_and_publish(
     try:
         assembled.mkdir(parents=True)
         for transfer, (data, _) in zip(mine, receives, strict=True):
-            written = write_checked(assembled, transfer.file, data, manifest.files[transfer.file].hash,
-                                     f"node {transfer.source}'s copy")  # fmt: skip
+            written = write_checked(
+                assembled, transfer.file, data, manifest.files[transfer.file].hash, f"node {transfer.source}'s copy"
+            )
             if written is not None:
                 return f"node {node}: {written}"
         received = {t.file for t in mine}
@@ -284,8 +290,10 @@ def agree_across_nodes(
     step = read_manifest(chosen, store=persistent_store(chosen)).step if chosen else -1
     steps = sorted(set(all_gather_objects(step, group=group)))
     if len(steps) > 1:
-        raise RuntimeError(f"ranks found different persistent checkpoints to resume from (steps {steps}) beside"
-                           f" {root}: pass an explicit ckpt_path.")  # fmt: skip
+        raise RuntimeError(
+            f"ranks found different persistent checkpoints to resume from (steps {steps}) beside"
+            f" {root}: pass an explicit ckpt_path."
+        )
     held = None
     if topology.is_leader:
         held = inventory(root, store, log_skips=log_skips) if root.is_dir() and same_run(root) else []
@@ -308,6 +316,8 @@ def agree_across_nodes(
         return chosen, None
     lacking = sorted({t.destination for t in plan.transfers})
     how = f"node(s) {lacking} received what they lacked from other nodes" if lacking else "held by every node"
-    rank_zero_info(f"lightning_field: resuming from the snapshot {plan.name} (step {plan.step}; {how}), newer than"
-                   " every recoverable persistent checkpoint.")  # fmt: skip
+    rank_zero_info(
+        f"lightning_field: resuming from the snapshot {plan.name} (step {plan.step}; {how}), newer than"
+        " every recoverable persistent checkpoint."
+    )
     return str(root / plan.name), "replica" if plan.from_replica else "snapshot"

@@ -16,8 +16,16 @@ from lightning_field.core.storage import Location, StorageOptions, as_location, 
 
 log = logging.getLogger(__name__)
 
-__all__ = ["LAST_POINTER", "TEMP_PREFIXES", "CheckpointEntry", "committed_checkpoints", "last_pointer_rollback",
-           "latest_recoverable", "read_last_pointer", "steps_in_name"]  # fmt: skip
+__all__ = [
+    "LAST_POINTER",
+    "TEMP_PREFIXES",
+    "CheckpointEntry",
+    "committed_checkpoints",
+    "last_pointer_rollback",
+    "latest_recoverable",
+    "read_last_pointer",
+    "steps_in_name",
+]
 
 
 @dataclass

@@ -120,8 +120,10 @@ def resolve_last(
         return persistent
     if inexact_guard is not None:
         inexact_guard.inexact = None  # the snapshot is recoverable: this continuation is exact
-    rank_zero_info(f"lightning_field: resuming from the snapshot {snapshot_path} (step {snapshot_step}),"
-                   f" newer than every recoverable checkpoint under {where}.")  # fmt: skip
+    rank_zero_info(
+        f"lightning_field: resuming from the snapshot {snapshot_path} (step {snapshot_step}),"
+        f" newer than every recoverable checkpoint under {where}."
+    )
     _warn_rollback(where, str(snapshot_path), store, skipped, snapshot_step)
     return str(snapshot_path)
 

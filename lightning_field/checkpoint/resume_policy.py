@@ -175,9 +175,12 @@ class ResumeGuard:
     """
 
     def __init__(
-        self, allowed: Iterable[str] = (), allow_changed: Iterable[str] = (),
-        events: Callable[[], EventLog | None] = lambda: None, resume_inexact: bool = False,
-    ) -> None:  # fmt: skip
+        self,
+        allowed: Iterable[str] = (),
+        allow_changed: Iterable[str] = (),
+        events: Callable[[], EventLog | None] = lambda: None,
+        resume_inexact: bool = False,
+    ) -> None:
         self.allowed = tuple(allowed)
         self.resume_inexact = resume_inexact  # an unrecoverable checkpoint may be resumed, marked inexact
         self.allow_changed = allowed_changes(allow_changed)
@@ -307,8 +310,12 @@ class ResumeGuard:
             if None in built or built[0] == built[1]:
                 refuse_on_differences({"data": before}, {"data": now}, self.allowed, self.resumed.name)
             elif trainer.is_global_zero:
-                log.info("Train data not compared with %s: its loaders were built for epoch %s, this run's for epoch"
-                         " %s (reload_dataloaders_every_n_epochs)", self.resumed.name, *built)  # fmt: skip
+                log.info(
+                    "Train data not compared with %s: its loaders were built for epoch %s, this run's for epoch"
+                    " %s (reload_dataloaders_every_n_epochs)",
+                    self.resumed.name,
+                    *built,
+                )
         if self.resharded_from is not None and trainer.is_global_zero:
             old, new = self.resharded_from["world_size"], self.resharded_from["to_world_size"]
             # Logged like the RNG and position notes of the remap itself (a warnings filter must not hide it).

@@ -146,15 +146,21 @@ def _unpickler_reason(message: str) -> str:
 # filesystem reader's storage records); DCP itself reads it with a plain ``pickle.load``.
 _DCP_CLASSES = {
     "torch.distributed.checkpoint.metadata": {
-        "Metadata", "TensorStorageMetadata", "BytesStorageMetadata", "ChunkStorageMetadata",
-        "TensorProperties", "MetadataIndex", "StorageMeta", "_MEM_FORMAT_ENCODING",
+        "Metadata",
+        "TensorStorageMetadata",
+        "BytesStorageMetadata",
+        "ChunkStorageMetadata",
+        "TensorProperties",
+        "MetadataIndex",
+        "StorageMeta",
+        "_MEM_FORMAT_ENCODING",
     },
     "torch.distributed.checkpoint.filesystem": {"_StorageInfo"},
     "torch.serialization": {"_get_layout"},
     "torch": {"Size"},
     "pathlib": {"PosixPath", "PurePosixPath"},
     "collections": {"OrderedDict"},
-}  # fmt: skip
+}
 
 
 class _DcpMetadataUnpickler(pickle.Unpickler):

@@ -77,8 +77,9 @@ def load_from_store(
         except Exception as err:  # maybe on one rank alone: gathered below, never raised alone
             error = f"download from {checkpoint} failed: {describe_error(err)}"
         if local == checkpoint:  # the same on every rank: the store's kind decides it
-            problems = verify_in_parallel(store, checkpoint, list(manifest.files), strategy.global_rank,
-                                          strategy.world_size)  # fmt: skip
+            problems = verify_in_parallel(
+                store, checkpoint, list(manifest.files), strategy.global_rank, strategy.world_size
+            )
         else:
             own = [error] if local is None else verify_against(manifest, LOCAL_FILES, local, names).problems
             problems = [p for rank_problems in all_gather_objects(own) for p in rank_problems if p]
@@ -114,8 +115,15 @@ def guard_strategy_load(
     without the CheckpointIO (so without its verification). Idempotent per strategy."""
 
     def verified(load: Callable[..., dict[str, Any]], path: Any, weights_only: bool | None) -> Any:
-        return load_verified(load, path, weights_only, strategy=strategy, store=store_at(as_location(path)),
-                             check_resume=check_resume, trust_pickles=trust_pickles)  # fmt: skip
+        return load_verified(
+            load,
+            path,
+            weights_only,
+            strategy=strategy,
+            store=store_at(as_location(path)),
+            check_resume=check_resume,
+            trust_pickles=trust_pickles,
+        )
 
     internals.wrap_strategy_load(strategy, verified)
 

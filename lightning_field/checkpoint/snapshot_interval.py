@@ -105,9 +105,13 @@ class SnapshotInterval:
         self._taken = 0
         self._last_choice_at = 0
         self.choice = IntervalChoice(
-            self._every, "auto (measuring)" if self.auto else "user", self.budget, None, None,
+            self._every,
+            "auto (measuring)" if self.auto else "user",
+            self.budget,
+            None,
+            None,
             "a snapshot every step while their cost is measured" if self.auto else "set by the user",
-        )  # fmt: skip
+        )
 
     @property
     def every_n_train_steps(self) -> int:
@@ -151,8 +155,9 @@ class SnapshotInterval:
         if not first and every == self._every:
             return None
         self._every = every
-        self.choice = IntervalChoice(every, "auto" if self.auto else "user", self.budget, cost, step,
-                                     self._reason(every, cost, step))  # fmt: skip
+        self.choice = IntervalChoice(
+            every, "auto" if self.auto else "user", self.budget, cost, step, self._reason(every, cost, step)
+        )
         return self.choice
 
     def _reason(self, every: int, cost: float, step: float) -> str:

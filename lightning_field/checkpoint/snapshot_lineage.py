@@ -143,8 +143,10 @@ def adopted(root: Path, token: str) -> str | None:
         log.warning(
             "lightning_field: deleted %d entries of another run from the snapshot folder %s (%s): its checkpoint"
             " directory no longer holds that run.",
-            len(removed), root, names,
-        )  # fmt: skip
+            len(removed),
+            root,
+            names,
+        )
     return None
 
 

@@ -217,11 +217,16 @@ class StepSnapshots:
         checkpointer = self._checkpointer_for(checkpoint_dir, trainer)
         root = Path(checkpointer.dirpath)
         found, tier = agree_across_nodes(
-            root, checkpointer.store_at(root), topology, self._resume_group, persistent, self._owner.store_at,
+            root,
+            checkpointer.store_at(root),
+            topology,
+            self._resume_group,
+            persistent,
+            self._owner.store_at,
             prepare=lambda root: prepared_for_run(root, self._owner.store_at(checkpoint_dir), checkpoint_dir),
             log_skips=trainer.is_global_zero,
             same_run=lambda root: same_run(root, self._owner.store_at(checkpoint_dir), checkpoint_dir, True),
-        )  # fmt: skip
+        )
         self.resumed_tier = tier
         return found
 
@@ -362,8 +367,16 @@ class StepSnapshots:
             buffers = self._saves.snapshot.nbytes if self._saves and self._saves.snapshot else 0
             nodes = len(self._topology.nodes) if self._topology is not None else 1
             assert self.schedule is not None
-            rank_zero_info(describe_tier(self.schedule, self._checkpointer.dirpath, size, KEEP,
-                                         None if self.in_line(trainer) else buffers, nodes))  # fmt: skip
+            rank_zero_info(
+                describe_tier(
+                    self.schedule,
+                    self._checkpointer.dirpath,
+                    size,
+                    KEEP,
+                    None if self.in_line(trainer) else buffers,
+                    nodes,
+                )
+            )
 
     # ------------------------------------------------------------------ the end
     def close(self, trainer: pl.Trainer, finished: bool = False) -> None:

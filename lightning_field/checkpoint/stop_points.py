@@ -172,25 +172,42 @@ def stop_record(trainer: pl.Trainer) -> StopRecord:
     rerun continues). The limits come first: a rerun with larger ones must train on."""
     epochs = internals.epochs_processed(trainer)
     if _at_max_steps(trainer):
-        return {"by": "max_steps", "detail": f"max_steps={trainer.max_steps} reached", "finished": True,
-                "epochs_done": epochs}  # fmt: skip
+        return {
+            "by": "max_steps",
+            "detail": f"max_steps={trainer.max_steps} reached",
+            "finished": True,
+            "epochs_done": epochs,
+        }
     if internals.max_epochs_reached(trainer):
-        return {"by": "max_epochs", "detail": f"max_epochs={trainer.max_epochs} reached", "finished": True,
-                "epochs_done": epochs}  # fmt: skip
+        return {
+            "by": "max_epochs",
+            "detail": f"max_epochs={trainer.max_epochs} reached",
+            "finished": True,
+            "epochs_done": epochs,
+        }
     for callback in internals.trainer_callbacks(trainer):
         if (
             isinstance(callback, EarlyStopping)
             and callback.stopping_reason != EarlyStoppingReason.NOT_STOPPED
             and callback.stopped_epoch == trainer.current_epoch
         ):
-            return {"by": "EarlyStopping", "detail": f"EarlyStopping on {callback.monitor}", "finished": True,
-                    "epochs_done": epochs, "stopper": early_stopping_settings(callback)}  # fmt: skip
+            return {
+                "by": "EarlyStopping",
+                "detail": f"EarlyStopping on {callback.monitor}",
+                "finished": True,
+                "epochs_done": epochs,
+                "stopper": early_stopping_settings(callback),
+            }
     for timer in _timers(trainer):
         limit, remaining = internals.timer_limit_seconds(timer), timer.time_remaining()
         if limit is not None and remaining is not None and remaining <= 0:
-            return {"by": "max_time", "detail": f"max_time={datetime.timedelta(seconds=limit)} reached",
-                    "finished": True, "epochs_done": epochs,
-                    "stopper": {"max_time_s": limit, "elapsed_s": timer.time_elapsed()}}  # fmt: skip
+            return {
+                "by": "max_time",
+                "detail": f"max_time={datetime.timedelta(seconds=limit)} reached",
+                "finished": True,
+                "epochs_done": epochs,
+                "stopper": {"max_time_s": limit, "elapsed_s": timer.time_elapsed()},
+            }
     return {"by": "should_stop", "detail": "trainer.should_stop was set", "finished": False, "epochs_done": epochs}
 
 

@@ -51,11 +51,22 @@ _IOV_MAX = 512
 _DTYPES: dict[str, torch.dtype] = {
     str(dtype).removeprefix("torch."): dtype
     for dtype in (
-        torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.complex64, torch.complex128,
-        torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool,
-        torch.float8_e4m3fn, torch.float8_e5m2,
+        torch.float64,
+        torch.float32,
+        torch.float16,
+        torch.bfloat16,
+        torch.complex64,
+        torch.complex128,
+        torch.int64,
+        torch.int32,
+        torch.int16,
+        torch.int8,
+        torch.uint8,
+        torch.bool,
+        torch.float8_e4m3fn,
+        torch.float8_e5m2,
     )
-}  # fmt: skip
+}
 _NUMPY_DTYPES = frozenset(
     {"bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16", "float32", "float64"}
 )
@@ -180,8 +191,9 @@ def write_tensor_file(obj: Any, path: Path, durable: bool, reuse: bool = False) 
         offset += len(view) + _padding(len(view))
     header = json.dumps(
         {"format": FORMAT, "byteorder": sys.byteorder, "tensors": entries, "tree": tree},
-        separators=(",", ":"), allow_nan=False,
-    ).encode()  # fmt: skip
+        separators=(",", ":"),
+        allow_nan=False,
+    ).encode()
     start = len(MAGIC) + 8 + len(header)
     prefix = MAGIC + len(header).to_bytes(8, "little") + header + bytes(_padding(start))
     data_start = len(prefix)

@@ -81,8 +81,9 @@ def _device_for(map_location: Any) -> torch.device | None:
 
 
 class _Decoder:
-    def __init__(self, shown: str, header: Any, buffer: Any, data_start: int, size: int,
-                 device: torch.device | None) -> None:  # fmt: skip
+    def __init__(
+        self, shown: str, header: Any, buffer: Any, data_start: int, size: int, device: torch.device | None
+    ) -> None:
         self.shown, self.buffer, self.device = shown, buffer, device
         if not isinstance(header, dict) or header.get("format") != FORMAT:
             raise self.error(f"its header names format {_named(header, 'format')}, not {FORMAT!r}")

@@ -192,9 +192,11 @@ def _model_entries(metadata: Metadata, shown: Location) -> dict[str, tuple[Any, 
     wanted = {
         fqn: tuple(path)
         for fqn, path in mappings.items()
-        if isinstance(path, (tuple, list)) and len(path) >= 2 and path[0] == MODEL_KEY
+        if isinstance(path, (tuple, list))
+        and len(path) >= 2
+        and path[0] == MODEL_KEY
         and fqn in metadata.state_dict_metadata
-    }  # fmt: skip
+    }
     if not wanted:
         raise UnreadableWeightsError(
             f"checkpoint {shown}: its DCP metadata names no {MODEL_KEY!r} entries (it holds:"

@@ -222,8 +222,11 @@ def cmd_list(args: argparse.Namespace) -> int:
         tiers += [("snapshot", e) for e in committed_checkpoints(snapshots)]
     reports: dict[Location, VerifyReport] = {}
     if args.verify:
-        reports = {e.path: verify_checkpoint(e.path, storage_options=options if t == "persistent" else None)
-                   for t, e in tiers if e.manifest}  # fmt: skip
+        reports = {
+            e.path: verify_checkpoint(e.path, storage_options=options if t == "persistent" else None)
+            for t, e in tiers
+            if e.manifest
+        }
     # The mark is the resolver's own pick over both tiers, not the LAST pointer: LAST names the newest
     # commit, which a restart skips when it is not recoverable, is corrupt or failed its restore drill.
     # Without --verify the resolver still hashes the newest candidates until one is intact (usually one).
@@ -238,8 +241,9 @@ def cmd_list(args: argparse.Namespace) -> int:
     resume_tier = "snapshot" if newer else "persistent"
     resume = picks[resume_tier]
     now = time.time()
-    entries = sorted(tiers, key=lambda te: (te[1].manifest.step if te[1].manifest else -1, te[0] == "persistent"),
-                     reverse=True)  # fmt: skip
+    entries = sorted(
+        tiers, key=lambda te: (te[1].manifest.step if te[1].manifest else -1, te[0] == "persistent"), reverse=True
+    )
     # --verify: each signature, under the configured key (a column once a key is set or one is signed).
     keys = keys_from_environment() if args.verify else None
     signed = args.verify and (keys is not None or any(e.manifest and e.manifest.signature for _, e in tiers))
@@ -266,8 +270,10 @@ def cmd_list(args: argparse.Namespace) -> int:
     if args.verify and tiers:
         print(signature_legend(signed))
     if snapshots is not None:
-        print(f"snapshot: a step snapshot on this machine, in {snapshots} (a run over several nodes agrees over"
-              " every node's copies and their replicas; 'partial' = this node holds some of its files)")  # fmt: skip
+        print(
+            f"snapshot: a step snapshot on this machine, in {snapshots} (a run over several nodes agrees over"
+            " every node's copies and their replicas; 'partial' = this node holds some of its files)"
+        )
     if resume is not None:
         where, step = resume
         print(f"resume: a restart with ckpt_path='last' resumes from {basename(where)} ({resume_tier}, step {step})")

@@ -32,17 +32,25 @@ def render(ledger: Ledger, run_dir: str) -> str:
     """The ledger as a table and a few lines of totals."""
     last = len(ledger.attempts) - 1
     rows = [
-        (str(a.attempt), a.status, _resumed(a), "-" if a.last_step is None else str(a.last_step), str(a.lost_steps),
-         _cut_back(a, index == last), f"{a.seconds.get('productive', 0.0):.2f}",
-         f"{a.seconds.get('lost_progress', 0.0):.2f}")
+        (
+            str(a.attempt),
+            a.status,
+            _resumed(a),
+            "-" if a.last_step is None else str(a.last_step),
+            str(a.lost_steps),
+            _cut_back(a, index == last),
+            f"{a.seconds.get('productive', 0.0):.2f}",
+            f"{a.seconds.get('lost_progress', 0.0):.2f}",
+        )
         for index, a in enumerate(ledger.attempts)
-    ]  # fmt: skip
+    ]
     widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(COLUMNS)]
     line = "  ".join(f"{{:<{w}}}" for w in widths)
     by_tier = ", ".join(f"{tier} {n}" for tier, n in ledger.redone_steps.items() if n)
     out = [
         f"{run_dir}: {len(ledger.attempts)} attempt(s), {ledger.interruptions} interruption(s),"
-        f" {ledger.lost_steps} step(s) redone" + (f" ({by_tier})" if by_tier else "")
+        f" {ledger.lost_steps} step(s) redone"
+        + (f" ({by_tier})" if by_tier else "")
         + f"; goodput {ledger.goodput:.1%} of {ledger.elapsed_s:.1f} s",
         line.format(*COLUMNS).rstrip(),
         *(line.format(*r).rstrip() for r in rows),

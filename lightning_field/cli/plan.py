@@ -99,8 +99,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
         if args.device_tflops is not None:
             sources["device_tflops"] = "command line"
         device_tflops = args.device_tflops if args.device_tflops is not None else measured.get("device_tflops")
-        for name, value in (("params", args.params), ("tokens", args.tokens), ("devices", args.devices),
-                            ("device_tflops", device_tflops)):  # fmt: skip
+        for name, value in (
+            ("params", args.params),
+            ("tokens", args.tokens),
+            ("devices", args.devices),
+            ("device_tflops", device_tflops),
+        ):
             if value is None:
                 hint = " (or --from-run a run profiled by StragglerMonitor)" if name == "device_tflops" else ""
                 raise PlanInputError(f"--{name.replace('_', '-')} is required{hint}")
@@ -113,8 +117,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
         restart = args.restart_seconds if args.restart_seconds is not None else measured.get("restart_seconds")
         snapshot = parse_duration(args.snapshot_seconds, "--snapshot-seconds", "s") if args.snapshot_seconds else None
         every = parse_duration(args.snapshot_interval, "--snapshot-interval", "s") if args.snapshot_interval else None
-        for name, given in (("snapshot_seconds", snapshot), ("snapshot_interval_seconds", every),
-                            ("snapshot_commit_seconds", args.snapshot_commit_seconds)):  # fmt: skip
+        for name, given in (
+            ("snapshot_seconds", snapshot),
+            ("snapshot_interval_seconds", every),
+            ("snapshot_commit_seconds", args.snapshot_commit_seconds),
+        ):
             if given is not None:
                 sources[name] = "command line"
         if restart is None:
@@ -147,7 +154,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
                 else measured.get("snapshot_commit_seconds", 0.0)
             ),
             sources=sources,
-        )  # fmt: skip
+        )
         plan = make_plan(inputs)
     except PlanInputError as err:
         print(f"field plan: {err}", file=sys.stderr)

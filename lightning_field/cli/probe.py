@@ -12,9 +12,20 @@ def cmd_collectives(args: argparse.Namespace) -> int:
         print(f"field probe collectives: --nproc must be >= 1, got {args.nproc}", file=sys.stderr)
         return 2
     command = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.nproc}",
-        "-m", "lightning_field.profiling.probe", "--sizes", args.sizes, "--iters", str(args.iters), "--out", args.out,
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={args.nproc}",
+        "-m",
+        "lightning_field.profiling.probe",
+        "--sizes",
+        args.sizes,
+        "--iters",
+        str(args.iters),
+        "--out",
+        args.out,
+    ]
     return subprocess.call(command)
 
 

@@ -118,8 +118,9 @@ def cmd_build(outer: argparse.Namespace) -> int:
         return _fail(str(err))
     out = Path(args.out) if args.out else released_dir(run_dirs) / RECORD_RELPATH
     try:
-        record = build_record(run_dirs, out, config, time.time(), copy=args.copy,
-                              plan=Path(args.plan) if args.plan else None)  # fmt: skip
+        record = build_record(
+            run_dirs, out, config, time.time(), copy=args.copy, plan=Path(args.plan) if args.plan else None
+        )
     except NoSourcesError as err:
         return _fail(str(err))
     decision = record["decision"]
@@ -158,8 +159,10 @@ def _maybe_log_wandb(args: argparse.Namespace, config: Any, record: dict[str, An
     except Exception as err:  # the record is written; W&B being unreachable must not undo that
         print(f"field record: W&B not logged: {type(err).__name__}: {err}", file=sys.stderr)
         return
-    print(f"W&B: artifact {logged['artifact']} and verdict logged to run {logged['run_id']} ({logged['mode']},"
-          f" {logged['segment']})")  # fmt: skip
+    print(
+        f"W&B: artifact {logged['artifact']} and verdict logged to run {logged['run_id']} ({logged['mode']},"
+        f" {logged['segment']})"
+    )
 
 
 def cmd_check(args: argparse.Namespace) -> int:

@@ -24,10 +24,18 @@ if TYPE_CHECKING:
 
 # flag (argparse dest) -> the scale.* setting it sets
 FLAG_KEYS = {
-    "steps": "steps", "effective_batch": "effective_batch", "max_rank_batch": "max_rank_batch",
-    "warmup": "warmup_steps", "tolerance": "tolerance", "threshold": "threshold", "stall_rank": "stall_rank",
-    "stall_s": "stall_s", "timeout": "timeout_s", "out": "out_dir", "accelerator": "accelerator",
-}  # fmt: skip
+    "steps": "steps",
+    "effective_batch": "effective_batch",
+    "max_rank_batch": "max_rank_batch",
+    "warmup": "warmup_steps",
+    "tolerance": "tolerance",
+    "threshold": "threshold",
+    "stall_rank": "stall_rank",
+    "stall_s": "stall_s",
+    "timeout": "timeout_s",
+    "out": "out_dir",
+    "accelerator": "accelerator",
+}
 
 
 def study_config(args: argparse.Namespace) -> StudyConfig:

@@ -40,7 +40,6 @@ def shard_sources(dataset: Any) -> tuple[list[tuple[str, int]], list[str]]:
     return [], []
 
 
-
 class PositionForOneEpoch(dict[str, Any]):
     """A Hugging Face ``IterableDataset`` position that its ``__iter__`` applies while ``active`` is set.
 

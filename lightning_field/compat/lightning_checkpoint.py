@@ -28,41 +28,92 @@ class PrivateMember:
 
 
 MODEL_CHECKPOINT_MEMBERS: tuple[PrivateMember, ...] = (
-    PrivateMember("_save_checkpoint", ("overridden", "called"), ("self", "trainer", "filepath"),
-                  "every save commits through the store (hidden folder, hashes, manifest, atomic publish) instead"
-                  " of trainer.save_checkpoint writing one file in place"),
-    PrivateMember("_remove_checkpoint", ("overridden", "called"), ("self", "trainer", "filepath"),
-                  "retention removes through the store, waits for an async save in flight, and never removes the"
-                  " last recoverable checkpoint"),
-    PrivateMember("_should_save_on_exception", ("called",), ("self", "trainer"),
-                  "save_on_exception's own save runs only where the last step's end could not be saved, and is"
-                  " then marked not recoverable"),
-    PrivateMember("_save_last_checkpoint", ("overridden",), ("self", "trainer", "monitor_candidates"),
-                  "save_last's last.ckpt is a second name of the step's committed file (made when it commits, also"
-                  " under async_save), not a second write of the step"),
-    PrivateMember("_enable_version_counter", ("read",), None,
-                  "save_last's name takes ModelCheckpoint's version counter, as its own _save_last_checkpoint does"),
-    PrivateMember("_find_last_checkpoints", ("overridden",), ("self", "trainer"),
-                  'ckpt_path="last" resolves to the newest recoverable checkpoint that verifies, not the newest'
-                  " file named last"),
-    PrivateMember("_should_remove_checkpoint", ("overridden", "called"), ("self", "trainer", "previous", "current"),
-                  "Lightning keeps the checkpoint a run resumed from forever; here retention counts it once a newer"
-                  " one has committed"),
-    PrivateMember("_monitor_candidates", ("called", "overridden"), ("self", "trainer"),
-                  "save_now's checkpoints are named by the user's filename template like every other save; a"
-                  " name states global_step even where the user logs a 'step' of their own"),
-    PrivateMember("_ModelCheckpoint__resolve_ckpt_dir", ("called",), ("self", "trainer"),
-                  'where the callback saves, before setup: ckpt_path="last" is resolved before setup runs'),
-    PrivateMember("_fs", ("replaced",), None,
-                  "ModelCheckpoint re-creates its filesystem from the bare URL; an object-store URL needs the"
-                  " callback's storage options (endpoint, credentials) on every access"),
-    PrivateMember("_every_n_train_steps", ("read", "replaced"), None,
-                  "CheckpointCadence retunes the step interval of saves during a run"),
+    PrivateMember(
+        "_save_checkpoint",
+        ("overridden", "called"),
+        ("self", "trainer", "filepath"),
+        "every save commits through the store (hidden folder, hashes, manifest, atomic publish) instead"
+        " of trainer.save_checkpoint writing one file in place",
+    ),
+    PrivateMember(
+        "_remove_checkpoint",
+        ("overridden", "called"),
+        ("self", "trainer", "filepath"),
+        "retention removes through the store, waits for an async save in flight, and never removes the"
+        " last recoverable checkpoint",
+    ),
+    PrivateMember(
+        "_should_save_on_exception",
+        ("called",),
+        ("self", "trainer"),
+        "save_on_exception's own save runs only where the last step's end could not be saved, and is"
+        " then marked not recoverable",
+    ),
+    PrivateMember(
+        "_save_last_checkpoint",
+        ("overridden",),
+        ("self", "trainer", "monitor_candidates"),
+        "save_last's last.ckpt is a second name of the step's committed file (made when it commits, also"
+        " under async_save), not a second write of the step",
+    ),
+    PrivateMember(
+        "_enable_version_counter",
+        ("read",),
+        None,
+        "save_last's name takes ModelCheckpoint's version counter, as its own _save_last_checkpoint does",
+    ),
+    PrivateMember(
+        "_find_last_checkpoints",
+        ("overridden",),
+        ("self", "trainer"),
+        'ckpt_path="last" resolves to the newest recoverable checkpoint that verifies, not the newest file named last',
+    ),
+    PrivateMember(
+        "_should_remove_checkpoint",
+        ("overridden", "called"),
+        ("self", "trainer", "previous", "current"),
+        "Lightning keeps the checkpoint a run resumed from forever; here retention counts it once a newer"
+        " one has committed",
+    ),
+    PrivateMember(
+        "_monitor_candidates",
+        ("called", "overridden"),
+        ("self", "trainer"),
+        "save_now's checkpoints are named by the user's filename template like every other save; a"
+        " name states global_step even where the user logs a 'step' of their own",
+    ),
+    PrivateMember(
+        "_ModelCheckpoint__resolve_ckpt_dir",
+        ("called",),
+        ("self", "trainer"),
+        'where the callback saves, before setup: ckpt_path="last" is resolved before setup runs',
+    ),
+    PrivateMember(
+        "_fs",
+        ("replaced",),
+        None,
+        "ModelCheckpoint re-creates its filesystem from the bare URL; an object-store URL needs the"
+        " callback's storage options (endpoint, credentials) on every access",
+    ),
+    PrivateMember(
+        "_every_n_train_steps",
+        ("read", "replaced"),
+        None,
+        "CheckpointCadence retunes the step interval of saves during a run",
+    ),
     PrivateMember("_every_n_epochs", ("read",), None, "part of the callback's state key"),
     PrivateMember("_train_time_interval", ("read",), None, "part of the callback's state key"),
-    PrivateMember("_last_global_step_saved", ("read", "replaced"), None,
-                  "the step of the newest save, also while an async save is still in flight"),
-    PrivateMember("_last_checkpoint_saved", ("read", "replaced"), None,
-                  "the newest save's path: save_now returns it instead of saving the same step twice"),
-)  # fmt: skip
+    PrivateMember(
+        "_last_global_step_saved",
+        ("read", "replaced"),
+        None,
+        "the step of the newest save, also while an async save is still in flight",
+    ),
+    PrivateMember(
+        "_last_checkpoint_saved",
+        ("read", "replaced"),
+        None,
+        "the newest save's path: save_now returns it instead of saving the same step twice",
+    ),
+)
 """Every private ``ModelCheckpoint`` member the callback's classes use, and what each works around."""

@@ -72,10 +72,23 @@ def read_events(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
 
 # Payload fields the accounting reads as numbers (quality/ledger.py): one of another type would
 # otherwise surface as a TypeError deep inside the ledger, long after the log was read.
-NUMERIC_PAYLOAD_KEYS = frozenset({
-    "attempt", "step", "commit_step", "batches", "devices", "world_size", "seconds", "blocking_s", "data_wait_s",
-    "eval_s", "first_step_unix", "last_beat_unix", "process_start_unix",
-})  # fmt: skip
+NUMERIC_PAYLOAD_KEYS = frozenset(
+    {
+        "attempt",
+        "step",
+        "commit_step",
+        "batches",
+        "devices",
+        "world_size",
+        "seconds",
+        "blocking_s",
+        "data_wait_s",
+        "eval_s",
+        "first_step_unix",
+        "last_beat_unix",
+        "process_start_unix",
+    }
+)
 
 
 def _is_finite_number(value: Any) -> bool:

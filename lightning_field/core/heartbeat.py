@@ -78,10 +78,20 @@ def read_heartbeat(path: str | os.PathLike[str]) -> dict[str, Any] | None:
 RANK_RECORD_FORMAT = "lightning_field.rank_heartbeat/1"
 RANK_RECORD_BYTES = 2048
 _RECORD_FIELDS: dict[str, tuple[type, ...]] = {
-    "format": (str,), "token": (str,), "rank": (int,), "host": (str,), "pid": (int,), "published": (int,),
-    "marks": (int,), "step": (int,), "phase": (str,), "no_progress_s": (int, float), "timeout_s": (int, float),
-    "declared": (int,), "stacks": (int,),
-}  # fmt: skip
+    "format": (str,),
+    "token": (str,),
+    "rank": (int,),
+    "host": (str,),
+    "pid": (int,),
+    "published": (int,),
+    "marks": (int,),
+    "step": (int,),
+    "phase": (str,),
+    "no_progress_s": (int, float),
+    "timeout_s": (int, float),
+    "declared": (int,),
+    "stacks": (int,),
+}
 
 
 def rank_heartbeat_path(run_dir: str | os.PathLike[str], rank: int) -> Path:

@@ -262,12 +262,26 @@ def _check_file_entries(files: Any, where: Location) -> None:
 
 
 _FIELD_TYPES: dict[str, tuple[type, ...]] = {
-    "name": (str,), "step": (int,), "epoch": (int,), "world_size": (int,), "components": (dict,),
-    "recoverable": (bool,), "missing": (list,), "kind": (str,), "provenance": (dict,), "created_unix": (int, float),
-    "save_seconds": (int, float, type(None)), "restore_tested": (bool,), "restore_drill": (dict, type(None)),
-    "data_restore": (dict,), "stream_positions": (dict,), "hash_algorithm": (str,), "signature": (dict, type(None)),
-    "stopped": (dict, type(None)), "snapshot_interval": (dict, type(None)),
-}  # fmt: skip
+    "name": (str,),
+    "step": (int,),
+    "epoch": (int,),
+    "world_size": (int,),
+    "components": (dict,),
+    "recoverable": (bool,),
+    "missing": (list,),
+    "kind": (str,),
+    "provenance": (dict,),
+    "created_unix": (int, float),
+    "save_seconds": (int, float, type(None)),
+    "restore_tested": (bool,),
+    "restore_drill": (dict, type(None)),
+    "data_restore": (dict,),
+    "stream_positions": (dict,),
+    "hash_algorithm": (str,),
+    "signature": (dict, type(None)),
+    "stopped": (dict, type(None)),
+    "snapshot_interval": (dict, type(None)),
+}
 
 
 def _check_fields(data: dict[str, Any], where: Location) -> None:
@@ -290,9 +304,10 @@ def _check_fields(data: dict[str, Any], where: Location) -> None:
         if not isinstance(ranks, list) or not all(type(r) is int and r >= 0 for r in ranks):
             raise ManifestError(f"{where}: component {component!r} does not list ranks")
     for problem in (
-        stop_record_problem(data.get("stopped")), lineage_problem(data.get("provenance", {})),
+        stop_record_problem(data.get("stopped")),
+        lineage_problem(data.get("provenance", {})),
         snapshot_interval_problem(data.get("snapshot_interval")),
-    ):  # fmt: skip
+    ):
         if problem is not None:
             raise ManifestError(f"{where}: {problem}")
 

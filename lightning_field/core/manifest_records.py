@@ -29,11 +29,17 @@ class TrainerSettings(TypedDict, total=False):
 
 
 TRAINER_SETTING_TYPES: dict[str, tuple[type, ...]] = {
-    "accumulate_grad_batches": (int, dict), "limit_train_batches": (int, float),
-    "val_check_interval": (int, float, str, type(None)), "check_val_every_n_epoch": (int, type(None)),
-    "gradient_clip_val": (int, float, type(None)), "gradient_clip_algorithm": (str, type(None)), "precision": (str,),
-    "world_size": (int,), "strategy": (str,), "train_loaders": (int,),
-}  # fmt: skip
+    "accumulate_grad_batches": (int, dict),
+    "limit_train_batches": (int, float),
+    "val_check_interval": (int, float, str, type(None)),
+    "check_val_every_n_epoch": (int, type(None)),
+    "gradient_clip_val": (int, float, type(None)),
+    "gradient_clip_algorithm": (str, type(None)),
+    "precision": (str,),
+    "world_size": (int,),
+    "strategy": (str,),
+    "train_loaders": (int,),
+}
 """What a reader accepts for each recorded setting, in the order they are compared (a key this
 version does not know is kept as read, and not compared)."""
 
@@ -68,10 +74,15 @@ class SnapshotIntervalRecord(TypedDict, total=False):
 
 
 _SNAPSHOT_INTERVAL_TYPES: dict[str, tuple[type, ...]] = {
-    "requested": (int, str), "every_n_train_steps": (int, type(None)), "chosen_by": (str,), "budget": (int, float),
-    "snapshot_seconds": (int, float, type(None)), "step_seconds": (int, float, type(None)),
-    "overhead": (int, float, type(None)), "reason": (str,),
-}  # fmt: skip
+    "requested": (int, str),
+    "every_n_train_steps": (int, type(None)),
+    "chosen_by": (str,),
+    "budget": (int, float),
+    "snapshot_seconds": (int, float, type(None)),
+    "step_seconds": (int, float, type(None)),
+    "overhead": (int, float, type(None)),
+    "reason": (str,),
+}
 
 
 def snapshot_interval_problem(record: Any) -> str | None:

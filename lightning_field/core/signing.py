@@ -26,8 +26,18 @@ from typing import Any
 
 import blake3
 
-__all__ = ["KEY_ENV", "KEY_FILE_ENV", "SIGNATURE_STATES", "ManifestKeys", "SigningKeyError", "canonical_bytes",
-           "keys_from_environment", "signature_legend", "signature_state", "signature_status"]  # fmt: skip
+__all__ = [
+    "KEY_ENV",
+    "KEY_FILE_ENV",
+    "SIGNATURE_STATES",
+    "ManifestKeys",
+    "SigningKeyError",
+    "canonical_bytes",
+    "keys_from_environment",
+    "signature_legend",
+    "signature_state",
+    "signature_status",
+]
 
 SIGNATURE_STATES = ("valid", "INVALID", "unsigned", "no key")
 """The words of ``field ckpt list --verify``'s signature column (:func:`signature_state`)."""

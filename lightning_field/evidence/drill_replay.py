@@ -49,10 +49,13 @@ def run_drill(spec: Mapping[str, Any]) -> dict[str, Any]:
     # A checkpoint callback that never saves: it loads the manifest checkpoint and its per-rank state.
     # The live process built the recipe from the same code a moment ago, so code and config are not re-checked.
     loader = ManifestCheckpoint(
-        dirpath=work / "unused", save_top_k=0, save_last=False, allow_resume_mismatch=["code", "config"],
+        dirpath=work / "unused",
+        save_top_k=0,
+        save_last=False,
+        allow_resume_mismatch=["code", "config"],
         snapshot_every_n_train_steps=None,  # one step, then gone: a snapshot would outlive it in /dev/shm
         storage_options=json.loads(os.environ.get(STORAGE_OPTIONS_ENV) or "{}"),
-    )  # fmt: skip
+    )
     tracer = StepTracer(work / "trace")
     trainer = pl.Trainer(
         **spec["trainer"],

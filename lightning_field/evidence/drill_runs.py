@@ -240,8 +240,9 @@ def _put_back(running: RunningDrill, record: dict[str, Any], restore_copy: Resto
         mark_checkpoint(copy, record)
         restored = restore_copy(copy, as_location(running.checkpoint))
     except (OSError, ValueError) as err:
-        log.warning("Restore drill for %s (step %d): its copy could not be put back (%s)", running.checkpoint,
-                    running.step, err)  # fmt: skip
+        log.warning(
+            "Restore drill for %s (step %d): its copy could not be put back (%s)", running.checkpoint, running.step, err
+        )
         return False
     if restored:
         log.info(

@@ -33,8 +33,11 @@ def kill_job(record_path: Path, step: int, mode: str) -> None:
     record = {"step": step, "mode": mode, "wall_time": time.time(), "pid": os.getpid()}
     record_path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(record_path, json.dumps(record).encode())
-    print(f"[lightning_field] fault drill: SIGKILL of this job at step {step} ({mode}); recorded in {record_path}",
-          file=sys.stderr, flush=True)  # fmt: skip
+    print(
+        f"[lightning_field] fault drill: SIGKILL of this job at step {step} ({mode}); recorded in {record_path}",
+        file=sys.stderr,
+        flush=True,
+    )
     os.killpg(os.getpgrp(), signal.SIGKILL)
 
 

@@ -54,9 +54,10 @@ def _environment() -> jinja2.Environment:
     return environment
 
 
-
 def render_markdown(ev: Mapping[str, Any]) -> str:
     """``evidence.md`` for the evidence record ``ev`` (``build_evidence``'s first result)."""
-    return _environment().get_template(TEMPLATE).render(
-        ev=ev, recovery_phases=RECOVERY_PHASES, loss_plot=LOSS_PLOT, divergence_plot=DIVERGENCE_PLOT
+    return (
+        _environment()
+        .get_template(TEMPLATE)
+        .render(ev=ev, recovery_phases=RECOVERY_PHASES, loss_plot=LOSS_PLOT, divergence_plot=DIVERGENCE_PLOT)
     )

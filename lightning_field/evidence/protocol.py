@@ -372,9 +372,7 @@ def run_protocol(
             settings.kill_steps = resolve_kill_steps(first[0])
             settings.interruptions = len(settings.kill_steps)
             kills = plan_kills(settings, save_every)
-        rest = [prepared("control-2", None)] + [
-            prepared(f"interrupted-{i + 1}", kill) for i, kill in enumerate(kills)
-        ]
+        rest = [prepared("control-2", None)] + [prepared(f"interrupted-{i + 1}", kill) for i, kill in enumerate(kills)]
     if concurrent:
         for result, _ in rest:
             _announce(result.name, result.kill, " (concurrently)")

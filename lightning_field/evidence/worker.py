@@ -90,9 +90,11 @@ def run(spec: RunSpec) -> int:
     model = instantiate(OmegaConf.create(config["model"]))
     # A DataModule, a factory returning one or a train DataLoader, or none (the module's own loaders).
     data = instantiate(OmegaConf.create(config["data"])) if config.get("data") else None
-    fit_data = {"datamodule": data} if data is None or isinstance(data, pl.LightningDataModule) else {
-        "train_dataloaders": data
-    }
+    fit_data = (
+        {"datamodule": data}
+        if data is None or isinstance(data, pl.LightningDataModule)
+        else {"train_dataloaders": data}
+    )
     trainer: pl.Trainer | None = None
     kill_record = run_dir / KILL_RECORD
     saving_kill = (

@@ -35,6 +35,7 @@ def _checkpoint_payload(path: Path, root: Path) -> bool:
 # this version reads, but the fields a recovery claim needs are `field evidence check`'s to demand.
 _LOGGED_EVIDENCE = dataclasses.replace(EVIDENCE_DOCUMENT, required=())
 
+
 def log_evidence_bundle(run: Any, bundle_dir: str | os.PathLike[str], aliases: list[str] | None = None) -> Any:
     """Log an evidence bundle (``field-evidence``'s output) to ``run``: an artifact and its plots.
 

@@ -99,9 +99,19 @@ class PlanInputs:
     sources: dict[str, str] = field(default_factory=dict)
 
     def validate(self) -> None:
-        for name in ("device_tflops", "bytes_per_param", "device_memory_gb", "save_seconds", "mtbf_hours",
-                     "restart_seconds", "price_per_device_hour", "state_fraction", "snapshot_seconds",
-                     "snapshot_interval_seconds", "snapshot_commit_seconds"):  # fmt: skip
+        for name in (
+            "device_tflops",
+            "bytes_per_param",
+            "device_memory_gb",
+            "save_seconds",
+            "mtbf_hours",
+            "restart_seconds",
+            "price_per_device_hour",
+            "state_fraction",
+            "snapshot_seconds",
+            "snapshot_interval_seconds",
+            "snapshot_commit_seconds",
+        ):
             value = getattr(self, name)
             # argparse's float() reads "inf" and "nan"; a figure computed from one means nothing.
             if value is not None and not math.isfinite(value):
@@ -216,9 +226,11 @@ def make_plan(inp: PlanInputs) -> dict[str, Any]:
         )
         total = ideal_s / (1.0 - waste)
         figures["time_to_budget"] = _figure(
-            total, "s", [*figures["ideal_time"]["from"], "save_seconds", "mtbf_hours", "restart_seconds"],
+            total,
+            "s",
+            [*figures["ideal_time"]["from"], "save_seconds", "mtbf_hours", "restart_seconds"],
             "ideal_time / (1 - expected_waste)",
-        )  # fmt: skip
+        )
         figures["time_to_budget_hours"] = _figure(total / 3600, "h", figures["time_to_budget"]["from"], "/ 3600")
         figures["lost_work_per_failure"] = _figure(
             lost_work_per_failure(daly), "s", ["save_seconds", "mtbf_hours"], "τ/2 at Daly's τ (persistent alone)"
@@ -245,9 +257,11 @@ def _snapshot_figures(inp: PlanInputs, figures: dict[str, dict[str, Any]], ideal
     given = ["snapshot_seconds", "snapshot_interval_seconds"]
     figures["snapshot_overhead"] = _figure(snap / every, "fraction", given, "σ/τₛ")
     figures["lost_work_per_failure_with_snapshots"] = _figure(
-        snapshot_lost_work_per_failure(every, commit), "s", ["snapshot_interval_seconds", "snapshot_commit_seconds"],
+        snapshot_lost_work_per_failure(every, commit),
+        "s",
+        ["snapshot_interval_seconds", "snapshot_commit_seconds"],
         "τₛ/2 + c",
-    )  # fmt: skip
+    )
     if inp.save_seconds is None or inp.mtbf_hours is None:
         return
     mtbf = inp.mtbf_hours * 3600.0
@@ -263,9 +277,11 @@ def _snapshot_figures(inp: PlanInputs, figures: dict[str, dict[str, Any]], ideal
         waste, "fraction", inputs, "δ/τ + σ/τₛ + (τₛ/2 + c + R)/M at Daly's τ (failures the snapshots cover)"
     )
     figures["time_to_budget_with_snapshots"] = _figure(
-        ideal_s / (1.0 - waste), "s", [*figures["ideal_time"]["from"], *inputs],
+        ideal_s / (1.0 - waste),
+        "s",
+        [*figures["ideal_time"]["from"], *inputs],
         "ideal_time / (1 - expected_waste_with_snapshots)",
-    )  # fmt: skip
+    )
 
 
 def _refuse_meaningless(inp: PlanInputs, interval_s: float, waste: float) -> None:

@@ -75,10 +75,18 @@ class HangMonitor:
     """
 
     def __init__(
-        self, rule: HangRule, history: StepHistory, progress: Callable[[], Progress], job: Job, *, grace_s: float,
-        end: Callable[[int], None], events: Callable[[], EventLog | None], resume_point: Callable[[], str],
+        self,
+        rule: HangRule,
+        history: StepHistory,
+        progress: Callable[[], Progress],
+        job: Job,
+        *,
+        grace_s: float,
+        end: Callable[[int], None],
+        events: Callable[[], EventLog | None],
+        resume_point: Callable[[], str],
         exit_status: int,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.rule, self.history, self.job, self.grace_s = rule, history, job, grace_s
         self.poll_s = min(max(rule.floor_s / 10, 0.1), 5.0)
         self.reports: list[dict[str, Any]] = []
@@ -141,11 +149,19 @@ class HangMonitor:
         marks, step, phase, beat = self._progress()
         self._published += 1
         record = {
-            "token": self.job.token, "rank": self.job.rank, "host": self.job.hosts[self.job.rank][:256],
-            "pid": os.getpid(), "published": self._published, "marks": marks, "step": step, "phase": phase.name,
-            "no_progress_s": round(time.monotonic() - beat, 3), "timeout_s": self.rule.timeout(phase, self.history)[0],
-            "declared": self._declared, "stacks": self._dumps,
-        }  # fmt: skip
+            "token": self.job.token,
+            "rank": self.job.rank,
+            "host": self.job.hosts[self.job.rank][:256],
+            "pid": os.getpid(),
+            "published": self._published,
+            "marks": marks,
+            "step": step,
+            "phase": phase.name,
+            "no_progress_s": round(time.monotonic() - beat, 3),
+            "timeout_s": self.rule.timeout(phase, self.history)[0],
+            "declared": self._declared,
+            "stacks": self._dumps,
+        }
         write_rank_record(rank_heartbeat_path(self.job.run_dir, self.job.rank), record)
 
     # ------------------------------------------------------------------ a hang
@@ -185,8 +201,10 @@ class HangMonitor:
         path = rank_stacks_path(self.job.run_dir, self.job.rank)
         try:
             with open(path, "w") as f:
-                f.write(f"# rank {self.job.rank} on {self.job.hosts[self.job.rank]}, pid {os.getpid()}, "
-                        f"{time.strftime('%Y-%m-%dT%H:%M:%S%z')}\n")  # fmt: skip
+                f.write(
+                    f"# rank {self.job.rank} on {self.job.hosts[self.job.rank]}, pid {os.getpid()}, "
+                    f"{time.strftime('%Y-%m-%dT%H:%M:%S%z')}\n"
+                )
                 f.flush()
                 faulthandler.dump_traceback(file=f, all_threads=True)
             text = path.read_text()
@@ -227,38 +245,68 @@ class HangMonitor:
         views = []
         for rank, record in latest.items():
             frozen = polls >= 4 and record["published"] == first[rank]["published"] and rank != self.job.rank
-            views.append(RankView(rank, record["host"], record["step"], record["marks"], record["phase"],
-                                  float(record["no_progress_s"]), frozen))  # fmt: skip
+            views.append(
+                RankView(
+                    rank,
+                    record["host"],
+                    record["step"],
+                    record["marks"],
+                    record["phase"],
+                    float(record["no_progress_s"]),
+                    frozen,
+                )
+            )
         return judge(views, self.job.world_size)
 
     def _report(self, verdict: Verdict, own_stacks: str, age: float, timeout: float, why: str) -> None:
         job = self.job
-        culprit_stacks = {v.rank: own_stacks if v.rank == job.rank else self._read_stacks(v.rank)
-                          for v in verdict.culprits}  # fmt: skip
+        culprit_stacks = {
+            v.rank: own_stacks if v.rank == job.rank else self._read_stacks(v.rank) for v in verdict.culprits
+        }
         waiting_for = verdict.named
         for rank in verdict.missing:
             if job.hosts[rank] != job.hosts[job.rank]:
                 waiting_for += f" [rank {rank} runs on {job.hosts[rank]}: is {job.run_dir} shared with it?]"
-        save = ("none attempted: every rank that could take part in a save is blocked in a collective that"
-                " waits for the stalled rank, and a watchdog thread would copy a state in mid-step, which cannot"
-                " resume exactly; a background commit already in flight gets the grace period to finish")  # fmt: skip
+        save = (
+            "none attempted: every rank that could take part in a save is blocked in a collective that"
+            " waits for the stalled rank, and a watchdog thread would copy a state in mid-step, which cannot"
+            " resume exactly; a background commit already in flight gets the grace period to finish"
+        )
         resume = self._resume_point()
         report = {
-            "detected_by": job.rank, "no_progress_s": round(age, 3), "timeout_s": round(timeout, 3), "rule": why,
-            "culprits": [{**v.to_dict(), "stacks": culprit_stacks[v.rank][-STACKS_SHOWN:],
-                          "stacks_file": str(rank_stacks_path(job.run_dir, v.rank))} for v in verdict.culprits],
-            "missing": verdict.missing, "ranks": [v.to_dict() for v in verdict.views[:RANKS_LISTED]],
-            "ranks_not_listed": max(len(verdict.views) - RANKS_LISTED, 0), "save": save,
-            "resume_point": resume, "exit_status": self._exit_status, "grace_s": self.grace_s,
+            "detected_by": job.rank,
+            "no_progress_s": round(age, 3),
+            "timeout_s": round(timeout, 3),
+            "rule": why,
+            "culprits": [
+                {
+                    **v.to_dict(),
+                    "stacks": culprit_stacks[v.rank][-STACKS_SHOWN:],
+                    "stacks_file": str(rank_stacks_path(job.run_dir, v.rank)),
+                }
+                for v in verdict.culprits
+            ],
+            "missing": verdict.missing,
+            "ranks": [v.to_dict() for v in verdict.views[:RANKS_LISTED]],
+            "ranks_not_listed": max(len(verdict.views) - RANKS_LISTED, 0),
+            "save": save,
+            "resume_point": resume,
+            "exit_status": self._exit_status,
+            "grace_s": self.grace_s,
             "background_commit_in_flight": _writer_running(),
-        }  # fmt: skip
+        }
         self.reports.append(report)
         if job.rank != 0:
             if any(v.rank == job.rank for v in verdict.culprits):
                 own = next(v for v in verdict.culprits if v.rank == job.rank)
-                log.error("HANG: this rank (%d on %s) is the one the job waits for: %s. Its stacks (%s):\n%s",
-                          job.rank, job.hosts[job.rank], own.where(), rank_stacks_path(job.run_dir, job.rank),
-                          own_stacks[-STACKS_SHOWN:])  # fmt: skip
+                log.error(
+                    "HANG: this rank (%d on %s) is the one the job waits for: %s. Its stacks (%s):\n%s",
+                    job.rank,
+                    job.hosts[job.rank],
+                    own.where(),
+                    rank_stacks_path(job.run_dir, job.rank),
+                    own_stacks[-STACKS_SHOWN:],
+                )
             else:
                 log.warning(
                     "HANG: rank %d on %s stalled; the job waits for %s; this rank's stacks: %s",
@@ -268,14 +316,24 @@ class HangMonitor:
                     rank_stacks_path(job.run_dir, job.rank),
                 )
             return
-        shown = "".join(f"\n  Stacks of rank {r} ({rank_stacks_path(job.run_dir, r)}):\n{text[-STACKS_SHOWN:]}"
-                        for r, text in culprit_stacks.items())  # fmt: skip
+        shown = "".join(
+            f"\n  Stacks of rank {r} ({rank_stacks_path(job.run_dir, r)}):\n{text[-STACKS_SHOWN:]}"
+            for r, text in culprit_stacks.items()
+        )
         log.error(
             "HANG: no progress on rank 0 for %.2f s, over its timeout of %.2f s (%s).\n  The job waits for: %s\n"
             "  Save: %s.\n  Resume point: %s\n  Ending every rank in %.0f s with exit status %d (HANG_EXIT_CODE)"
             " so that the launcher restarts the job.%s",
-            age, timeout, why, waiting_for, save, resume, self.grace_s, self._exit_status, shown,
-        )  # fmt: skip
+            age,
+            timeout,
+            why,
+            waiting_for,
+            save,
+            resume,
+            self.grace_s,
+            self._exit_status,
+            shown,
+        )
         events = self._events()
         if events is not None:
             step = self._progress()[1]
@@ -299,8 +357,12 @@ class HangMonitor:
         return self._progress()[3] != beat
 
     def _stand_down(self, stalled_s: float) -> None:
-        log.warning("HANG RESOLVED: rank %d made progress again after %.1f s without; the watchdog stands down"
-                    " and training goes on", self.job.rank, stalled_s)  # fmt: skip
+        log.warning(
+            "HANG RESOLVED: rank %d made progress again after %.1f s without; the watchdog stands down"
+            " and training goes on",
+            self.job.rank,
+            stalled_s,
+        )
         events = self._events()
         if events is not None:
             events.emit(
@@ -313,16 +375,24 @@ class HangMonitor:
 
     def _finish(self) -> None:
         waited_for_writer = _writer_running()
-        log.error("HANG: ending rank %d with exit status %d%s", self.job.rank, self._exit_status,
-                  " (a background checkpoint commit is still in flight: abandoned, uncommitted, never advertised)"
-                  if waited_for_writer else "")  # fmt: skip
+        log.error(
+            "HANG: ending rank %d with exit status %d%s",
+            self.job.rank,
+            self._exit_status,
+            " (a background checkpoint commit is still in flight: abandoned, uncommitted, never advertised)"
+            if waited_for_writer
+            else "",
+        )
         self._end(self._exit_status)
 
     def _end_now(self) -> None:
         # The deadline: the reporting above is stuck (in I/O, most likely). No logging: its locks may be held.
         try:
-            os.write(2, f"HANG: rank {self.job.rank}: the watchdog's report did not finish; ending with exit status"
-                        f" {self._exit_status}\n".encode())  # fmt: skip
+            os.write(
+                2,
+                f"HANG: rank {self.job.rank}: the watchdog's report did not finish; ending with exit status"
+                f" {self._exit_status}\n".encode(),
+            )
         finally:
             self._end(self._exit_status)
 

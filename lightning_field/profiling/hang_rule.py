@@ -189,8 +189,14 @@ class RankView:
         return f"step {self.step}, in {phase}, no progress for {self.no_progress_s:.0f} s"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"rank": self.rank, "host": self.host, "step": self.step, "phase": self.phase,
-                "no_progress_s": round(self.no_progress_s, 3), "frozen": self.frozen}  # fmt: skip
+        return {
+            "rank": self.rank,
+            "host": self.host,
+            "step": self.step,
+            "phase": self.phase,
+            "no_progress_s": round(self.no_progress_s, 3),
+            "frozen": self.frozen,
+        }
 
 
 @dataclass(frozen=True)
@@ -205,8 +211,7 @@ class Verdict:
 
     @property
     def named(self) -> str:
-        parts = [v.describe() + (" - its heartbeat stopped being published" if v.frozen else "")
-                 for v in self.culprits]  # fmt: skip
+        parts = [v.describe() + (" - its heartbeat stopped being published" if v.frozen else "") for v in self.culprits]
         parts += [f"rank {r} (no heartbeat of this job found)" for r in self.missing]
         if parts:
             return "; ".join(parts)

@@ -80,8 +80,10 @@ def probe(sizes: list[int], iters: int, warmup: int, device: torch.device) -> li
 
 
 def render(rows: list[dict[str, Any]], backend: str) -> str:
-    lines = [f"collective probe: {rows[0]['ranks'] if rows else '?'} ranks, backend {backend}",
-             f"{'op':<15}{'size (B)':>12}{'time (us)':>12}{'algbw (GB/s)':>14}{'busbw (GB/s)':>14}"]  # fmt: skip
+    lines = [
+        f"collective probe: {rows[0]['ranks'] if rows else '?'} ranks, backend {backend}",
+        f"{'op':<15}{'size (B)':>12}{'time (us)':>12}{'algbw (GB/s)':>14}{'busbw (GB/s)':>14}",
+    ]
     for r in rows:
         if r["seconds"] is None:
             lines.append(f"{r['op']:<15}{r['bytes']:>12}  unsupported: {r['error']}")

@@ -276,10 +276,14 @@ class StragglerMonitor(SectionHooks):
         else:
             flops = None
         return interval_summary(
-            self._steps, self._comm_steps, elapsed_s=time.perf_counter() - self._interval_started, flops=flops,
-            samples=self._samples, tokens=self._tokens,
+            self._steps,
+            self._comm_steps,
+            elapsed_s=time.perf_counter() - self._interval_started,
+            flops=flops,
+            samples=self._samples,
+            tokens=self._tokens,
             peak_memory=float(peak_memory_bytes(trainer.strategy.root_device)[0]),
-        )  # fmt: skip
+        )
 
     def _gather(self, trainer: pl.Trainer, summary: list[float]) -> list[list[float]]:
         if not (dist.is_available() and dist.is_initialized()):
@@ -322,11 +326,17 @@ class StragglerMonitor(SectionHooks):
 
     def _score(self, rows: list[dict[str, Any]], step: int, trainer: pl.Trainer) -> StragglerReport:
         return score_report(
-            rows, step, self._interval_steps, rules=self._rules, history=self._history,
+            rows,
+            step,
+            self._interval_steps,
+            rules=self._rules,
+            history=self._history,
             hosts=self._hosts or [host_name()] * len(rows),
             global_ranks=[self._global_rank(i) for i in range(len(rows))],
-            comm_measured=self._comm is not None, loaders=self._loader_settings(trainer), peak_flops=self._peak,
-        )  # fmt: skip
+            comm_measured=self._comm is not None,
+            loaders=self._loader_settings(trainer),
+            peak_flops=self._peak,
+        )
 
     @staticmethod
     def _loader_settings(trainer: pl.Trainer) -> str:
@@ -344,8 +354,12 @@ class StragglerMonitor(SectionHooks):
         assert self._out is not None
         self._out.mkdir(parents=True, exist_ok=True)
         own = next((r for r in report.ranks if r["rank"] == trainer.global_rank), None)
-        line = {"step": report.step, "row": own, "flagged": [asdict(f) for f in report.flagged],
-                "collectives": report.collectives}  # fmt: skip
+        line = {
+            "step": report.step,
+            "row": own,
+            "flagged": [asdict(f) for f in report.flagged],
+            "collectives": report.collectives,
+        }
         with open(self._out / f"rank-{trainer.global_rank:05d}.jsonl", "a") as f:
             f.write(json.dumps(line, default=str) + "\n")
         if not trainer.is_global_zero:
@@ -356,9 +370,15 @@ class StragglerMonitor(SectionHooks):
             log.warning(
                 "STRAGGLER: rank %d on %s is slow in %s (score %.2f: %.4f s vs %.4f s for its peers, in %d of the"
                 " last %d reports)",
-                flag.rank, flag.host, flag.section, flag.score, flag.own_s, flag.reference_s,
-                flag.reports_below, self.n,
-            )  # fmt: skip
+                flag.rank,
+                flag.host,
+                flag.section,
+                flag.score,
+                flag.own_s,
+                flag.reference_s,
+                flag.reports_below,
+                self.n,
+            )
         for warning in report.input_pipeline:
             log.warning("INPUT PIPELINE: %s", warning)
         metrics = report_metrics(report)
@@ -392,5 +412,8 @@ class StragglerMonitor(SectionHooks):
         trainer.should_stop = True
         log.warning(
             "Stopping: rank %d on %s is a straggler in %s; all ranks saved a checkpoint at step %d",
-            flag.rank, flag.host, flag.section, trainer.global_step,
-        )  # fmt: skip
+            flag.rank,
+            flag.host,
+            flag.section,
+            trainer.global_step,
+        )

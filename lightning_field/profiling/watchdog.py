@@ -126,17 +126,25 @@ class HangWatchdog(Callback):
         self._stop()
         # Collective (every rank sets up): the job's token tells its heartbeats from an earlier attempt's.
         gathered = all_gather_objects((os.urandom(8).hex(), host_name()))
-        job = Job(Path(trainer.default_root_dir), trainer.global_rank, len(gathered), [h for _, h in gathered],
-                  gathered[0][0])  # fmt: skip
+        job = Job(
+            Path(trainer.default_root_dir), trainer.global_rank, len(gathered), [h for _, h in gathered], gathered[0][0]
+        )
         self.history = StepHistory(self.rule.window)
         self._entered, self._batch_began, self._first_batch_timed = time.monotonic(), None, False
         self._progress = (0, trainer.global_step, Phase.STARTING, self._entered)
         self._checkpoint = find_manifest_checkpoint(trainer)
         self._launcher = getattr(trainer.strategy, "launcher", None) if trainer.global_rank == 0 else None
         self.monitor = HangMonitor(
-            self.rule, self.history, lambda: self._progress, job, grace_s=self.grace_s, end=self._end_process,
-            events=self._events, resume_point=self._resume_point, exit_status=HANG_EXIT_CODE,
-        )  # fmt: skip
+            self.rule,
+            self.history,
+            lambda: self._progress,
+            job,
+            grace_s=self.grace_s,
+            end=self._end_process,
+            events=self._events,
+            resume_point=self._resume_point,
+            exit_status=HANG_EXIT_CODE,
+        )
         self.monitor.start()
 
     def _stop(self) -> None:
@@ -161,14 +169,20 @@ class HangWatchdog(Callback):
         snapshot = checkpoint.snapshots.last_committed if checkpoint is not None else None
         # What ckpt_path="last" takes: the newest step, a persistent checkpoint where the two tie.
         if snapshot is not None and (persistent is None or snapshot[1] > persistent[1]):
-            return (f"the snapshot {snapshot[0]} (step {snapshot[1]}), the newest resume point this attempt"
-                    " committed (node-local: a restart on other machines takes the newest persistent checkpoint):"
-                    " run the same command with ckpt_path='last'")  # fmt: skip
+            return (
+                f"the snapshot {snapshot[0]} (step {snapshot[1]}), the newest resume point this attempt"
+                " committed (node-local: a restart on other machines takes the newest persistent checkpoint):"
+                " run the same command with ckpt_path='last'"
+            )
         if persistent is not None:
-            return (f"{persistent[0]} (step {persistent[1]}), the newest checkpoint this attempt committed: run the"
-                    " same command with ckpt_path='last'")  # fmt: skip
-        return ("no checkpoint committed in this attempt; with ckpt_path='last' a restart resumes from the newest"
-                " one committed before it, if any")  # fmt: skip
+            return (
+                f"{persistent[0]} (step {persistent[1]}), the newest checkpoint this attempt committed: run the"
+                " same command with ckpt_path='last'"
+            )
+        return (
+            "no checkpoint committed in this attempt; with ckpt_path='last' a restart resumes from the newest"
+            " one committed before it, if any"
+        )
 
     def _end_process(self, status: int) -> None:
         """Flush what can be flushed, end the ranks Lightning's launcher started (rank 0), then exit.
@@ -251,9 +265,14 @@ class HangWatchdog(Callback):
 
     @override
     def on_validation_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int,
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
         dataloader_idx: int = 0,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self._mark(Phase.VALIDATING, trainer.global_step)
         self.history.add_val_batch(self._progress[3] - self._val_began)
 

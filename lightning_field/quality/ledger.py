@@ -38,8 +38,17 @@ REDONE_FROM = (*TIERS, "none")
 COMMITS = ("ckpt_committed", "snapshot_committed")
 """Events that make a step a point a later attempt can resume from."""
 AT_STEP = (
-    *COMMITS, "fit_start", "ckpt_load", "ckpt_save_start", "ckpt_save_failed", "eval", "hang", "attempt_failed",
-    "attempt_end", "preempted", "interrupted",
+    *COMMITS,
+    "fit_start",
+    "ckpt_load",
+    "ckpt_save_start",
+    "ckpt_save_failed",
+    "eval",
+    "hang",
+    "attempt_failed",
+    "attempt_end",
+    "preempted",
+    "interrupted",
 )
 """An attempt's own events whose ``step`` is one it had reached (a progress report may be older)."""
 

@@ -47,9 +47,15 @@ def field_summary(
         if quality is None and run_start is not None:
             p = run_start.get("payload", {})
             quality = quality_summary(
-                events, p["monitor"], float(p["target"]), p.get("mode", "min"), p.get("price_per_device_hour"),
-                p.get("deadline_s"), now, ledger,
-            )  # fmt: skip
+                events,
+                p["monitor"],
+                float(p["target"]),
+                p.get("mode", "min"),
+                p.get("price_per_device_hour"),
+                p.get("deadline_s"),
+                now,
+                ledger,
+            )
         goodput = (quality or {}).get("goodput") or {
             "goodput": ledger.goodput,
             "elapsed_s": ledger.elapsed_s,

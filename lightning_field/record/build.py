@@ -64,16 +64,32 @@ def plan_vs_measured(figures: Sequence[Mapping[str, Any]]) -> list[dict[str, Any
     so_far = measured.get("cost_so_far") or {}
     inputs = planned
     rows = [
-        ("blocking checkpoint save", (inputs.get("save_seconds") or {}).get("value"),
-         measured.get("median_save_seconds"), "s"),
-        ("restart (kill to first new step)", (inputs.get("restart_seconds") or {}).get("value"),
-         measured.get("recovery_seconds"), "s"),
-        ("wall time (plan: to the token budget; measured: to the quality target)",
-         (inputs.get("time_to_budget") or inputs.get("ideal_time") or {}).get("value"), ttq.get("wall_s"), "s"),
-        ("device-hours", (inputs.get("device_hours") or {}).get("value"),
-         ttq.get("device_hours") or so_far.get("device_hours"), "device-h"),
+        (
+            "blocking checkpoint save",
+            (inputs.get("save_seconds") or {}).get("value"),
+            measured.get("median_save_seconds"),
+            "s",
+        ),
+        (
+            "restart (kill to first new step)",
+            (inputs.get("restart_seconds") or {}).get("value"),
+            measured.get("recovery_seconds"),
+            "s",
+        ),
+        (
+            "wall time (plan: to the token budget; measured: to the quality target)",
+            (inputs.get("time_to_budget") or inputs.get("ideal_time") or {}).get("value"),
+            ttq.get("wall_s"),
+            "s",
+        ),
+        (
+            "device-hours",
+            (inputs.get("device_hours") or {}).get("value"),
+            ttq.get("device_hours") or so_far.get("device_hours"),
+            "device-h",
+        ),
         ("cost", (inputs.get("cost") or {}).get("value"), ttq.get("cost") or so_far.get("cost"), "currency"),
-    ]  # fmt: skip
+    ]
     return [
         {"quantity": q, "planned": p, "measured": m, "unit": u} for q, p, m, u in rows if p is not None or m is not None
     ]
@@ -83,14 +99,26 @@ def _plots(col: Collection, out: Path) -> list[dict[str, Any]]:
     made: list[tuple[Path | None, str]] = []
     monitor, target = col.plots.get("target", (None, None))
     if monitor and col.plots.get("quality_events"):
-        made.append((plot_quality(col.plots["quality_events"], monitor, target, out / "quality.png"),
-                     f"{monitor} at each evaluation and the target (from the event log)"))  # fmt: skip
+        made.append(
+            (
+                plot_quality(col.plots["quality_events"], monitor, target, out / "quality.png"),
+                f"{monitor} at each evaluation and the target (from the event log)",
+            )
+        )
     if col.plots.get("goodput"):
-        made.append((plot_goodput(col.plots["goodput"], out / "goodput.png"),
-                     "goodput ledger: where the wall time went (from the event log)"))  # fmt: skip
+        made.append(
+            (
+                plot_goodput(col.plots["goodput"], out / "goodput.png"),
+                "goodput ledger: where the wall time went (from the event log)",
+            )
+        )
     if col.plots.get("throughput"):
-        made.append((plot_throughput(col.plots["throughput"], out / "throughput.png"),
-                     "throughput per straggler report (field/profile/reports.jsonl)"))  # fmt: skip
+        made.append(
+            (
+                plot_throughput(col.plots["throughput"], out / "throughput.png"),
+                "throughput per straggler report (field/profile/reports.jsonl)",
+            )
+        )
     entries = [
         {"file": path.name, "digest": file_digest(path), "caption": caption}
         for path, caption in made
@@ -129,9 +157,13 @@ def write_json(record: Mapping[str, Any], out: Path) -> Path:
 
 
 def build_record(
-    run_dirs: Sequence[Path], out: Path, config: RecordConfig, now: float, copy: bool = False,
+    run_dirs: Sequence[Path],
+    out: Path,
+    config: RecordConfig,
+    now: float,
+    copy: bool = False,
     plan: Path | None = None,
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     """Collect every source under ``run_dirs`` and write the record into ``out``; returns the record."""
     out = out.resolve()
     col = collect(run_dirs, config.config_keys, config.verify_checkpoints == "all", plan, exclude=[out])

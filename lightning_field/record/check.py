@@ -90,8 +90,9 @@ def _check_loaded(record: Mapping[str, Any], record_dir: Path, now: float) -> Ch
     problems += invalid
     config = parse_record_config(record["config"])
     sources = {s["id"]: s for s in record["sources"]}
-    results = evaluate_conditions(config.conditions, record["figures"], sources, record["release"], now,
-                                  config.roles_for)  # fmt: skip
+    results = evaluate_conditions(
+        config.conditions, record["figures"], sources, record["release"], now, config.roles_for
+    )
     built = {c["name"]: c["status"] for c in record["conditions"]}
     for r in results:
         if built.get(r["name"]) not in (None, r["status"]):

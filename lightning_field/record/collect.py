@@ -43,9 +43,12 @@ def _record_dirs(run_dir: Path) -> list[Path]:
 
 
 def collect(
-    run_dirs: Sequence[Path], keys: Sequence[str], verify_all: bool = False, plan: Path | None = None,
+    run_dirs: Sequence[Path],
+    keys: Sequence[str],
+    verify_all: bool = False,
+    plan: Path | None = None,
     exclude: Sequence[Path] = (),
-) -> Collection:  # fmt: skip
+) -> Collection:
     """Every source under ``run_dirs``; the first directory holding checkpoints is the released run."""
     missing = [str(d) for d in run_dirs if not d.is_dir()]
     if missing:
@@ -58,12 +61,20 @@ def collect(
         newest = next(e for e in committed_checkpoints(released / "checkpoints") if e.manifest is not None)
         assert newest.manifest is not None  # the one just chosen for having a manifest
         release.update(
-            checkpoint=basename(newest.path), step=newest.manifest.step, identity=identity,
-            config_projection=projection, code_version=code_version(identity), basis=basis,
-        )  # fmt: skip
+            checkpoint=basename(newest.path),
+            step=newest.manifest.step,
+            identity=identity,
+            config_projection=projection,
+            code_version=code_version(identity),
+            basis=basis,
+        )
     else:
-        release.update(identity=unknown_identity(None), config_projection=None, code_version="unknown",
-                       basis="no run directory holds a committed checkpoint")  # fmt: skip
+        release.update(
+            identity=unknown_identity(None),
+            config_projection=None,
+            code_version="unknown",
+            basis="no run directory holds a committed checkpoint",
+        )
     col = Collection(release)
     for run_dir in run_dirs:
         skip = [*exclude, *_record_dirs(run_dir)]

@@ -142,8 +142,9 @@ def _newest_checkpoint(params: Mapping[str, Any], ctx: Context) -> Outcome:
     intact = next((f for f in ctx.named("checkpoint_intact") if f["source"]["id"] == figure["source"]["id"]), None)
     ids = [figure["id"], *([intact["id"]] if intact else [])]
     if not v["recoverable"]:
-        return Outcome(FAIL, f"{v['name']} (step {v['step']}) is not recoverable, it lacks: {'; '.join(v['missing'])}",
-                       ids)  # fmt: skip
+        return Outcome(
+            FAIL, f"{v['name']} (step {v['step']}) is not recoverable, it lacks: {'; '.join(v['missing'])}", ids
+        )
     if intact is None or not intact["value"]:
         problems = "; ".join(intact["limitations"]) if intact else "not verified"
         return Outcome(FAIL, f"{v['name']} (step {v['step']}) failed verification: {problems}", ids)
@@ -172,8 +173,12 @@ def _restore_tested(params: Mapping[str, Any], ctx: Context) -> Outcome:
         return _stale(passed[0], reasons, f"restore drill of {passed[0]['value']['checkpoint']}")
     v = figure["value"]
     newest_name = newest[0]["value"]["name"] if newest else "?"
-    return Outcome(PASS, f"{len(passed)} drill(s) passed, newest on {v['checkpoint']} (step {v['step']}); none failed;"
-                   f" the newest checkpoint {newest_name} shares its identity", [figure["id"]])  # fmt: skip
+    return Outcome(
+        PASS,
+        f"{len(passed)} drill(s) passed, newest on {v['checkpoint']} (step {v['step']}); none failed;"
+        f" the newest checkpoint {newest_name} shares its identity",
+        [figure["id"]],
+    )
 
 
 def _no_stragglers(params: Mapping[str, Any], ctx: Context) -> Outcome:
@@ -208,15 +213,23 @@ def _time_to_quality(params: Mapping[str, Any], ctx: Context) -> Outcome:
     deadline_h = v["deadline_s"] / 3600
     if v.get("reached"):
         verdict = PASS if v.get("deadline_met") else FAIL
-        return Outcome(verdict, f"target reached at step {v['step']} after {v['wall_s']:.1f} s, deadline"
-                       f" {deadline_h:g} h {'met' if verdict == PASS else 'MISSED'} (measured)", ids)  # fmt: skip
+        return Outcome(
+            verdict,
+            f"target reached at step {v['step']} after {v['wall_s']:.1f} s, deadline"
+            f" {deadline_h:g} h {'met' if verdict == PASS else 'MISSED'} (measured)",
+            ids,
+        )
     miss = v.get("deadline_miss_probability")
     if not v.get("forecast_available") or miss is None:
         return Outcome(MISSING, f"not reached and {v.get('forecast_reason') or 'no forecast'}", ids)
     allowed = 1 - params["confidence"]
     verdict = PASS if miss <= allowed else FAIL
-    return Outcome(verdict, f"not reached; forecast misses the {deadline_h:g} h deadline with probability {miss:.2f}"
-                   f" (allowed {allowed:.2f} at {params['confidence']:.0%} confidence) (estimate)", ids)  # fmt: skip
+    return Outcome(
+        verdict,
+        f"not reached; forecast misses the {deadline_h:g} h deadline with probability {miss:.2f}"
+        f" (allowed {allowed:.2f} at {params['confidence']:.0%} confidence) (estimate)",
+        ids,
+    )
 
 
 def _goodput(params: Mapping[str, Any], ctx: Context) -> Outcome:
@@ -226,8 +239,9 @@ def _goodput(params: Mapping[str, Any], ctx: Context) -> Outcome:
         return figure
     value = figure["value"]
     verdict = PASS if value >= params["min_goodput"] else FAIL
-    return Outcome(verdict, f"goodput {value:.1%} (minimum {params['min_goodput']:.0%}); {figure['population']}",
-                   [figure["id"]])  # fmt: skip
+    return Outcome(
+        verdict, f"goodput {value:.1%} (minimum {params['min_goodput']:.0%}); {figure['population']}", [figure["id"]]
+    )
 
 
 def _preflight(params: Mapping[str, Any], ctx: Context) -> Outcome:
@@ -265,7 +279,8 @@ def _scaling(params: Mapping[str, Any], ctx: Context) -> Outcome:
 
 CHECKS: dict[str, Check] = {
     "resume_evidence": Check(
-        {"accept_verdicts": ["exact", "within_noise"], "min_world_size": 1}, _resume_evidence,
+        {"accept_verdicts": ["exact", "within_noise"], "min_world_size": 1},
+        _resume_evidence,
         "the newest fresh evidence bundle passed its gate with an accepted verdict",
     ),
     "newest_checkpoint_recoverable": Check({}, _newest_checkpoint, "the newest checkpoint is recoverable and intact"),
@@ -275,7 +290,7 @@ CHECKS: dict[str, Check] = {
     "goodput": Check({"min_goodput": 0.8}, _goodput, "goodput at least the minimum"),
     "preflight": Check({}, _preflight, "preflight passed"),
     "scaling": Check({"min_ranks": 2, "min_efficiency": 0.7}, _scaling, "the scaling study says add devices"),
-}  # fmt: skip
+}
 
 
 # ---------------------------------------------------------------------------------------------- evaluation
@@ -296,9 +311,13 @@ def evaluate_conditions(
             run_dir = str(release.get("run_dir") or "").rstrip("/") + "/"
             own = run_dir != "/" and source.get("kind") in OWN_RUN_KINDS and str(source.get("path")).startswith(run_dir)
             out = staleness_reasons(
-                source["identity"], source.get("config_projection"), release.get("identity") or {},
-                release.get("config_projection"), spec.compare_identity, own_run=own,
-            )  # fmt: skip
+                source["identity"],
+                source.get("config_projection"),
+                release.get("identity") or {},
+                release.get("config_projection"),
+                spec.compare_identity,
+                own_run=own,
+            )
             if spec.max_age_hours is not None:
                 when = figure.get("date_unix")
                 if when is None:

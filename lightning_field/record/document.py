@@ -25,8 +25,21 @@ READABLE_FORMATS = ("lightning_field.record/1", FORMAT)
 """Format 1 records (``sha256``, a bare SHA-256 per source and plot) are still checked."""
 
 # What `check` re-evaluates and `sign` re-renders: a record without one of these can be neither.
-REQUIRED_FIELDS = ("created", "tool_version", "release", "decision", "exposure", "conditions", "signoff",
-                   "figures", "sources", "plots", "not_found", "limitations", "config")  # fmt: skip
+REQUIRED_FIELDS = (
+    "created",
+    "tool_version",
+    "release",
+    "decision",
+    "exposure",
+    "conditions",
+    "signoff",
+    "figures",
+    "sources",
+    "plots",
+    "not_found",
+    "limitations",
+    "config",
+)
 
 RECORD_DOCUMENT = DocumentFormat(
     title="record",

@@ -72,9 +72,13 @@ def _environment() -> Environment:
 
 def render_html(record: Mapping[str, Any], record_dir: Path, signature_state: Mapping[str, Any]) -> str:
     """``signature_state``: ``valid``, ``problems`` and ``missing`` from ``signing``, shown as they are now."""
-    return _environment().get_template(TEMPLATE).render(
-        record=record,
-        signatures=signature_state,
-        plots=_embedded_plots(record, record_dir),
-        config_json=json.dumps(record["config"], indent=1),
+    return (
+        _environment()
+        .get_template(TEMPLATE)
+        .render(
+            record=record,
+            signatures=signature_state,
+            plots=_embedded_plots(record, record_dir),
+            config_json=json.dumps(record["config"], indent=1),
+        )
     )

@@ -28,8 +28,15 @@ def exposure(levels: Sequence[Any], results: Sequence[Mapping[str, Any]]) -> dic
         if critical:
             lacking = [{"name": r["name"], "status": r["status"], "detail": r["detail"]} for r in critical] + lacking
         ok = not blocked and not lacking
-        rows.append({"level": level.name, "description": level.description, "requires": list(level.requires),
-                     "supported": ok, "lacking": lacking})  # fmt: skip
+        rows.append(
+            {
+                "level": level.name,
+                "description": level.description,
+                "requires": list(level.requires),
+                "supported": ok,
+                "lacking": lacking,
+            }
+        )
         if ok:
             supported = level.name
         else:

@@ -13,8 +13,9 @@ from typing import Any
 from lightning_field.evidence.plots import standalone_figure
 
 
-def plot_quality(evals: Sequence[tuple[int, Mapping[str, Any]]], monitor: str, target: float | None,
-                 path: Path) -> Path | None:  # fmt: skip
+def plot_quality(
+    evals: Sequence[tuple[int, Mapping[str, Any]]], monitor: str, target: float | None, path: Path
+) -> Path | None:
     """The monitored metric at every evaluation, with the target; None when nothing was evaluated."""
     points = [(s, float(m[monitor])) for s, m in evals if monitor in m and m[monitor] is not None]
     if not points:

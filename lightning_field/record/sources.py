@@ -84,9 +84,17 @@ class Collection:
     ) -> Source:
         size, digest = path.stat().st_size, file_digest(path)
         source = Source(
-            f"S{len(self.sources) + 1}", kind, path.resolve(), digest, size, date_unix, date_basis, identity,
-            projection, list(limitations),
-        )  # fmt: skip
+            f"S{len(self.sources) + 1}",
+            kind,
+            path.resolve(),
+            digest,
+            size,
+            date_unix,
+            date_basis,
+            identity,
+            projection,
+            list(limitations),
+        )
         self.sources.append(source)
         return source
 

@@ -51,9 +51,15 @@ def log_record(record: Mapping[str, Any], record_dir: Path, run_dir: Path, mode:
     if mode not in (None, "online", "offline", "disabled", "shared"):
         raise ValueError(f"W&B mode {mode!r} is not one of online, offline, disabled, shared")
     run = wandb.init(
-        id=identity["run_id"], project=identity.get("project"), entity=identity.get("entity"), resume="allow",
-        dir=os.fspath(segment), job_type="release-record", mode=cast(Any, mode), reinit="create_new",
-    )  # fmt: skip
+        id=identity["run_id"],
+        project=identity.get("project"),
+        entity=identity.get("entity"),
+        resume="allow",
+        dir=os.fspath(segment),
+        job_type="release-record",
+        mode=cast(Any, mode),
+        reinit="create_new",
+    )
     try:
         decision = record["decision"]
         artifact = wandb.Artifact(
@@ -74,5 +80,9 @@ def log_record(record: Mapping[str, Any], record_dir: Path, run_dir: Path, mode:
         run.summary.update(summary_of(record))
     finally:
         run.finish()
-    return {"run_id": identity["run_id"], "artifact": f"release-record-{identity['run_id']}", "segment": str(segment),
-            "mode": mode or "online"}  # fmt: skip
+    return {
+        "run_id": identity["run_id"],
+        "artifact": f"release-record-{identity['run_id']}",
+        "segment": str(segment),
+        "mode": mode or "online",
+    }

@@ -109,8 +109,13 @@ def _adopt(loader: Any) -> Adoption:
         if batch_sampler is not None and type(batch_sampler) is not BatchSampler:
             if not callable(getattr(batch_sampler, "state_dict", None)):
                 kind = type(batch_sampler).__name__
-                return Adoption(loader, name, False, f"its batch sampler {kind} has no state_dict, so its position"
-                                f" cannot be restored; give {kind} state_dict/load_state_dict")  # fmt: skip
+                return Adoption(
+                    loader,
+                    name,
+                    False,
+                    f"its batch sampler {kind} has no state_dict, so its position"
+                    f" cannot be restored; give {kind} state_dict/load_state_dict",
+                )
             kwargs["batch_sampler"] = batch_sampler
         else:
             sampler = batch_sampler.sampler if batch_sampler is not None else loader.sampler

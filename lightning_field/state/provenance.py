@@ -99,10 +99,20 @@ def code_provenance(source: str | os.PathLike[str] | None = None, model: Any = N
 # Trainer arguments that say how long a run goes or how it is watched, not which trajectory it
 # follows: changing them must not make the resume check refuse the run's own checkpoints.
 TRAINER_NOT_TRAJECTORY = (
-    "max_steps", "max_epochs", "max_time", "limit_val_batches", "val_check_interval", "check_val_every_n_epoch",
-    "log_every_n_steps", "enable_progress_bar", "enable_model_summary", "default_root_dir", "enable_checkpointing",
-    "callbacks", "logger",
-)  # fmt: skip
+    "max_steps",
+    "max_epochs",
+    "max_time",
+    "limit_val_batches",
+    "val_check_interval",
+    "check_val_every_n_epoch",
+    "log_every_n_steps",
+    "enable_progress_bar",
+    "enable_model_summary",
+    "default_root_dir",
+    "enable_checkpointing",
+    "callbacks",
+    "logger",
+)
 TRAJECTORY_SECTIONS = ("model", "data", "seed", "trainer", "strategy")
 
 
@@ -243,4 +253,3 @@ def environment_provenance(trainer: Any) -> dict[str, Any]:
         "cudnn_deterministic": bool(torch.backends.cudnn.deterministic),
         "cudnn_benchmark": bool(torch.backends.cudnn.benchmark),
     }
-

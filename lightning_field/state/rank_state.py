@@ -85,8 +85,9 @@ def capture_rank_state(
             " give the dataset a state_dict() returning its position and a load_state_dict(state) that seeks to"
             " it: docs/streamed-data.md)"
         )
-    elif unrestorable := [f"{name}: {why}" for dl, name in zip(loaders, described, strict=True)
-                          if (why := unrestorable_stream(dl))]:  # fmt: skip
+    elif unrestorable := [
+        f"{name}: {why}" for dl, name in zip(loaders, described, strict=True) if (why := unrestorable_stream(dl))
+    ]:
         missing.append(f"data_position (rank {trainer.global_rank}: the train loader {'; '.join(unrestorable)})")
     elif not stateful:
         reasons = [f"{a.original}: {a.reason}" for a in adoptions if a.reason]

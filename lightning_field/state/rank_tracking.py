@@ -274,8 +274,10 @@ class RankStateTracker:
         saved, self._loaded_epoch_metrics = self._loaded_epoch_metrics, None
         if not saved:
             return
-        skip = [*(saved.get("reset_at_epoch_end", []) if resumed_at_epoch_end else []),
-                *saved.get("reset_after_validation", [])]  # fmt: skip
+        skip = [
+            *(saved.get("reset_at_epoch_end", []) if resumed_at_epoch_end else []),
+            *saved.get("reset_after_validation", []),
+        ]
         gone = restore_torchmetrics(pl_module, saved.get("torchmetrics", {}), skip)
         if gone:
             rank_zero_warn(f"Saved torchmetrics state for {gone} has no metric to go to in this module")
@@ -317,7 +319,6 @@ class RankStateTracker:
         # draws from the global generators before any validation hook runs. An exception save in
         # the next step saves it as this step's streams (``rng_at_batch_end``).
         self.rng_at_batch_end = capture_rng_state(self.generators)
-
 
     def _count_batch(self, batch: Any) -> None:
         # Shapes are host metadata: counting does not synchronise the device. A tensor, or a tuple or
@@ -363,10 +364,15 @@ class RankStateTracker:
         elif fetched_ahead is not None:
             internals.set_saved_loader_states(checkpoint, fetched_ahead.loader_states)
         state, missing = capture_rank_state(
-            trainer, checkpoint, rng, weights_only=weights_only,
-            samples_seen=self.samples_seen, tokens_seen=self.tokens_seen, adoptions=self.adoptions,
+            trainer,
+            checkpoint,
+            rng,
+            weights_only=weights_only,
+            samples_seen=self.samples_seen,
+            tokens_seen=self.tokens_seen,
+            adoptions=self.adoptions,
             sees_fetches=self._prefetch_hook_installed,
-        )  # fmt: skip
+        )
         if fetched_ahead is not None:
             state["fetched_ahead"] = {"rng": fetched_ahead.rng}
         if unseen is not None:

@@ -77,9 +77,15 @@ class StepEnd:
     @classmethod
     def capture(cls, trainer: pl.Trainer, rng: dict[str, Any], watch: WatchedTensors) -> StepEnd:
         return cls(
-            trainer.global_step, trainer.current_epoch, internals.successful_fetches(trainer), rng,
-            step_progress(trainer), watch, watch.read(), _logged(trainer),
-        )  # fmt: skip
+            trainer.global_step,
+            trainer.current_epoch,
+            internals.successful_fetches(trainer),
+            rng,
+            step_progress(trainer),
+            watch,
+            watch.read(),
+            _logged(trainer),
+        )
 
 
 def _logged(trainer: pl.Trainer) -> tuple[tuple[str, Any, str, Any, int], ...]:

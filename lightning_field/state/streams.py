@@ -43,6 +43,7 @@ __all__ = [
     "unrestorable_stream",
 ]
 
+
 def torch_stream(loader: Any) -> Any | None:
     """The loader's dataset if it is an ``IterableDataset`` read by torch's or torchdata's own loader
     (not a library's loader, such as LitData's, that keeps its position and epoch itself)."""
@@ -54,7 +55,6 @@ def torch_stream(loader: Any) -> Any | None:
 
 def has_own_position(dataset: Any) -> bool:
     return callable(getattr(dataset, "state_dict", None)) and callable(getattr(dataset, "load_state_dict", None))
-
 
 
 def positions_for_the_resumed_epoch(loader_state: Any, active: torch.Tensor) -> int:
@@ -230,9 +230,11 @@ def stream_positions(loader_state: Any) -> dict[str, Any]:
     snapshot = loader_state.get("_snapshot")
     if isinstance(snapshot, Mapping):
         workers = snapshot.get("_worker_snapshots") or {}
-        return {str(worker): _json_safe(dataset_own_state(state.get("dataset_state")))
-                for worker, state in workers.items()
-                if isinstance(state, Mapping)}  # fmt: skip
+        return {
+            str(worker): _json_safe(dataset_own_state(state.get("dataset_state")))
+            for worker, state in workers.items()
+            if isinstance(state, Mapping)
+        }
     if "dataset_state" in loader_state:
         return {"main": _json_safe(loader_state.get("dataset_state"))}
     return {"loader": _json_safe(dict(loader_state))}  # a library's own loader (LitData, MosaicML)

@@ -173,7 +173,8 @@ def refuse_changed_settings(
     raise ResumeMismatchError(
         f"Refusing to resume from {where}: Trainer settings that define the training trajectory changed since it"
         f" was saved.\n{lines}\nThe continuation would match an uninterrupted run under neither setting. Ways out: "
-        + "; ".join(ways) + ".",
+        + "; ".join(ways)
+        + ".",
         differences={f"trainer.{name}": values for name, values in blocking.items()},
         allowed_by="allow_changed" if len(allowable) == len(blocking) else None,
     )

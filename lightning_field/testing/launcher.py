@@ -88,8 +88,9 @@ class ForkedLauncher:
             note_timeout(handle.log_path, timeout_s)
         _kill_group(process.pid)  # a rank or loader worker left behind
         assert handle.spec.launched_unix is not None
-        return Attempt(handle.spec.attempt, int(process.exitcode), handle.spec.launched_unix, time.time(),
-                       handle.log_path)  # fmt: skip
+        return Attempt(
+            handle.spec.attempt, int(process.exitcode), handle.spec.launched_unix, time.time(), handle.log_path
+        )
 
 
 def _kill_group(pid: int) -> None:

@@ -45,9 +45,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line(
-        "markers", f"{MARKER}: an exact-resume check (lightning_field); select with -m {MARKER}"
-    )
+    config.addinivalue_line("markers", f"{MARKER}: an exact-resume check (lightning_field); select with -m {MARKER}")
     config.stash[_KEPT] = []
 
 

@@ -25,8 +25,14 @@ from typing import Any
 KILL_POSITIONS = ("mid-epoch", "epoch-end")
 """Named kill positions, resolved against the run's own epoch length (from the first control)."""
 
-_RESERVED_TRAINER_KEYS = ("max_steps", "callbacks", "logger", "default_root_dir", "enable_progress_bar",
-                          "enable_model_summary")  # fmt: skip
+_RESERVED_TRAINER_KEYS = (
+    "max_steps",
+    "callbacks",
+    "logger",
+    "default_root_dir",
+    "enable_progress_bar",
+    "enable_model_summary",
+)
 """Trainer arguments the protocol sets itself: the run length, its tracer, fault drill and checkpoints."""
 
 
@@ -288,8 +294,16 @@ def assert_resumes_exactly(
     noise = _tolerance(tolerance)
     module_path = import_path(module, "module")
     data_path = import_path(data, "data") if data is not None else None
-    config = build_config(module_path, data_path, dict(module_kwargs or {}), dict(data_kwargs or {}),
-                          dict(trainer or {}), dict(checkpoint or {}), devices, seed)  # fmt: skip
+    config = build_config(
+        module_path,
+        data_path,
+        dict(module_kwargs or {}),
+        dict(data_kwargs or {}),
+        dict(trainer or {}),
+        dict(checkpoint or {}),
+        devices,
+        seed,
+    )
     save_every = config["callbacks"]["checkpoint"].get("every_n_train_steps")
     if not save_every:
         raise ValueError("checkpoint= needs every_n_train_steps: the kills are placed between step-based checkpoints")
@@ -300,8 +314,9 @@ def assert_resumes_exactly(
         epoch = steps_per_epoch(read_trace(control.run_dir / "trace", 0), steps)
         return resolve_kill_steps(positions, epoch, steps, int(save_every))
 
-    settings = EvidenceSettings(steps=steps, interruptions=len(positions), noise_tolerance=noise or 3.0,
-                                attempt_timeout_s=timeout_s)  # fmt: skip
+    settings = EvidenceSettings(
+        steps=steps, interruptions=len(positions), noise_tolerance=noise or 3.0, attempt_timeout_s=timeout_s
+    )
     results = run_protocol(
         config,
         settings,

@@ -59,9 +59,12 @@ class SnapshotStore(LocalStore):
     def write(self, final: Path, token: str, rank: int, files: dict[str, tuple[Any, list[str]]]) -> RankOutcome:
         spare = final.parent / SPARE_DIR
         return write_rank_files(
-            self.hidden_dir(final, token), rank, files, durable=False,
+            self.hidden_dir(final, token),
+            rank,
+            files,
+            durable=False,
             save=lambda obj, path, durable: _save_raw(obj, path, spare / path.name),
-        )  # fmt: skip
+        )
 
 
 def _save_raw(obj: Any, path: Path, recycled: Path) -> tuple[int, str]:
