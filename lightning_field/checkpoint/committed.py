@@ -345,13 +345,15 @@ class CommittedCheckpoint(ModelCheckpoint):
             self._events.emit("ckpt_save_start", step=trainer.global_step, payload={"path": str(final)})
         if trainer.model is None:
             raise AttributeError("Saving a checkpoint is only possible if a model is attached to the Trainer.")
-        routed, checkpoint = self._dump_through_trainer(trainer, filepath)
-        if routed and checkpoint is None:
-            # Trainer.save_checkpoint is replaced by one that never reached the strategy (a mock, an override
-            # that saves elsewhere): ModelCheckpoint's bookkeeping, as for its own save; nothing to commit.
-            self._last_global_step_saved = trainer.global_step
-            self._last_checkpoint_saved = filepath
-            return
+        checkpoint = None
+        if self.routes_saves:
+            checkpoint = self._dump_through_trainer(trainer, filepath)
+            if checkpoint is None:
+                # Trainer.save_checkpoint is replaced by one that never reached the strategy (a mock, an override
+                # that saves elsewhere): ModelCheckpoint's bookkeeping, as for its own save; nothing to commit.
+                self._last_global_step_saved = trainer.global_step
+                self._last_checkpoint_saved = filepath
+                return
         job = self._prepare_save(trainer, final, start, checkpoint=checkpoint)
         job.stopped = self._stopped
         if final != as_location(filepath):
@@ -370,18 +372,16 @@ class CommittedCheckpoint(ModelCheckpoint):
         self._last_checkpoint_saved = filepath
         self._retire_resume_points(trainer, filepath)
 
-    def _dump_through_trainer(self, trainer: pl.Trainer, filepath: str) -> tuple[bool, dict[str, Any] | None]:
-        """Whether this save goes through ``Trainer.save_checkpoint`` (``routes_saves``), and the
-        checkpoint dict it handed the strategy there (None where it handed none), which the commit
-        writes instead: an override of ``Trainer.save_checkpoint`` sees each save, as ModelCheckpoint's."""
-        if not self.routes_saves:
-            return False, None
+    def _dump_through_trainer(self, trainer: pl.Trainer, filepath: str) -> dict[str, Any] | None:
+        """The checkpoint dict ``Trainer.save_checkpoint`` handed the strategy for this save (None where
+        it handed none), which the commit writes instead: an override of ``Trainer.save_checkpoint``
+        sees each save, as ModelCheckpoint's."""
         self._capturing, self._captured = True, None
         try:
             trainer.save_checkpoint(filepath, self.save_weights_only)
         finally:
             captured, self._capturing, self._captured = self._captured, False, None
-        return True, captured
+        return captured
 
     def take_checkpoint(self, checkpoint: dict[str, Any]) -> bool:
         """The strategy's save, offered the dict (``compat.lightning.intercept_strategy_save``): taken

@@ -251,15 +251,16 @@ class ManifestCheckpoint(CommittedCheckpoint):
         hazard = elastic_restart_hazard(os.environ)
         if hazard is not None:
             rank_zero_warn(f"lightning_field: {hazard}")
-        if not isinstance(self.store_at(self.dirpath), LocalStore) or sharded.is_sharded(trainer.strategy):
+        is_sharded = sharded.check_strategy(trainer.strategy)  # refuses a strategy it cannot save for
+        if is_sharded or not isinstance(self.store_at(self.dirpath), LocalStore):
             # There the checkpoint is its folder (DCP shards; an object-store prefix): named without one.
             self.FILE_EXTENSION = ""
-        if not sharded.is_sharded(trainer.strategy):
+        if is_sharded:
+            sharded_load.guard_strategy_load(trainer.strategy, self.store_at, self._guard.check, self.trust_pickles)
+        else:
             # A sharded strategy's own save writes DCP files itself; there the callback dumps the state directly.
             internals.intercept_strategy_save(trainer.strategy, self.take_checkpoint)
             self.routes_saves = True
-        if sharded.check_strategy(trainer.strategy):
-            sharded_load.guard_strategy_load(trainer.strategy, self.store_at, self._guard.check, self.trust_pickles)
         if self.async_save:
             self._saves.setup(trainer, self.state_key)
         if not isinstance(trainer.strategy.checkpoint_io, ManifestCheckpointIO):
