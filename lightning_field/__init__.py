@@ -37,6 +37,7 @@ _EXPORTS: dict[str, str] = {
     "verify_checkpoint": "lightning_field.checkpoint",
     "EventLog": "lightning_field.core.events",
     "read_events": "lightning_field.core.events",
+    "select_run": "lightning_field.core.events",
     "Manifest": "lightning_field.core.manifest",
     "read_manifest": "lightning_field.core.manifest",
     "EvidenceSettings": "lightning_field.evidence",
@@ -111,6 +112,7 @@ __all__ = [
     "register_configs",
     "run_preflight",
     "run_study",
+    "select_run",
     "tiny_overfit",
     "verify_checkpoint",
 ]
@@ -146,7 +148,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
         load_weights,
         verify_checkpoint,
     )
-    from lightning_field.core.events import EventLog, read_events
+    from lightning_field.core.events import EventLog, read_events, select_run
     from lightning_field.core.manifest import Manifest, read_manifest
     from lightning_field.evidence import EvidenceSettings, RestoreDrill, StepTracer, check_bundle
     from lightning_field.integrations import FieldWandbLogger, WandbReview, log_evidence_bundle, read_offline_run

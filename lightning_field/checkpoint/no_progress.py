@@ -277,6 +277,8 @@ class NoProgressGuard:
     ) -> list[FailedAttempt] | None:
         """Rank 0: the attempts that make this one refuse, recorded as such; None to train."""
         assert self.max_failed_attempts is not None
+        # The whole log, not one run: a crash loop that fails before its first commit starts a new run
+        # each time outside a scheduler's restarts, and is still the same code failing at the same step.
         failed = failed_attempts_without_progress(read_events(trainer.default_root_dir), step, digest, events.attempt)
         if len(failed) < self.max_failed_attempts:
             return None

@@ -188,6 +188,7 @@ class ResumeGuard:
         self.resharded_from: dict[str, Any] | None = None
         self.inexact: dict[str, Any] | None = None
         self.changed_settings: list[dict[str, Any]] = []  # the lineage's allowed changes (provenance.changed_settings)
+        self.run_id: str | None = None  # the lineage's run (provenance.run_id): this run's, or the resumed one's
         self._static: Provenance = {}
         self._settings: TrainerSettings = {}
         self._trainer: pl.Trainer | None = None
@@ -276,6 +277,12 @@ class ResumeGuard:
         self.changed_settings = carried
         if self.inexact is None and manifest.provenance.get("inexact_resume"):
             self.inexact = dict(manifest.provenance["inexact_resume"])
+        run_id = manifest.provenance.get("run_id")
+        if isinstance(run_id, str) and run_id:
+            # This attempt continues that run: its event log and every later manifest say so.
+            self.run_id = run_id
+            if (events := self._events()) is not None:
+                events.join(run_id)
 
     def check_ranks_resumed_alike(self, ckpt_path: Any) -> None:
         """Every rank must have resumed from the same save: its name, step and commit time (each node
@@ -349,4 +356,6 @@ class ResumeGuard:
             recorded["inexact_resume"] = self.inexact
         if self.changed_settings:
             recorded["changed_settings"] = self.changed_settings
+        if self.run_id is not None:
+            recorded["run_id"] = self.run_id
         return recorded

@@ -10,7 +10,7 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
-from lightning_field.core.events import read_events, read_jsonl
+from lightning_field.core.events import read_jsonl, read_run_events
 from lightning_field.core.layout import PROFILE_RELPATH
 from lightning_field.planning.intervals import DEFAULT_RESTART_SECONDS
 from lightning_field.planning.plan import PlanInputError, PlanInputs, make_plan, parse_count, parse_duration
@@ -19,7 +19,7 @@ from lightning_field.quality.ledger import goodput_ledger
 
 def measured_from_run(run_dir: Path) -> tuple[dict[str, float], dict[str, str]]:
     """Save cost, restart cost and MTBF as a run recorded them in its event log."""
-    events = read_events(run_dir)
+    events = read_run_events(run_dir)
     if not events:
         raise PlanInputError(f"--from-run {run_dir}: no event log at {run_dir / 'field' / 'events.jsonl'}")
     values: dict[str, float] = {}

@@ -26,7 +26,7 @@ from lightning_field.checkpoint.resolver import committed_checkpoints, latest_re
 from lightning_field.checkpoint.resume_policy import ResumeMismatchError, short_key
 from lightning_field.cli.hydra_app import hydra_main
 from lightning_field.core.distributed import end_process_groups
-from lightning_field.core.events import read_events
+from lightning_field.core.events import read_run_events
 from lightning_field.core.launcher_env import env_global_rank
 from lightning_field.core.layout import EVIDENCE_RELPATH, FAULT_RELPATH, LAUNCH_RELPATH
 from lightning_field.core.storage import basename
@@ -178,7 +178,7 @@ def prepare_rank_launch(cfg: DictConfig, run_dir: Path) -> None:
 def end_summary(run_dir: Path, checkpoint_dir: Path | None, printed_ttq: bool) -> str:
     lines = [f"[field-train] run directory: {run_dir}"]
     if not printed_ttq:
-        ledger = goodput_ledger(read_events(run_dir))
+        ledger = goodput_ledger(read_run_events(run_dir))
         lines.append(
             f"[field-train] goodput {100 * ledger.goodput:.1f}% of {ledger.elapsed_s:.1f} s,"
             f" {ledger.interruptions} interruption(s)"

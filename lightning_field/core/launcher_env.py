@@ -48,3 +48,19 @@ def restart_of(environ: Mapping[str, str]) -> str | None:
         if value.isdigit() and int(value) > 0:
             return f"{name}={value}"
     return None
+
+
+def job_identity(environ: Mapping[str, str]) -> str | None:
+    """The scheduler job this process runs in, kept across its restarts: a SLURM job (an array task is
+    its own job) or a torchrun agent's run id; None where no launcher says.
+
+    An attempt that is a restart (:func:`restart_of`) of the same job continues that job's run even
+    where it found nothing to resume: its lost work is the run's restart loss, not a new run.
+    """
+    if environ.get("SLURM_ARRAY_JOB_ID") and environ.get("SLURM_ARRAY_TASK_ID"):
+        return f"slurm:{environ['SLURM_ARRAY_JOB_ID']}_{environ['SLURM_ARRAY_TASK_ID']}"
+    if environ.get("SLURM_JOB_ID"):
+        return f"slurm:{environ['SLURM_JOB_ID']}"
+    if environ.get("TORCHELASTIC_RUN_ID"):
+        return f"torchelastic:{environ['TORCHELASTIC_RUN_ID']}"
+    return None

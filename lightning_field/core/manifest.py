@@ -112,6 +112,9 @@ class Provenance(TypedDict, total=False):
     # Each resume of this lineage that accepted a changed Trainer setting (allow_changed): the
     # checkpoint, its step and each change as [checkpoint's value, the run's value].
     changed_settings: list[dict[str, Any]]
+    # The run (core/events.py) whose lineage this checkpoint is: minted at its fresh start, carried
+    # by every resume, so the event log counts each resume as an attempt of that run.
+    run_id: str
 
 
 def rank_state_file(rank: int) -> str:

@@ -26,7 +26,7 @@ import torch
 
 from lightning_field.checkpoint.resolver import committed_checkpoints
 from lightning_field.checkpoint.verify import verify_checkpoint
-from lightning_field.core.events import read_events
+from lightning_field.core.events import read_run_events
 from lightning_field.core.manifest import MANIFEST_NAME
 from lightning_field.evidence.faults import KILL_MODES
 from lightning_field.evidence.trace import attempt_file, read_trace
@@ -242,7 +242,7 @@ def _collect(result: RunResult, keep_checkpoints: bool) -> None:
     final_path = run_dir / FINAL_STATE
     if final_path.is_file():
         result.final_state = torch.load(final_path, map_location="cpu", weights_only=False)
-    result.events = read_events(run_dir)
+    result.events = read_run_events(run_dir)
     (manifests_dir := run_dir / "manifests").mkdir(exist_ok=True)
     for entry in committed_checkpoints(run_dir / CHECKPOINTS):
         path = Path(entry.path)  # a local run directory: every entry is a Path

@@ -36,7 +36,7 @@ from lightning_field.checkpoint.observe import (
     find_manifest_checkpoint,
 )
 from lightning_field.core.distributed import broadcast_object
-from lightning_field.core.events import read_events
+from lightning_field.core.events import read_run_events
 from lightning_field.planning.intervals import (
     FORMULAS,
     expected_waste_fraction,
@@ -194,7 +194,7 @@ class CheckpointCadence(Callback):
         # that died without a word are read as interruptions.
         self._mtbf_s, self._restart_s, self._interruptions = self.mtbf_prior_s, 0.0, 0
         if trainer.is_global_zero:
-            events = read_events(trainer.default_root_dir)
+            events = read_run_events(trainer.default_root_dir)
             if events:
                 ledger = goodput_ledger(events, now=time.time())
                 # Exposure of the attempts before this one (this one has only just started).
@@ -357,7 +357,7 @@ class CheckpointCadence(Callback):
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not trainer.is_global_zero or self.decision is None:
             return
-        ledger = goodput_ledger(read_events(trainer.default_root_dir), now=time.time())
+        ledger = goodput_ledger(read_run_events(trainer.default_root_dir), now=time.time())
         b = ledger.buckets
         spent = b["checkpoint_save"] + b["snapshot_overhead"] + b["lost_progress"] + b["restart_overhead"]
         realised = (spent + b["checkpoint_load"]) / max(ledger.elapsed_s, 1e-9)

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from lightning_field.core.events import read_events, read_jsonl
+from lightning_field.core.events import read_jsonl, read_run_events
 from lightning_field.core.layout import PROFILE_RELPATH
 from lightning_field.profiling.straggler import StragglerMonitor
 from lightning_field.quality.ledger import BUCKETS, goodput_ledger
@@ -39,7 +39,7 @@ def field_summary(
     """
     run_dir = Path(run_dir)
     now = time.time() if now is None else now
-    events = read_events(run_dir)
+    events = read_run_events(run_dir)
     out: dict[str, Any] = {"field/run_dir": os.fspath(run_dir)}
     if events:
         ledger = goodput_ledger(events, now=now)

@@ -30,7 +30,7 @@ from lightning_field.checkpoint.manifest_checkpoint import ManifestCheckpoint
 from lightning_field.checkpoint.observe import CommitWatcher, find_manifest_checkpoint
 from lightning_field.checkpoint.preemption import TrainingPreempted
 from lightning_field.compat import lightning as internals
-from lightning_field.core.events import EventLog, read_events
+from lightning_field.core.events import EventLog, read_events, select_run
 from lightning_field.core.fsio import atomic_write_bytes
 from lightning_field.core.heartbeat import Heartbeat, heartbeat_path, read_heartbeat
 from lightning_field.core.layout import SUMMARY_RELPATH
@@ -132,7 +132,9 @@ class TimeToQuality(Callback):
         self._events = EventLog(self._run_dir, world_size=trainer.world_size)
         previous = read_events(self._run_dir)
         self._record_dead_attempts(previous)
-        if not any(e["event"] == "run_start" for e in previous):
+        # The deadline's clock starts with the run: a resumed attempt joins its run at the load, and
+        # that run's first run_start is the one every reader takes.
+        if not any(e["event"] == "run_start" for e in select_run(previous, self._events.run_id)):
             self._events.emit(
                 "run_start",
                 payload={
@@ -144,6 +146,11 @@ class TimeToQuality(Callback):
                 },
             )
         self._heartbeat = Heartbeat(self._run_dir, self._events.attempt)
+
+    @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._events is not None:
+            self._events.follow()  # the checkpoint's load (before this hook) may have moved the attempt to its run
 
     def _record_dead_attempts(self, previous: list[dict[str, Any]]) -> None:
         """Turn the heartbeat of every earlier attempt that died without a word into an event."""
@@ -247,7 +254,7 @@ class TimeToQuality(Callback):
     ) -> dict[str, Any]:
         assert self._run_dir is not None
         now = time.time()
-        events = read_events(self._run_dir) + (pending or [])
+        events = select_run(read_events(self._run_dir) + (pending or []))
         ledger = goodput_ledger(events, now=now)
         summary = quality_summary(
             events, self.monitor, self.target, self.mode, self.price_per_device_hour, self.deadline_s, now, ledger

@@ -14,7 +14,7 @@ from typing import Any
 
 from lightning_field.checkpoint.resolver import committed_checkpoints, latest_recoverable
 from lightning_field.checkpoint.verify import verify_checkpoint
-from lightning_field.core.events import read_events, read_jsonl
+from lightning_field.core.events import read_jsonl, read_run_events
 from lightning_field.core.layout import EVENTS_RELPATH, PROFILE_RELPATH, SUMMARY_RELPATH
 from lightning_field.core.storage import basename
 from lightning_field.quality.ledger import goodput_ledger
@@ -193,7 +193,7 @@ def collect_profile(col: Collection, run_dir: Path, identity: dict[str, Any], pr
 
 def collect_quality(col: Collection, run_dir: Path, identity: dict[str, Any], projection: Any, basis: str) -> None:
     events_path = run_dir / EVENTS_RELPATH
-    events = read_events(run_dir)
+    events = read_run_events(run_dir)
     limits = [f"Identity taken from the run directory: {basis}."]
     if events:
         last = max(float(e.get("wall_time") or 0.0) for e in events)
