@@ -144,3 +144,26 @@ def test_a_log_written_before_runs_were_told_apart_reads_as_the_one_run_it_was(t
     assert len(read_run_events(tmp_path)) == 4
     with pytest.raises(UnknownRunError, match="run 'new' is not in the event log; its runs: old"):
         read_run_events(tmp_path, "new")
+
+
+@pytest.mark.parametrize("callback", ["plain", "field"])
+def test_with_no_logger_and_checkpoints_elsewhere_nothing_is_written_into_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, callback: str
+) -> None:
+    """As plain Lightning writes nothing there; the run's log is kept with its checkpoints."""
+    cwd, dirpath = tmp_path / "cwd", tmp_path / "checkpoints"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    pl.seed_everything(3)
+    callbacks: list[pl.Callback] = (
+        [pl.callbacks.ModelCheckpoint(dirpath=dirpath)]
+        if callback == "plain"
+        else [ManifestCheckpoint(dirpath=dirpath), TimeToQuality(monitor="val_loss", target=-1.0)]
+    )
+    trainer = pl.Trainer(max_steps=2, logger=False, enable_progress_bar=False, enable_model_summary=False,
+                         callbacks=callbacks, limit_val_batches=1, num_sanity_val_steps=0)  # fmt: skip
+    trainer.fit(LoggingBoringModel())
+    assert list(cwd.iterdir()) == []
+    if callback == "field":
+        assert read_events(dirpath)[0]["event"] == "attempt_start"
+        assert (dirpath / "field" / "time_to_quality.json").is_file()

@@ -44,6 +44,7 @@ from lightning_field.checkpoint.stores.local import named_checkpoint
 from lightning_field.compat import lightning as internals
 from lightning_field.core.distributed import all_gather_objects, broadcast_object, elastic_restart_hazard
 from lightning_field.core.events import EventLog
+from lightning_field.core.layout import run_directory
 from lightning_field.core.storage import Location, unusable_local_dir
 from lightning_field.state.rank_tracking import RankStateTracker
 
@@ -272,7 +273,8 @@ class ManifestCheckpoint(CommittedCheckpoint):
         if trainer.is_global_zero:
             for leftover in self.checkpointer.clean_leftovers():  # ModelCheckpoint.setup resolved dirpath
                 log.info("Removed leftover from an interrupted save: %s", leftover)
-            self._events = EventLog(trainer.default_root_dir, world_size=trainer.world_size)
+            run_dir = run_directory(trainer.default_root_dir, bool(trainer.loggers), self.dirpath)
+            self._events = EventLog(run_dir, world_size=trainer.world_size)
         # Every rank's manifests name rank 0's run (snapshots are committed on every node); a resume
         # replaces it with the run that wrote the checkpoint (ResumeGuard._check_lineage).
         self._guard.run_id = broadcast_object(self._events.run_id if self._events is not None else None)

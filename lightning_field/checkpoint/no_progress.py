@@ -279,7 +279,7 @@ class NoProgressGuard:
         assert self.max_failed_attempts is not None
         # The whole log, not one run: a crash loop that fails before its first commit starts a new run
         # each time outside a scheduler's restarts, and is still the same code failing at the same step.
-        failed = failed_attempts_without_progress(read_events(trainer.default_root_dir), step, digest, events.attempt)
+        failed = failed_attempts_without_progress(read_events(events.run_dir), step, digest, events.attempt)
         if len(failed) < self.max_failed_attempts:
             return None
         # One more attempt per count: the variable left set in a job script allows no second.

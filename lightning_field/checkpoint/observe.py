@@ -7,14 +7,25 @@ learn of a commit, on every rank at the same step (the commit itself is collecti
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import lightning.pytorch as pl
 
 from lightning_field.checkpoint.manifest_checkpoint import ManifestCheckpoint
 from lightning_field.compat import lightning as internals
+from lightning_field.core.layout import run_directory
 
 
 def find_manifest_checkpoint(trainer: pl.Trainer) -> ManifestCheckpoint | None:
     return next((c for c in internals.trainer_callbacks(trainer) if isinstance(c, ManifestCheckpoint)), None)
+
+
+def field_run_dir(trainer: pl.Trainer) -> Path:
+    """The run directory every callback of this package writes under, the one ManifestCheckpoint
+    keeps its event log in (:func:`~lightning_field.core.layout.run_directory`)."""
+    checkpoint = find_manifest_checkpoint(trainer)
+    dirpath = checkpoint.dirpath if checkpoint is not None else None
+    return run_directory(trainer.default_root_dir, bool(trainer.loggers), dirpath)
 
 
 def configured_every_n_train_steps(checkpoint: ManifestCheckpoint) -> int | None:

@@ -7,6 +7,7 @@ another capability's.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 FIELD_DIR = Path("field")
@@ -47,3 +48,21 @@ FAULT_RELPATH = FIELD_DIR / "fault.json"
 
 LAUNCH_RELPATH = FIELD_DIR / "launch"
 """``field-train``'s per-rank launch files for Lightning's DDP launcher."""
+
+
+def run_directory(
+    default_root_dir: str | os.PathLike[str], has_logger: bool, checkpoint_dir: str | os.PathLike[str] | None
+) -> Path:
+    """The run directory, under which ``FIELD_DIR`` lives: the Trainer's ``default_root_dir``, where
+    Lightning's loggers write. With no logger, Lightning writes nothing there but its checkpoints; where
+    those go elsewhere (``logger=False`` and a ``dirpath`` outside ``default_root_dir``, which is the
+    working directory when not given), the run directory is that ``dirpath``. So nothing of ours lands
+    in a directory Lightning leaves alone, and scripts run from one working directory keep their logs
+    with their checkpoints. An object-store ``dirpath`` (a URL) is never a run directory.
+    """
+    root = Path(default_root_dir)
+    if has_logger or checkpoint_dir is None or "://" in os.fspath(checkpoint_dir):
+        return root
+    checkpoints = Path(checkpoint_dir)
+    inside = checkpoints.resolve().is_relative_to(root.resolve())
+    return root if inside else checkpoints

@@ -41,7 +41,7 @@ from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
 from lightning_field.checkpoint.manifest_checkpoint import ManifestCheckpoint
-from lightning_field.checkpoint.observe import CommitWatcher, find_manifest_checkpoint
+from lightning_field.checkpoint.observe import CommitWatcher, field_run_dir, find_manifest_checkpoint
 from lightning_field.compat import lightning as internals
 from lightning_field.core.layout import DRILLS_RELPATH
 from lightning_field.core.manifest import ManifestError, read_manifest
@@ -213,7 +213,7 @@ class RestoreDrill(Callback):
             "rtol": self.rtol,
             "sys_path": [p for p in sys.path if p],
         }
-        self._drill_dir = Path(trainer.default_root_dir) / DRILLS_RELPATH
+        self._drill_dir = field_run_dir(trainer) / DRILLS_RELPATH
         self._unprotected_warned = False
         dirpath = self._checkpoint.dirpath
         store = self._checkpoint.store_at(dirpath) if dirpath is not None else None

@@ -39,7 +39,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from typing_extensions import override
 
 from lightning_field.checkpoint.manifest_checkpoint import ManifestCheckpoint
-from lightning_field.checkpoint.observe import CommitWatcher, find_manifest_checkpoint
+from lightning_field.checkpoint.observe import CommitWatcher, field_run_dir, find_manifest_checkpoint
 from lightning_field.compat import lightning as internals
 from lightning_field.core.distributed import all_gather_objects
 from lightning_field.core.layout import PROFILE_RELPATH
@@ -165,7 +165,7 @@ class StragglerMonitor(SectionHooks):
         self._timer = SectionTimer(trainer.strategy.root_device)
         self._fetch.install(trainer)
         self._checkpoint = find_manifest_checkpoint(trainer)
-        self._out = Path(trainer.default_root_dir) / PROFILE_RELPATH
+        self._out = field_run_dir(trainer) / PROFILE_RELPATH
         self._peak = peak_flops(trainer.strategy.root_device, str(trainer.precision), self.peak_flops_override)
         self._interval_steps = 0
         self._history.clear()

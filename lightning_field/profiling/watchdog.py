@@ -28,7 +28,6 @@ import os
 import signal
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
@@ -36,7 +35,7 @@ from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
 from lightning_field.checkpoint.manifest_checkpoint import ManifestCheckpoint
-from lightning_field.checkpoint.observe import find_manifest_checkpoint
+from lightning_field.checkpoint.observe import field_run_dir, find_manifest_checkpoint
 from lightning_field.compat import lightning as internals
 from lightning_field.core.distributed import all_gather_objects
 from lightning_field.core.events import EventLog
@@ -126,9 +125,7 @@ class HangWatchdog(Callback):
         self._stop()
         # Collective (every rank sets up): the job's token tells its heartbeats from an earlier attempt's.
         gathered = all_gather_objects((os.urandom(8).hex(), host_name()))
-        job = Job(
-            Path(trainer.default_root_dir), trainer.global_rank, len(gathered), [h for _, h in gathered], gathered[0][0]
-        )
+        job = Job(field_run_dir(trainer), trainer.global_rank, len(gathered), [h for _, h in gathered], gathered[0][0])
         self.history = StepHistory(self.rule.window)
         self._entered, self._batch_began, self._first_batch_timed = time.monotonic(), None, False
         self._progress = (0, trainer.global_step, Phase.STARTING, self._entered)

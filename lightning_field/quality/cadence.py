@@ -33,6 +33,7 @@ from lightning_field.checkpoint.manifest_checkpoint import ManifestCheckpoint
 from lightning_field.checkpoint.observe import (
     CommitWatcher,
     configured_every_n_train_steps,
+    field_run_dir,
     find_manifest_checkpoint,
 )
 from lightning_field.core.distributed import broadcast_object
@@ -194,7 +195,7 @@ class CheckpointCadence(Callback):
         # that died without a word are read as interruptions.
         self._mtbf_s, self._restart_s, self._interruptions = self.mtbf_prior_s, 0.0, 0
         if trainer.is_global_zero:
-            events = read_run_events(trainer.default_root_dir)
+            events = read_run_events(field_run_dir(trainer))
             if events:
                 ledger = goodput_ledger(events, now=time.time())
                 # Exposure of the attempts before this one (this one has only just started).
@@ -357,7 +358,7 @@ class CheckpointCadence(Callback):
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not trainer.is_global_zero or self.decision is None:
             return
-        ledger = goodput_ledger(read_run_events(trainer.default_root_dir), now=time.time())
+        ledger = goodput_ledger(read_run_events(field_run_dir(trainer)), now=time.time())
         b = ledger.buckets
         spent = b["checkpoint_save"] + b["snapshot_overhead"] + b["lost_progress"] + b["restart_overhead"]
         realised = (spent + b["checkpoint_load"]) / max(ledger.elapsed_s, 1e-9)

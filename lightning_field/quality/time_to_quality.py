@@ -27,7 +27,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from typing_extensions import override
 
 from lightning_field.checkpoint.manifest_checkpoint import ManifestCheckpoint
-from lightning_field.checkpoint.observe import CommitWatcher, find_manifest_checkpoint
+from lightning_field.checkpoint.observe import CommitWatcher, field_run_dir, find_manifest_checkpoint
 from lightning_field.checkpoint.preemption import TrainingPreempted
 from lightning_field.compat import lightning as internals
 from lightning_field.core.events import EventLog, read_events, select_run
@@ -63,7 +63,7 @@ class TimeToQuality(Callback):
         quality = TimeToQuality(monitor="val_loss", target=1.2, mode="min", deadline_hours=48)
         trainer = Trainer(callbacks=[quality, ManifestCheckpoint(dirpath="ckpts", every_n_train_steps=500)])
         trainer.fit(model, datamodule=data, ckpt_path="last")
-        # <default_root_dir>/field/time_to_quality.json: time and cost to the target, over every attempt
+        # <run directory>/field/time_to_quality.json: time and cost to the target, over every attempt
     """
 
     def __init__(
@@ -114,7 +114,7 @@ class TimeToQuality(Callback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage != "fit":
             return
-        self._run_dir = Path(trainer.default_root_dir)
+        self._run_dir = field_run_dir(trainer)
         self._world_size = trainer.world_size
         # Each fit() is its own attempt: its counters start from zero.
         self._attempt_finished = False
