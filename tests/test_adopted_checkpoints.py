@@ -91,3 +91,22 @@ def test_a_run_switched_to_manifest_checkpoint_resumes_model_checkpoints_last_ck
     assert trainer.global_step == 6
     newest = read_manifest(tmp_path / "ckpts" / "epoch=0-step=6")
     assert newest.provenance["inexact_resume"]["checkpoint"] == str(tmp_path / "ckpts" / "last.ckpt")
+
+
+@pytest.mark.parametrize("cls", [ModelCheckpoint, ManifestCheckpoint])
+def test_a_resume_of_the_callbacks_own_checkpoint_tells_no_one_to_add_a_model_checkpoint(
+    tmp_path: Path, recwarn: pytest.WarningsRecorder, cls: type[ModelCheckpoint]
+) -> None:
+    """Lightning warns of every callback state in a checkpoint that no callback of the Trainer takes.
+    The copy of our state under ModelCheckpoint's key (for a run switched back to it) is taken by
+    the load, so a resume warns no more than plain Lightning's."""
+    settings = {"dirpath": tmp_path / "ckpts", "monitor": "val_loss", "every_n_train_steps": 2}
+    first = cls(**settings)
+    pl.seed_everything(0)
+    _trainer(tmp_path, 4, first).fit(Logged())
+    resumed = cls(**settings)
+    pl.seed_everything(0)
+    trainer = _trainer(tmp_path, 6, resumed)
+    trainer.fit(Logged(), ckpt_path=first.best_model_path)
+    assert trainer.global_step == 6 and resumed.best_model_path
+    assert not [w for w in recwarn if "Please add the following callbacks" in str(w.message)]

@@ -214,14 +214,17 @@ class CommittedCheckpoint(ModelCheckpoint):
             states.setdefault(self.model_checkpoint_state_key, states[self.state_key])
 
     def adopt_model_checkpoint_state(self, checkpoint: dict[str, Any], callbacks: list[Any]) -> None:
-        """Loading a checkpoint ``ModelCheckpoint`` wrote (a run switched to this callback): its best and top-k
-        bookkeeping, moved under this callback's key before Lightning looks it up (``on_load_checkpoint``
-        runs first), unless a ModelCheckpoint of the same settings in this Trainer takes it itself."""
+        """Loading: the state under ``ModelCheckpoint``'s key is this callback's, unless a ModelCheckpoint
+        of the same settings in this Trainer takes it itself. A checkpoint ModelCheckpoint wrote (a run
+        switched to this callback) gives its best and top-k bookkeeping; in one this callback wrote it
+        is the copy :meth:`share_state_with_model_checkpoint` made. Either way it leaves that key, as the
+        load hands the dict to Lightning (the CheckpointIO calls this): a state no callback takes makes
+        Lightning warn that a ModelCheckpoint is missing from the Trainer, which would be wrong here."""
         states = checkpoint.get("callbacks")
         shared = self.model_checkpoint_state_key
         taken = any(type(c) is ModelCheckpoint and c.state_key == shared for c in callbacks)
-        if isinstance(states, dict) and self.state_key not in states and shared in states and not taken:
-            states[self.state_key] = states[shared]
+        if isinstance(states, dict) and shared in states and not taken:
+            states.setdefault(self.state_key, states.pop(shared))
 
     # ------------------------------------------------------------------ where saves go
     @property

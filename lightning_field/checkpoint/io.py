@@ -55,6 +55,7 @@ class ManifestCheckpointIO(CheckpointIO):
         plain ``.ckpt`` files only.
     verified: this process's verification of a checkpoint, if any (the one the resolver picked),
         so that the load hashes nothing the resolver already hashed.
+    on_loaded: called with every loaded checkpoint dict, of either kind, before Lightning reads it.
     """
 
     def __init__(
@@ -64,12 +65,14 @@ class ManifestCheckpointIO(CheckpointIO):
         store_at: Callable[[Location], CheckpointStore] | None = None,
         trust_pickles: bool = False,
         verified: Callable[[Location], VerifyReport | None] | None = None,
+        on_loaded: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         self.inner = inner
         self.on_manifest = on_manifest
         self.store_at = store_at or store_for
         self.trust_pickles = trust_pickles
         self.verified = verified
+        self.on_loaded = on_loaded
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
         # ``trainer.save_checkpoint("x.ckpt")`` by the user keeps working as a plain export.
@@ -79,11 +82,16 @@ class ManifestCheckpointIO(CheckpointIO):
         location = checkpoint_location(path)  # the folder behind an advertised <name>.ckpt: verified, merged
         store = self.store_at(location)
         if not is_checkpoint(location, store=store):
-            return self.inner.load_checkpoint(path, map_location=map_location, weights_only=weights_only)
-        earlier = self.verified(location) if self.verified is not None else None
-        return _on_every_rank(
-            path, lambda: load_from_store(store, location, map_location, self.on_manifest, self.trust_pickles, earlier)
-        )
+            loaded = self.inner.load_checkpoint(path, map_location=map_location, weights_only=weights_only)
+        else:
+            earlier = self.verified(location) if self.verified is not None else None
+            loaded = _on_every_rank(
+                path,
+                lambda: load_from_store(store, location, map_location, self.on_manifest, self.trust_pickles, earlier),
+            )
+        if self.on_loaded is not None and isinstance(loaded, dict):
+            self.on_loaded(loaded)
+        return loaded
 
     def remove_checkpoint(self, path: Any) -> None:
         # An advertised <name>.ckpt goes with its folder; another name of it (a last.ckpt) goes alone.

@@ -256,8 +256,14 @@ class ManifestCheckpoint(CommittedCheckpoint):
         if is_sharded or not isinstance(self.store_at(self.dirpath), LocalStore):
             # There the checkpoint is its folder (DCP shards; an object-store prefix): named without one.
             self.FILE_EXTENSION = ""
+
+        def take_own_state(checkpoint: dict[str, Any]) -> None:
+            self.adopt_model_checkpoint_state(checkpoint, internals.trainer_callbacks(trainer))
+
         if is_sharded:
-            sharded_load.guard_strategy_load(trainer.strategy, self.store_at, self._guard.check, self.trust_pickles)
+            sharded_load.guard_strategy_load(
+                trainer.strategy, self.store_at, self._guard.check, self.trust_pickles, take_own_state
+            )
         else:
             # A sharded strategy's own save writes DCP files itself; there the callback dumps the state directly.
             internals.intercept_strategy_save(trainer.strategy, self.take_checkpoint)
@@ -267,7 +273,12 @@ class ManifestCheckpoint(CommittedCheckpoint):
         if not isinstance(trainer.strategy.checkpoint_io, ManifestCheckpointIO):
             verified = self.snapshots.verified_here_or(self.checkpointer)  # by either tier's resolution
             trainer.strategy.checkpoint_io = ManifestCheckpointIO(
-                trainer.strategy.checkpoint_io, self._guard.check, self.store_at, self.trust_pickles, verified
+                trainer.strategy.checkpoint_io,
+                self._guard.check,
+                self.store_at,
+                self.trust_pickles,
+                verified,
+                on_loaded=take_own_state,
             )
         self._guard.record(trainer, pl_module, self.config, self.code_dir)
         if trainer.is_global_zero:

@@ -110,12 +110,14 @@ def guard_strategy_load(
     store_at: Callable[[Location], CheckpointStore],
     check_resume: Callable[[Manifest, Location], None],
     trust_pickles: bool,
+    on_loaded: Callable[[dict[str, Any]], None] | None = None,
 ) -> None:
     """Put :func:`load_verified` in front of a sharding strategy's own ``load_checkpoint``, which loads
-    without the CheckpointIO (so without its verification). Idempotent per strategy."""
+    without the CheckpointIO (so without its verification); ``on_loaded`` sees the loaded dict before
+    Lightning does, as the CheckpointIO's does. Idempotent per strategy."""
 
     def verified(load: Callable[..., dict[str, Any]], path: Any, weights_only: bool | None) -> Any:
-        return load_verified(
+        loaded = load_verified(
             load,
             path,
             weights_only,
@@ -124,6 +126,9 @@ def guard_strategy_load(
             check_resume=check_resume,
             trust_pickles=trust_pickles,
         )
+        if on_loaded is not None and isinstance(loaded, dict):
+            on_loaded(loaded)
+        return loaded
 
     internals.wrap_strategy_load(strategy, verified)
 
