@@ -167,3 +167,13 @@ def test_with_no_logger_and_checkpoints_elsewhere_nothing_is_written_into_the_wo
     if callback == "field":
         assert read_events(dirpath)[0]["event"] == "attempt_start"
         assert (dirpath / "field" / "time_to_quality.json").is_file()
+
+
+@pytest.mark.parametrize("callback", ["plain", "field"])
+def test_setup_called_by_hand_writes_nothing_as_model_checkpoints_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, callback: str
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    checkpoint = pl.callbacks.ModelCheckpoint() if callback == "plain" else ManifestCheckpoint()
+    checkpoint.setup(pl.Trainer(enable_progress_bar=False), BoringModel(), stage="fit")
+    assert checkpoint.dirpath is not None and list(tmp_path.iterdir()) == []

@@ -281,6 +281,10 @@ class ManifestCheckpoint(CommittedCheckpoint):
                 on_loaded=take_own_state,
             )
         self._guard.record(trainer, pl_module, self.config, self.code_dir)
+        if trainer.state.fn is None:
+            # Called by hand, outside fit/validate/test/predict (each sets the Trainer's state before its
+            # setup hooks): nothing runs, so nothing is written, as ModelCheckpoint.setup writes nothing.
+            return
         if trainer.is_global_zero:
             for leftover in self.checkpointer.clean_leftovers():  # ModelCheckpoint.setup resolved dirpath
                 log.info("Removed leftover from an interrupted save: %s", leftover)

@@ -91,7 +91,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="the goodput ledger of a run: per attempt its resume step, the step reached, the steps redone;"
         " time by bucket",
     )
-    ledger.add_argument("run_dir", help="the run directory (the Trainer's default_root_dir: field/events.jsonl)")
+    ledger.add_argument(
+        "run_dir", help="the run directory, holding field/events.jsonl (default_root_dir; docs/layout.md)"
+    )
     ledger.add_argument("--json", action="store_true", help="print the ledger as JSON")
     ledger.add_argument("--run-id", help="the run to account for, where the log holds several (default: the newest)")
     ledger.add_argument(
