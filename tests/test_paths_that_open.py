@@ -22,6 +22,7 @@ from lightning.pytorch.demos.boring_classes import BoringModel
 
 from lightning_field import ManifestCheckpoint
 from lightning_field.checkpoint import load_weights
+from lightning_field.checkpoint.resolver import committed_checkpoints
 from lightning_field.checkpoint.stores import checkpoint_location, read_manifest
 from lightning_field.checkpoint.stores.local import advertise, advertised_checkpoint
 from lightning_field.checkpoint.verify import CheckpointCorruptError
@@ -236,3 +237,47 @@ def test_a_last_name_that_changes_each_epoch_leaves_only_the_newest_as_modelchec
         trainer.fit(LoggedBoring())
         runs.append((listed(callback), Path(callback.last_model_path).name))
     assert runs[1] == runs[0] and runs[0][1] == "last-epoch=2.ckpt"
+
+
+def test_an_object_store_checkpoints_paths_open_as_model_checkpoints_do(
+    tmp_path: Path, s3_bucket: tuple[str, dict[str, str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under ``s3://``: ModelCheckpoint advertises ``<name>.ckpt`` objects; ours advertises the committed
+    prefix's ``state.pt`` (the same Lightning checkpoint, with no second copy of its bytes), which
+    Lightning's own loads open through fsspec and ours verify as the prefix."""
+    import fsspec
+
+    bucket, options = s3_bucket
+    monkeypatch.setenv("AWS_ENDPOINT_URL", options["endpoint_url"])  # Lightning's loads pass no storage options
+    weights: dict[str, dict[str, torch.Tensor]] = {}
+    last_steps: dict[str, int] = {}
+    for kind in ("plain", "field"):
+        dirpath = f"{bucket}/{kind}"
+        callback = (
+            ModelCheckpoint(dirpath=dirpath, monitor="val_loss", save_last=True)
+            if kind == "plain"
+            else ManifestCheckpoint(dirpath=dirpath, monitor="val_loss", save_last=True, storage_options=options)
+        )
+        trainer = _fit(callback, tmp_path / kind)
+        best, last = callback.best_model_path, callback.last_model_path
+        assert best.startswith(dirpath) and last.startswith(dirpath)
+        weights[kind] = LoggedBoring.load_from_checkpoint(best).state_dict()
+        with fsspec.open(last, "rb") as file:
+            last_steps[kind] = torch.load(file, weights_only=True)["global_step"]
+        assert trainer.validate(LoggedBoring(), ckpt_path=best, verbose=False)
+        if kind == "field":
+            assert read_manifest(checkpoint_location(best), storage_options=options).step > 0
+            # Retention by the prefix behind each name: the top 1 and the last are all that is left.
+            kept = {str(entry.path) for entry in committed_checkpoints(dirpath, storage_options=options)}
+            assert kept == {str(checkpoint_location(best)), str(checkpoint_location(last))}
+            # A damaged byte in the advertised object is refused by name where our code loads it.
+            fs = fsspec.filesystem("s3", **options)
+            data = bytearray(fs.cat(best))
+            data[len(data) // 2] ^= 0xFF
+            fs.pipe(best, bytes(data))
+            with pytest.raises(CheckpointCorruptError, match=r"state\.pt"):
+                trainer.validate(LoggedBoring(), ckpt_path=best, verbose=False)
+    assert last_steps["field"] == last_steps["plain"]
+    assert weights["field"].keys() == weights["plain"].keys()
+    for key, value in weights["plain"].items():
+        assert torch.equal(weights["field"][key], value), key

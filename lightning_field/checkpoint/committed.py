@@ -91,6 +91,9 @@ class CommittedCheckpoint(ModelCheckpoint):
         self._last_named: str | None = None
         # Set at setup where saves go through Trainer.save_checkpoint (every strategy but a sharded one).
         self.routes_saves = False
+        # Set at setup: whether a committed checkpoint's file can take a second name (a hard link, on a
+        # local disk, unsharded), as save_last's "last.ckpt" does; else "last" is the step's own path.
+        self.names_files_twice = True
         self._capturing = False
         self._captured: dict[str, Any] | None = None
         self._force_sync = False
@@ -400,8 +403,10 @@ class CommittedCheckpoint(ModelCheckpoint):
         is emptied at setup where it cannot: a sharded checkpoint, an object store)."""
         location = as_location(filepath)
         extension = self.FILE_EXTENSION
-        if not isinstance(location, Path) or not extension:
+        if not extension:
             return location
+        if not isinstance(location, Path):  # an object store's <prefix>/state.pt
+            return location.removesuffix(extension) if location.endswith(extension) else location
         stem = location.name.removesuffix(extension)
         return location.with_name(stem) if stem and stem != location.name else location
 
@@ -434,8 +439,8 @@ class CommittedCheckpoint(ModelCheckpoint):
         if not self.save_last:
             return
         saved_now = bool(self._last_checkpoint_saved) and self._last_global_step_saved == trainer.global_step
-        if saved_now and not self.FILE_EXTENSION:
-            # A sharded or object-store checkpoint is its folder, with no file to name twice: "last" is this
+        if saved_now and not self.names_files_twice:
+            # A sharded or object-store checkpoint has no file to give a second name: "last" is this
             # step's checkpoint itself, not a second full commit of it.
             self.last_model_path = self._last_checkpoint_saved
             self._retire_last_copy(trainer, name_moves=True)
@@ -504,13 +509,15 @@ class CommittedCheckpoint(ModelCheckpoint):
         if state_dict.get("dirpath", self.dirpath) == self.dirpath and isinstance(points, list):
             # Read back from storage others can write: only names of checkpoints in this dirpath are
             # ever removed, whatever the saved list says.
-            self._resume_points = [p for p in points if isinstance(p, str) and self._checkpointer.is_own(p)]
+            self._resume_points = [
+                p for p in points if isinstance(p, str) and self._checkpointer.is_own(self.checkpoint_folder(p))
+            ]
 
     @override
     def _should_remove_checkpoint(self, trainer: pl.Trainer, previous: str, current: str) -> bool:
         # ModelCheckpoint keeps a run's resumed-from checkpoint forever, lest a crash before the next save leave
         # nothing; here it counts in save_top_k: removals wait for the commit and spare ``protection_reason``'s.
-        return previous != current and self._checkpointer.is_own(previous)
+        return previous != current and self._checkpointer.is_own(self.checkpoint_folder(previous))
 
     @override
     def _remove_checkpoint(self, trainer: pl.Trainer, filepath: str) -> None:

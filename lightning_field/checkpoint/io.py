@@ -95,9 +95,12 @@ class ManifestCheckpointIO(CheckpointIO):
 
     def remove_checkpoint(self, path: Any) -> None:
         # An advertised <name>.ckpt goes with its folder; another name of it (a last.ckpt) goes alone.
+        # An object store's <prefix>/state.pt names the prefix: it goes whole.
         location = as_location(path)
         if isinstance(location, Path) and location.is_file():
             location = advertised_checkpoint(location) or location
+        elif not isinstance(location, Path):
+            location = checkpoint_location(location)
         if isinstance(location, Path) and location.is_file():
             self.inner.remove_checkpoint(path)  # a plain ``.ckpt``: Lightning's own
         else:

@@ -39,12 +39,14 @@ from lightning_field.checkpoint.stores import (
     CheckpointStore,
     CheckpointWriter,
     LocalStore,
+    ObjectStore,
 )
 from lightning_field.checkpoint.stores.local import named_checkpoint
 from lightning_field.compat import lightning as internals
 from lightning_field.core.distributed import all_gather_objects, broadcast_object, elastic_restart_hazard
 from lightning_field.core.events import EventLog
 from lightning_field.core.layout import run_directory
+from lightning_field.core.manifest import SHARED_STATE_FILE
 from lightning_field.core.storage import Location, unusable_local_dir
 from lightning_field.state.rank_tracking import RankStateTracker
 
@@ -253,8 +255,15 @@ class ManifestCheckpoint(CommittedCheckpoint):
         if hazard is not None:
             rank_zero_warn(f"lightning_field: {hazard}")
         is_sharded = sharded.check_strategy(trainer.strategy)  # refuses a strategy it cannot save for
-        if is_sharded or not isinstance(self.store_at(self.dirpath), LocalStore):
-            # There the checkpoint is its folder (DCP shards; an object-store prefix): named without one.
+        store = self.store_at(self.dirpath)
+        self.names_files_twice = not is_sharded and isinstance(store, LocalStore)
+        if not is_sharded and isinstance(store, ObjectStore):
+            # An object store has no links: the advertised path is the committed prefix's own state.pt,
+            # Lightning's checkpoint file, which fsspec opens and our readers map to the prefix.
+            self.FILE_EXTENSION = "/" + SHARED_STATE_FILE
+        elif not self.names_files_twice:
+            # A sharded (DCP) checkpoint has no single file, nor has one in a store of the user's own:
+            # there the checkpoint is its folder, named without an extension.
             self.FILE_EXTENSION = ""
 
         def take_own_state(checkpoint: dict[str, Any]) -> None:

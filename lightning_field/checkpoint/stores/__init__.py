@@ -26,6 +26,7 @@ from lightning_field.checkpoint.stores.object import DEFAULT_CONCURRENCY, DEFAUL
 from lightning_field.core.manifest import (
     DRILL_RECORD_NAME,
     MANIFEST_NAME,
+    SHARED_STATE_FILE,
     Manifest,
     ManifestError,
     drill_record_bytes,
@@ -81,12 +82,15 @@ def store_for(
 def checkpoint_location(path: str | os.PathLike[str]) -> Location:
     """The checkpoint ``path`` names: its folder where ``path`` is the ``<name>.ckpt`` a commit advertised
     beside it (:func:`~lightning_field.checkpoint.stores.local.advertise`) or another name of that file
-    in the same folder (``save_last``'s ``last.ckpt``), else ``path`` itself. Every reader takes either, so
+    in the same folder (``save_last``'s ``last.ckpt``), the prefix where ``path`` is an object store's
+    ``<prefix>/state.pt``, else ``path`` itself. Every reader takes either, so
     what ModelCheckpoint's ``best_model_path`` and ``last_model_path`` name is verified as the folder."""
     location = as_location(path)
-    if isinstance(location, Path) and location.is_file():
-        return named_checkpoint(location) or location
-    return location
+    if isinstance(location, Path):
+        return (named_checkpoint(location) or location) if location.is_file() else location
+    # An object store's advertised path is the committed prefix's own state.pt (no links there).
+    prefix, _, name = location.rpartition("/")
+    return prefix if name == SHARED_STATE_FILE and "://" in prefix else location
 
 
 def location_exists(
