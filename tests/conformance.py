@@ -1,6 +1,7 @@
 """The conformance protocol: an uninterrupted run, the same run SIGKILLed, then resumed with
 ``ckpt_path="last"``, compared bit for bit (weights, optimizers, LR schedulers, callback state and
-the logged epoch metrics of every epoch the resumed attempt closed).
+the logged epoch metrics of every epoch the resumed attempt closed). The uninterrupted run is the
+user's own, with plain ``ModelCheckpoint``, wherever the row has a plain control (``has_plain_control``).
 
 Single-process configurations are forked from a fork server that has imported Lightning once (a
 run costs its training, not Lightning's import); multi-rank ones start ``jobs/conformance_job.py``
@@ -308,8 +309,22 @@ def _uninterrupted_run(
         return rc, log
 
 
+def has_plain_control(name: str) -> bool:
+    """Whether the row runs with plain ``ModelCheckpoint`` too. Not after SIGTERM: plain Lightning exits 0
+    there, so torchrun would not restart it. Nor with a snapshot interval of the row's own:
+    ModelCheckpoint has no snapshots, so its run would be the same as the default ("auto") rows'."""
+    config = CONFIGS[name]
+    return config.interrupt != "SIGTERM" and not isinstance(config.snapshot_every, int)
+
+
 def run_protocol(name: str, checkpoint: str, tmp: Path, shards: Path | None = None) -> Outcome:
     """Reference, killed, resumed; the outcome names the first difference from the reference.
+
+    The reference is the user's own uninterrupted run, with plain ``ModelCheckpoint``, wherever the row
+    has a plain control: a resume with ``ManifestCheckpoint`` passes only if it continues to what the
+    user's script computes without this package (which also needs the uninterrupted runs with and
+    without it to be bitwise equal: the conformance table's fourth column). Rows without one compare
+    with ``ManifestCheckpoint``'s own uninterrupted run.
 
     ``shards``: where library streams' shard files are written once and read by every run (the
     suite shares one folder), else beside the runs in ``tmp``.
@@ -320,7 +335,8 @@ def run_protocol(name: str, checkpoint: str, tmp: Path, shards: Path | None = No
     go = _cli_launched if config.cli else _launched if config.devices > 1 else _forked
     outcome = Outcome(name, checkpoint)
     reference, resumed = tmp / f"{checkpoint}-reference.pt", tmp / f"{checkpoint}-resumed.pt"
-    rc, log = _uninterrupted_run(go, name, tmp / f"{checkpoint}-reference", reference, checkpoint, shards)
+    against = "plain" if has_plain_control(name) else checkpoint
+    rc, log = _uninterrupted_run(go, name, tmp / f"{against}-reference", reference, against, shards)
     if rc != 0:
         outcome.error, outcome.log = f"reference run exited {rc}: {_tail(log)}", log
         return outcome
@@ -527,8 +543,7 @@ def main() -> None:
             field_outcome = run_protocol(name, "field", Path(tmp))
             # As the plain suite: none after SIGTERM (plain Lightning exits 0, nothing restarts it), none
             # for a snapshot interval of the row's own (ModelCheckpoint has none: the default rows' run).
-            config = CONFIGS[name]
-            plain_runs = config.interrupt != "SIGTERM" and not isinstance(config.snapshot_every, int)
+            plain_runs = has_plain_control(name)
             plain = run_protocol(name, "plain", Path(tmp)) if plain_runs else None
             invisible = _invisible_cell(uninterrupted_against_plain(name, Path(tmp))) if plain_runs else "not run"
         cell = _cell(field_outcome, REFUSED.get(name), CHANGED.get(name), ALLOWED.get(name))

@@ -7,14 +7,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conformance import CONFIGS, run_protocol
+from conformance import CONFIGS, has_plain_control, run_protocol
 
 pytestmark = pytest.mark.slow  # every test here starts processes (tests/suite_budget.py)
 
-# Plain Lightning exits 0 on SIGTERM, so torchrun would not restart it: that configuration has no
-# plain control. Nor do the rows with a snapshot interval of their own: ModelCheckpoint has no snapshots,
-# so their control would be the same run as the rows with the default ("auto") snapshots.
-_PLAIN = sorted(n for n, c in CONFIGS.items() if c.interrupt != "SIGTERM" and not isinstance(c.snapshot_every, int))
+_PLAIN = sorted(n for n in CONFIGS if has_plain_control(n))
 
 
 @pytest.mark.parametrize("name", _PLAIN)
