@@ -71,7 +71,9 @@ def test_from_run_takes_the_save_cost_mtbf_and_measured_flops_from_a_run_log(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     job = TESTS_DIR / "jobs" / "quality_job.py"
-    args = [job, "--root", tmp_path, "--max-steps", "40", "--step-seconds", "0"]
+    # Steps of 0.1 s: with steps of microseconds the run's MTBF (a few seconds of attempts) is about its
+    # restart time, and the plan it measures is refused as >= 100% waste on a loaded machine.
+    args = [job, "--root", tmp_path, "--max-steps", "40", "--step-seconds", "0.1"]
     run_child([*args, "--kill-after-step", "25"])
     # Unprofiled, the run measured no FLOP/s: the plan needs the rate from the command line and says so.
     assert field_main(["plan", "--params", "1B", "--tokens", "1B", "--devices", "1", "--from-run", str(tmp_path)]) == 2
