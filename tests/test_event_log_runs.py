@@ -177,3 +177,37 @@ def test_setup_called_by_hand_writes_nothing_as_model_checkpoints_does(
     checkpoint = pl.callbacks.ModelCheckpoint() if callback == "plain" else ManifestCheckpoint()
     checkpoint.setup(pl.Trainer(enable_progress_bar=False), BoringModel(), stage="fit")
     assert checkpoint.dirpath is not None and list(tmp_path.iterdir()) == []
+
+
+def test_an_evaluation_after_training_belongs_to_the_run_it_evaluates_and_a_new_fit_starts_another(
+    tmp_path: Path,
+) -> None:
+    """fit, then validate and test (of the in-memory model, of best_model_path) in one script: one run,
+    the one the ledger shows by default, as before runs were told apart. A second fit from scratch
+    in the same process is a run of its own; an evaluation of the first run's checkpoint joins it."""
+    pl.seed_everything(4)
+    checkpoint = ManifestCheckpoint(dirpath=tmp_path / "ckpts", every_n_train_steps=2)
+    trainer = pl.Trainer(default_root_dir=tmp_path, max_steps=4, logger=False, enable_progress_bar=False,
+                         enable_model_summary=False, limit_val_batches=1, limit_test_batches=1,
+                         num_sanity_val_steps=0, callbacks=[checkpoint])  # fmt: skip
+    model = LoggingBoringModel()
+    trainer.fit(model)
+    trainer.validate(model, verbose=False)
+    trainer.test(ckpt_path=checkpoint.best_model_path, verbose=False)
+    first = runs_in(read_events(tmp_path))
+    assert list(first.values()) == [[1, 2, 3]], first
+    (trained,) = first
+    assert goodput_ledger(read_run_events(tmp_path)).attempts[0].last_step == 4
+
+    pl.seed_everything(5)
+    again = pl.Trainer(default_root_dir=tmp_path, max_steps=2, logger=False, enable_progress_bar=False,
+                       enable_model_summary=False, limit_val_batches=1, num_sanity_val_steps=0,
+                       callbacks=[ManifestCheckpoint(dirpath=tmp_path / "other")])  # fmt: skip
+    again.fit(LoggingBoringModel())
+    evaluator = ManifestCheckpoint(dirpath=tmp_path / "ckpts")
+    evaluation = pl.Trainer(default_root_dir=tmp_path, logger=False, enable_progress_bar=False,
+                            limit_val_batches=1, callbacks=[evaluator])  # fmt: skip
+    pl.seed_everything(4)
+    evaluation.validate(LoggingBoringModel(), ckpt_path=checkpoint.best_model_path, verbose=False)
+    runs = runs_in(read_events(tmp_path))
+    assert runs[trained] == [1, 2, 3, 5] and len(runs) == 2, runs  # attempt 4, the second fit, is the other run

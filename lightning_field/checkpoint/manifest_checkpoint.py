@@ -298,7 +298,7 @@ class ManifestCheckpoint(CommittedCheckpoint):
             for leftover in self.checkpointer.clean_leftovers():  # ModelCheckpoint.setup resolved dirpath
                 log.info("Removed leftover from an interrupted save: %s", leftover)
             run_dir = run_directory(trainer.default_root_dir, bool(trainer.loggers), self.dirpath)
-            self._events = EventLog(run_dir, world_size=trainer.world_size)
+            self._events = EventLog(run_dir, world_size=trainer.world_size, trains=stage == "fit")
         # Every rank's manifests name rank 0's run (snapshots are committed on every node); a resume
         # replaces it with the run that wrote the checkpoint (ResumeGuard._check_lineage).
         self._guard.run_id = broadcast_object(self._events.run_id if self._events is not None else None)

@@ -253,7 +253,17 @@ class ResumeGuard:
         if trainer is not None and trainer.state.fn == TrainerFn.FITTING:
             self._check_lineage(manifest, path)
             stop_points.announce_finished(trainer, manifest, path, self._events())
+        self._join_run(manifest)
         self.resumed = manifest
+
+    def _join_run(self, manifest: Manifest) -> None:
+        """A resume continues the run that wrote the checkpoint, and an evaluation of it (validate, test,
+        predict) belongs to that run too: its event log and every later manifest say so."""
+        run_id = manifest.provenance.get("run_id")
+        if isinstance(run_id, str) and run_id:
+            self.run_id = run_id
+            if (events := self._events()) is not None:
+                events.join(run_id)
 
     def _check_lineage(self, manifest: Manifest, path: Location) -> None:
         """Refuse changed Trainer settings (:func:`~lightning_field.state.trainer_settings.refuse_changed_settings`);
@@ -277,12 +287,6 @@ class ResumeGuard:
         self.changed_settings = carried
         if self.inexact is None and manifest.provenance.get("inexact_resume"):
             self.inexact = dict(manifest.provenance["inexact_resume"])
-        run_id = manifest.provenance.get("run_id")
-        if isinstance(run_id, str) and run_id:
-            # This attempt continues that run: its event log and every later manifest say so.
-            self.run_id = run_id
-            if (events := self._events()) is not None:
-                events.join(run_id)
 
     def check_ranks_resumed_alike(self, ckpt_path: Any) -> None:
         """Every rank must have resumed from the same save: its name, step and commit time (each node

@@ -214,8 +214,9 @@ class EventLog:
     Opening the log in a process without an open attempt appends ``attempt_start``; every later
     opener in the same process joins that attempt until ``end`` closes it, so several callbacks
     share one attempt and a second ``fit`` in the same process starts a new one. A new attempt's run
-    id is ``run_id`` where given, else its scheduler job's run where it is a restart of that job, else
-    a new one; :meth:`join` moves the attempt to the run of the checkpoint it resumed.
+    id is ``run_id`` where given; else, for one that does not train (``trains=False``), the run of this
+    process's previous attempt; else its scheduler job's run where it is a restart of that job; else a
+    new one. :meth:`join` moves the attempt to the run of the checkpoint it resumed or evaluates.
     """
 
     def __init__(
@@ -224,6 +225,7 @@ class EventLog:
         run_id: str | None = None,
         world_size: int | None = None,
         environ: Mapping[str, str] | None = None,
+        trains: bool = True,
     ) -> None:
         self.run_dir = Path(run_dir)
         self.path = self.run_dir / EVENTS_RELPATH
@@ -239,7 +241,10 @@ class EventLog:
             self.run_id = run_id or run_of_attempts(previous).get(self.attempt) or new_run_id()
         else:
             self.attempt = len(starts) + 1
-            self.run_id = run_id or _continued_run(previous, environ) or new_run_id()
+            # An attempt that only evaluates (validate, test, predict) after this process trained belongs
+            # to the run it evaluates, as a second fit that resumes would (join); a new fit starts a new run.
+            evaluates = None if trains or not mine else run_of_attempts(previous).get(int(mine[-1]["attempt"]))
+            self.run_id = run_id or evaluates or _continued_run(previous, environ) or new_run_id()
             payload = {
                 "pid": os.getpid(),
                 "process_start_unix": process_start_unix(),
