@@ -211,3 +211,17 @@ def test_an_evaluation_after_training_belongs_to_the_run_it_evaluates_and_a_new_
     evaluation.validate(LoggingBoringModel(), ckpt_path=checkpoint.best_model_path, verbose=False)
     runs = runs_in(read_events(tmp_path))
     assert runs[trained] == [1, 2, 3, 5] and len(runs) == 2, runs  # attempt 4, the second fit, is the other run
+
+
+def test_the_run_directory_is_default_root_dir_unless_only_checkpoints_are_written_and_they_go_elsewhere(
+    tmp_path: Path,
+) -> None:
+    from lightning_field.core.layout import run_directory
+
+    root, elsewhere = tmp_path / "root", tmp_path / "ckpts"
+    assert run_directory(root, has_logger=True, checkpoint_dir=elsewhere) == root  # a logger writes there
+    assert run_directory(root, has_logger=False, checkpoint_dir=None) == root
+    assert run_directory(root, has_logger=False, checkpoint_dir=root / "checkpoints") == root  # inside it
+    assert run_directory(root, has_logger=False, checkpoint_dir=elsewhere) == elsewhere
+    assert run_directory(root, has_logger=False, checkpoint_dir=f"file://{elsewhere}") == elsewhere
+    assert run_directory(root, has_logger=False, checkpoint_dir="s3://bucket/ckpts") == root  # never a URL

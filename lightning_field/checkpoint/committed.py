@@ -406,7 +406,7 @@ class CommittedCheckpoint(ModelCheckpoint):
         if not extension:
             return location
         if not isinstance(location, Path):  # an object store's <prefix>/state.pt
-            return location.removesuffix(extension) if location.endswith(extension) else location
+            return location.removesuffix(extension)
         stem = location.name.removesuffix(extension)
         return location.with_name(stem) if stem and stem != location.name else location
 

@@ -166,7 +166,7 @@ class UnknownRunError(ValueError):
     """A run id was asked for that the event log does not hold."""
 
 
-def select_run(events: Iterable[Mapping[str, Any]], run_id: str | None = None) -> list[dict[str, Any]]:
+def select_run(events: Iterable[dict[str, Any]], run_id: str | None = None) -> list[dict[str, Any]]:
     """The events of one run: ``run_id``'s, by default the run of the newest attempt (the one running,
     or the last to run). An event of an attempt the log names no run for (one still being written)
     belongs to no other run, so it is kept with the newest.
@@ -174,7 +174,7 @@ def select_run(events: Iterable[Mapping[str, Any]], run_id: str | None = None) -
     Raises:
         UnknownRunError: ``run_id`` is not in the log; the message lists those that are.
     """
-    listed = [dict(e) for e in events]
+    listed = list(events)  # the events themselves, not copies: a long run's log holds one per step
     runs = run_of_attempts(listed)
     if not runs:
         if run_id is not None:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from lightning_field.core.storage import as_location
+
 FIELD_DIR = Path("field")
 """Everything lightning_field writes into a run directory lives under this folder."""
 
@@ -61,8 +63,7 @@ def run_directory(
     with their checkpoints. An object-store ``dirpath`` (a URL) is never a run directory.
     """
     root = Path(default_root_dir)
-    if has_logger or checkpoint_dir is None or "://" in os.fspath(checkpoint_dir):
+    checkpoints = as_location(checkpoint_dir) if checkpoint_dir is not None else None
+    if has_logger or not isinstance(checkpoints, Path):
         return root
-    checkpoints = Path(checkpoint_dir)
-    inside = checkpoints.resolve().is_relative_to(root.resolve())
-    return root if inside else checkpoints
+    return root if checkpoints.resolve().is_relative_to(root.resolve()) else checkpoints
