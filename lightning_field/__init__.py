@@ -53,6 +53,7 @@ _EXPORTS: dict[str, str] = {
     "HangWatchdog": "lightning_field.profiling",
     "ProfiledDDPStrategy": "lightning_field.profiling",
     "StragglerMonitor": "lightning_field.profiling",
+    "FailureModel": "lightning_field.planning.intervals",
     "CheckpointCadence": "lightning_field.quality",
     "TimeToQuality": "lightning_field.quality",
     "goodput_ledger": "lightning_field.quality",
@@ -75,6 +76,7 @@ __all__ = [
     "Checkpointer",
     "EventLog",
     "EvidenceSettings",
+    "FailureModel",
     "FieldWandbLogger",
     "HangWatchdog",
     "JumpRandomSampler",
@@ -153,6 +155,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
     from lightning_field.evidence import EvidenceSettings, RestoreDrill, StepTracer, check_bundle
     from lightning_field.integrations import FieldWandbLogger, WandbReview, log_evidence_bundle, read_offline_run
     from lightning_field.integrations.hydra_configs import register_configs
+    from lightning_field.planning.intervals import FailureModel
     from lightning_field.profiling import HANG_EXIT_CODE, HangWatchdog, ProfiledDDPStrategy, StragglerMonitor
     from lightning_field.quality import CheckpointCadence, TimeToQuality, goodput_ledger
     from lightning_field.record import build_record, check_record

@@ -13,7 +13,7 @@ from lightning.pytorch.callbacks import Callback
 
 from lightning_field import CheckpointCadence, ManifestCheckpoint, TimeToQuality, read_events
 from lightning_field.checkpoint.commit import LocalStore
-from lightning_field.planning.intervals import daly_interval, expected_waste_with_snapshots, young_interval
+from lightning_field.planning.intervals import FailureModel, choose_intervals, daly_interval, young_interval
 from lightning_field.quality.cadence import choose_steps, updated_mtbf
 from lightning_field.quality.ledger import goodput_ledger
 from lightning_field.workloads.demo import DemoDataModule, DemoRegressor
@@ -60,7 +60,11 @@ def test_with_may_lengthen_a_2s_save_and_a_5min_mtbf_grow_the_users_interval_to_
     decision = cadence.decision
     assert decision is not None and decision.applied
     assert decision.save_s == pytest.approx(SAVE_DELAY_S, rel=0.05)
-    assert decision.interval_s == pytest.approx(daly_interval(SAVE_DELAY_S, 300.0), rel=0.05)
+    # The default "auto" snapshots pay against failures every 5 minutes: they take the 22 % of failures a
+    # process survives, so the persistent interval is Daly's for the other 78 % (one model, both tiers).
+    assert decision.snapshots_pay and decision.coverage == 0.22
+    assert decision.interval_s == pytest.approx(daly_interval(SAVE_DELAY_S, 300.0 / 0.78), rel=0.05)
+    assert checkpoint.snapshots.every_n_train_steps == decision.snapshot_every_steps  # applied with it
     assert decision.steps == round(decision.interval_s / decision.step_s)
     assert checkpoint.every_n_train_steps == decision.steps  # it drives the checkpoint callback
     assert 0 < decision.predicted_waste < 1
@@ -119,16 +123,20 @@ def test_with_snapshots_each_decision_shows_the_work_a_failure_loses_with_and_wi
     without, with_ = plain.decisions[0], cadence.decisions[0]
     assert without.lost_per_failure_with_snapshots_s is None and without.snapshot_s is None
     assert without.lost_per_failure_s == pytest.approx(10 * without.step_s / 2)
-    # A snapshot every 2 steps, committed in line on CPU: half of 2 steps lost, its measured cost beside it.
+    # A snapshot every 2 steps, committed in line on CPU, on one node: the 22 % of failures a snapshot
+    # survives lose half of 2 steps, the others half of the persistent interval.
     assert with_.snapshot_every_steps == 2 and with_.snapshot_commit_s == 0.0 and 0 < with_.snapshot_s < with_.step_s
-    assert with_.lost_per_failure_with_snapshots_s == pytest.approx(2 * with_.step_s / 2)
-    assert with_.lost_per_failure_with_snapshots_s < with_.lost_per_failure_s / 4
-    assert with_.predicted_waste_with_snapshots is not None and with_.predicted_waste_with_snapshots > 0
+    assert with_.coverage == 0.22 and with_.restart_s == 30.0  # nothing measured: the model's default restart
+    assert with_.lost_per_failure_with_snapshots_s == pytest.approx(0.22 * with_.step_s + 0.78 * 10 * with_.step_s / 2)
+    assert with_.lost_per_failure_with_snapshots_s < with_.lost_per_failure_s
     event = next(e["payload"] for e in read_events(tmp_path / "snapshots") if e["event"] == "cadence")
     assert event["lost_per_failure_with_snapshots_s"] == with_.lost_per_failure_with_snapshots_s
-    assert with_.predicted_waste_with_snapshots == pytest.approx(expected_waste_with_snapshots(
-        10 * with_.step_s, with_.save_s, with_.mtbf_s, with_.restart_s, 2 * with_.step_s, with_.snapshot_s, 0.0
-    ))  # fmt: skip
+    model = choose_intervals(
+        FailureModel(mtbf_hours=6), with_.save_s, with_.snapshot_s, persistent_s=10 * with_.step_s,
+        snapshot_every_s=2 * with_.step_s,
+    )  # a user's interval is priced as it is, whether or not it pays
+    assert with_.predicted_waste_with_snapshots == pytest.approx(model.waste)
+    assert with_.predicted_waste == pytest.approx(model.waste_alone)
     line = next(line for line in cadence_lines(caplog) if "with a snapshot every 2 steps" in line)
     assert "Expected work lost per failure:" in line and "from the persistent checkpoints alone" in line
     assert f"predicted waste {with_.predicted_waste_with_snapshots:.2%} with the snapshots" in line

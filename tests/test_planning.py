@@ -16,11 +16,10 @@ from lightning_field.conf import CONFIG_DIR
 from lightning_field.core.events import read_events
 from lightning_field.planning.intervals import (
     DEFAULT_RESTART_SECONDS,
+    FailureModel,
+    choose_intervals,
     daly_interval,
-    expected_waste_fraction,
-    expected_waste_with_snapshots,
     lost_work_per_failure,
-    snapshot_lost_work_per_failure,
     young_interval,
 )
 from lightning_field.planning.launch import LaunchInputs
@@ -169,32 +168,26 @@ def test_field_plan_and_field_train_assume_the_same_restart_time(capsys: pytest.
     assert given["inputs"]["restart_seconds"] == 0 and given["inputs"]["sources"]["restart_seconds"] == "command line"
 
 
-def test_snapshots_cut_the_expected_lost_work_per_failure_from_half_an_interval_to_half_a_snapshot_interval() -> None:
-    tau = young_interval(60.0, 6 * 3600.0)  # the seed's scenario: a 60 s save, a 6 h MTBF
-    assert lost_work_per_failure(tau) == pytest.approx(tau / 2) == pytest.approx(804.98, abs=0.01)
-    assert snapshot_lost_work_per_failure(0.28) == pytest.approx(0.14)
-    assert snapshot_lost_work_per_failure(0.28, commit_s=0.05) == pytest.approx(0.19)
-    without = expected_waste_fraction(tau, 60.0, 6 * 3600.0, 30.0)
-    with_snapshots = expected_waste_with_snapshots(tau, 60.0, 6 * 3600.0, 30.0, 0.28, 0.016)
-    assert with_snapshots == pytest.approx(60 / tau + 0.016 / 0.28 + (0.14 + 30) / (6 * 3600))
-    assert with_snapshots > without  # a snapshot every 280 ms step costing 16 ms is no bargain at a 6 h MTBF...
-    assert expected_waste_with_snapshots(tau, 60.0, 6 * 3600.0, 30.0, 28.0, 0.016) < without  # ...every 100 steps is
-    with pytest.raises(ValueError, match="the snapshot cost must be a non-negative"):
-        expected_waste_with_snapshots(tau, 60.0, 6 * 3600.0, 30.0, 0.28, -1.0)
-
-
 def test_field_plan_shows_lost_work_and_waste_with_snapshots_beside_the_persistent_checkpoints_alone(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     plain = plan_json(capsys, *WORKED)["figures"]
     assert plain["lost_work_per_failure"]["value"] == pytest.approx(plain["checkpoint_interval_daly"]["value"] / 2)
     assert "expected_waste_with_snapshots" not in plain
-    # The main job's measured figures: a 16 ms snapshot every 154 ms step, committed in line.
+    # The main job's measured figures: a 16 ms snapshot every 154 ms step, committed in line, on one node.
     figures = plan_json(capsys, *WORKED, "--snapshot-seconds", "0.016", "--snapshot-interval", "0.154")["figures"]
+    model = choose_intervals(FailureModel(), 60.0, 0.016, snapshot_every_s=0.154)
+    assert figures["snapshot_coverage"]["value"] == 0.22
     assert figures["snapshot_overhead"]["value"] == pytest.approx(0.016 / 0.154)
-    assert figures["lost_work_per_failure_with_snapshots"]["value"] == pytest.approx(0.077)
-    assert figures["expected_waste_with_snapshots"]["estimate"]
-    assert figures["time_to_budget_with_snapshots"]["value"] > figures["ideal_time"]["value"]
+    assert figures["checkpoint_interval_with_snapshots"]["value"] == pytest.approx(
+        daly_interval(60.0, 6 * 3600 / 0.78)
+    )  # the persistent tier covers only the failures the snapshots do not survive
+    assert figures["lost_work_per_failure_with_snapshots"]["value"] == pytest.approx(
+        0.22 * 0.077 + 0.78 * model.persistent_s / 2
+    )
+    assert figures["expected_waste_with_snapshots"]["value"] == pytest.approx(model.waste)
+    assert figures["expected_waste_with_snapshots"]["estimate"] and figures["snapshots_pay"]["value"] is False
+    assert figures["time_to_budget_with_snapshots"]["value"] > figures["time_to_budget"]["value"]
     field_main([*WORKED, "--snapshot-seconds", "0.016", "--snapshot-interval", "0.154"])
     assert "lost_work_per_failure_with_snapshots" in capsys.readouterr().out
 
@@ -202,14 +195,16 @@ def test_field_plan_shows_lost_work_and_waste_with_snapshots_beside_the_persiste
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        (["--snapshot-seconds", "0.02"], "--snapshot-seconds and --snapshot-interval go together"),
+        (["--snapshot-interval", "2"], "--snapshot-interval needs --snapshot-seconds"),
+        (["--snapshot-seconds", "0.02", "--snapshot-coverage", "1"], "--snapshot-coverage must be a share in [0, 1)"),
+        (["--snapshot-seconds", "0.02", "--step-seconds", "0"], "--step-seconds must be > 0"),
         (["--snapshot-seconds", "-1", "--snapshot-interval", "1"], "--snapshot-seconds: cannot read '-1'"),
         (["--snapshot-seconds", "0.02", "--snapshot-interval", "1", "--snapshot-commit-seconds", "-1"],
          "--snapshot-commit-seconds must be >= 0"),
         (["--snapshot-seconds", "2", "--snapshot-interval", "1"],
          "--snapshot-seconds (2 s) must be shorter than --snapshot-interval (1 s)"),
         (["--snapshot-seconds", "0.97", "--snapshot-interval", "1"],
-         "expected waste with snapshots 101% >= 100%: snapshots of 0.97 s every 1 s beside saves of 60 s leave no"
+         "expected waste with snapshots 104% >= 100%: snapshots of 0.97 s every 1 s beside saves of 60 s leave no"
          " time to train (check --snapshot-seconds and --snapshot-interval)"),
     ],
 )  # fmt: skip
@@ -232,8 +227,11 @@ def test_from_run_takes_the_snapshot_cost_and_interval_a_run_measured(
     assert inputs["snapshot_seconds"] > 0 and inputs["snapshot_interval_seconds"] > 0
     assert inputs["snapshot_commit_seconds"] == 0.0  # committed in line: resumable at once
     assert "median over 6 step snapshots" in inputs["sources"]["snapshot_seconds"]
+    # The user's interval, priced as the run took it: 22 % of failures resume from a snapshot.
+    save, snapshot, every = (inputs[k] for k in ("save_seconds", "snapshot_seconds", "snapshot_interval_seconds"))
+    model = choose_intervals(FailureModel(), save, snapshot, snapshot_every_s=every)
     assert plan["figures"]["lost_work_per_failure_with_snapshots"]["value"] == pytest.approx(
-        inputs["snapshot_interval_seconds"] / 2
+        0.22 * inputs["snapshot_interval_seconds"] / 2 + 0.78 * model.persistent_s / 2
     )
 
 
@@ -242,29 +240,30 @@ def test_from_run_shows_the_snapshot_interval_auto_chose_and_why(
 ) -> None:
     make_trainer(tmp_path, 10, every_n_train_steps=100, snapshot_dir=tmp_path / "shm").fit(BoringModel())  # defaults
     chosen = [e["payload"] for e in read_events(tmp_path) if e["event"] == "snapshot_interval"][-1]
+    assert chosen["every_n_train_steps"] is None  # a persistent save every 100 short steps: they do not pay
     plan = plan_json(capsys, *BASE, "--mtbf-hours", "6", "--from-run", str(tmp_path))
     said = plan["inputs"]["sources"]["snapshot_every_n_train_steps"]
-    assert said == f"every {chosen['every_n_train_steps']} steps (auto) in {tmp_path}: {chosen['reason']}"
+    assert said == f"off in {tmp_path}: {chosen['reason']}"
+    # "auto": the plan chooses the interval itself, from the cost the run measured.
+    assert plan["inputs"]["snapshot_interval_seconds"] is None and plan["inputs"]["snapshot_seconds"] > 0
     assert field_main([*BASE, "--mtbf-hours", "6", "--from-run", str(tmp_path)]) == 0
-    assert f"input snapshot_every_n_train_steps: every {chosen['every_n_train_steps']} steps (auto)" in (
-        capsys.readouterr().out
-    )
+    assert "input snapshot_every_n_train_steps: off in" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(
     ("figures", "named"),
     [
-        ({"restart_s": -1.0}, "the restart must be a non-negative"),
-        ({"interval_s": 0.0}, "the checkpoint interval must be a positive"),
-        ({"snapshot_interval_s": math.inf}, "the snapshot interval must be a positive"),
-        ({"commit_s": math.nan}, "the snapshot commit must be a non-negative"),
+        ({"save_s": -1.0}, "the save cost must be a positive"),
+        ({"persistent_s": 0.0}, "the checkpoint interval must be a positive"),
+        ({"snapshot_every_s": math.inf}, "the snapshot interval must be a positive"),
+        ({"snapshot_commit_s": math.nan}, "the snapshot commit must be a non-negative"),
+        ({"snapshot_s": -0.1}, "the snapshot cost must be a non-negative"),
     ],
 )
-def test_the_waste_with_snapshots_refuses_a_meaningless_figure_naming_it(figures: dict, named: str) -> None:
-    good = {"interval_s": 1570.0, "save_s": 60.0, "mtbf_s": 6 * 3600.0, "restart_s": 30.0,
-            "snapshot_interval_s": 15.4, "snapshot_s": 0.016, "commit_s": 0.0}  # fmt: skip
+def test_the_cost_model_refuses_a_meaningless_figure_naming_it(figures: dict, named: str) -> None:
+    good = {"save_s": 60.0, "snapshot_s": 0.016, "snapshot_commit_s": 0.0}
     with pytest.raises(ValueError, match=named):
-        expected_waste_with_snapshots(**{**good, **figures})
+        choose_intervals(FailureModel(), **{**good, **figures})
 
 
 def test_a_non_finite_snapshot_interval_is_refused_by_its_flags_name() -> None:
@@ -272,20 +271,18 @@ def test_a_non_finite_snapshot_interval_is_refused_by_its_flags_name() -> None:
         PlanInputs(8e9, 1e10, 8, 100.0, snapshot_seconds=0.1, snapshot_interval_seconds=math.inf).validate()
 
 
-def test_without_a_save_cost_or_mtbf_field_plan_shows_the_snapshots_overhead_and_lost_work_alone(
+def test_without_a_save_cost_or_mtbf_field_plan_shows_the_snapshots_overhead_alone(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     figures = plan_json(capsys, *BASE, "--snapshot-seconds", "0.016", "--snapshot-interval", "0.154",
                         "--snapshot-commit-seconds", "0.05")["figures"]  # fmt: skip
     assert figures["snapshot_overhead"]["value"] == pytest.approx(0.016 / 0.154)
-    assert figures["lost_work_per_failure_with_snapshots"]["value"] == pytest.approx(0.077 + 0.05)
-    assert figures["lost_work_per_failure_with_snapshots"]["from"] == [
-        "snapshot_interval_seconds", "snapshot_commit_seconds"
-    ]  # fmt: skip
-    assert "expected_waste_with_snapshots" not in figures and "lost_work_per_failure" not in figures
+    # The work a failure loses with them needs the persistent interval, so a save cost and an MTBF.
+    assert "lost_work_per_failure_with_snapshots" not in figures and "lost_work_per_failure" not in figures
+    assert "expected_waste_with_snapshots" not in figures
 
 
-def test_from_run_takes_no_snapshot_figures_from_a_run_with_no_two_snapshots_in_one_attempt(
+def test_from_run_takes_the_snapshot_cost_of_auto_snapshots_and_lets_the_plan_choose_their_interval(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     events = tmp_path / "field" / "events.jsonl"
@@ -298,5 +295,9 @@ def test_from_run_takes_no_snapshot_figures_from_a_run_with_no_two_snapshots_in_
         for a, name, t, step, payload in lines
     ))  # fmt: skip
     plan = plan_json(capsys, *BASE, "--save-seconds", "60", "--mtbf-hours", "6", "--from-run", str(tmp_path))
-    assert plan["inputs"]["snapshot_seconds"] is None and "snapshot_overhead" not in plan["figures"]
-    assert "not measured: 2 step snapshot(s)" in plan["inputs"]["sources"]["snapshot_seconds"]
+    assert plan["inputs"]["snapshot_seconds"] == 0.02 and plan["inputs"]["snapshot_interval_seconds"] is None
+    assert "median over 2 step snapshots" in plan["inputs"]["sources"]["snapshot_seconds"]
+    chosen = choose_intervals(FailureModel(), 60.0, 0.02, snapshot_budget=0.01)
+    assert chosen.snapshots_pay and plan["figures"]["snapshots_pay"]["value"] is True
+    assert plan["figures"]["snapshot_interval"]["value"] == pytest.approx(chosen.snapshot_s)
+    assert plan["figures"]["expected_waste_with_snapshots"]["value"] == pytest.approx(chosen.waste)

@@ -10,6 +10,7 @@ What a checkpoint *holds* and *when* training meets it is the subclass's: it sup
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Mapping
@@ -179,6 +180,21 @@ class CommittedCheckpoint(ModelCheckpoint):
         ``CheckpointCadence`` may have retuned since. Lightning stores "no step interval" as 0."""
         steps = int(self._configured_every_n_train_steps or 0)
         return steps if steps > 0 else None
+
+    def persistent_interval_seconds(self, trainer: pl.Trainer, step_s: float) -> float | None:
+        """The seconds between this callback's persistent saves at ``step_s`` a step: the shortest of its
+        step, time and epoch intervals; None where none is due before the run's end (an epoch without
+        a length, ``every_n_epochs=0``)."""
+        intervals: list[float] = []
+        if self._every_n_train_steps > 0:
+            intervals.append(self._every_n_train_steps * step_s)
+        if self._train_time_interval is not None:
+            intervals.append(self._train_time_interval.total_seconds())
+        batches = trainer.num_training_batches
+        if self._every_n_epochs and self._every_n_train_steps == 0 and math.isfinite(batches) and batches > 0:
+            steps = math.ceil(batches / max(trainer.accumulate_grad_batches, 1))
+            intervals.append(self._every_n_epochs * steps * step_s)
+        return min(intervals) if intervals else None
 
     def set_every_n_train_steps(self, steps: int) -> None:
         """Change the step interval of saves from now on (used by ``CheckpointCadence``). Every rank

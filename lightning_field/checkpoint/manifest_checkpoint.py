@@ -48,6 +48,7 @@ from lightning_field.core.events import EventLog
 from lightning_field.core.layout import run_directory
 from lightning_field.core.manifest import SHARED_STATE_FILE
 from lightning_field.core.storage import Location, unusable_local_dir
+from lightning_field.planning.intervals import FailureModel
 from lightning_field.state.rank_tracking import RankStateTracker
 
 __all__ = ["ManifestCheckpoint", "NoRecoverableCheckpointError"]
@@ -89,9 +90,11 @@ class ManifestCheckpoint(CommittedCheckpoint):
         trust_pickles: fully unpickle files that need it; off, such a file is refused naming its type (``safe_load``).
         snapshot_every_n_train_steps: also snapshot every this many steps into ``snapshot_dir`` (default
             ``/dev/shm``, replicated to a partner node), which ``ckpt_path="last"`` takes where newer; ``"auto"``
-            (default): the smallest interval within ``snapshot_overhead_budget`` of the step time, measured
-            (``checkpoint.snapshot_interval``); ``None``: off.
-        snapshot_overhead_budget: the share of step time ``"auto"`` snapshots may take (default 0.01).
+            (default): where they pay, at the interval that minimises the predicted waste from their measured
+            cost, the persistent interval and ``failures`` (``checkpoint.snapshot_interval``); ``None``: off.
+        snapshot_overhead_budget: the largest share of step time ``"auto"`` snapshots may take (default 0.01).
+        failures: the :class:`~lightning_field.FailureModel` (MTBF, share of failures a snapshot survives)
+            ``"auto"`` snapshots are weighed against; default ``FailureModel()``: a 6 h MTBF.
         snapshot_in_line: commit snapshots before the next step (True) or beside it from a host copy
             (False); default: in line where training computes on the CPU, beside it on an accelerator.
         max_failed_attempts: after this many attempts failed with nothing committed past the step the next one
@@ -157,6 +160,7 @@ class ManifestCheckpoint(CommittedCheckpoint):
         snapshot_dir: str | os.PathLike[str] | None = None,
         snapshot_in_line: bool | None = None,
         snapshot_overhead_budget: float = DEFAULT_BUDGET,
+        failures: FailureModel | None = None,
         max_failed_attempts: int | None = DEFAULT_MAX_FAILED_ATTEMPTS,
         require_fresh: bool = False,
     ) -> None:
@@ -192,7 +196,13 @@ class ManifestCheckpoint(CommittedCheckpoint):
         self._stops = StopPointSave(self)
         self._exception_save = ExceptionSave(self)
         self.snapshots = StepSnapshots(  # the step-snapshot tier
-            self, snapshot_every_n_train_steps, snapshot_dir, snapshot_in_line, snapshot_overhead_budget
+            self,
+            snapshot_every_n_train_steps,
+            snapshot_dir,
+            snapshot_in_line,
+            snapshot_overhead_budget,
+            failures,
+            self.persistent_interval_seconds,
         )
         self.trust_pickles = trust_pickles
         self._deferred_batch_end: tuple[Any, Any, int] | None = None

@@ -1,19 +1,23 @@
-"""How often step snapshots are taken: the user's ``N``, or ``"auto"`` (the default), chosen from
-what they are measured to cost.
+"""How often step snapshots are taken: the user's ``N``, or ``"auto"`` (the default), chosen by the
+cost model both tiers share (:func:`lightning_field.planning.intervals.choose_intervals`).
 
-A snapshot every step redoes at most one step after a crash, and costs its write on every step. With
+A snapshot every step redoes at most one step after a crash that it survives, and costs its write
+on every step; persistent checkpoints alone redo half their interval. With
 ``snapshot_every_n_train_steps="auto"`` the first snapshots are taken every step and timed (the
-training thread's wait for each, and the steps between them); then the smallest ``N`` whose cost
-stays within the budget, a share of the step time (1 % by default), is kept:
+training thread's wait for each, and the steps between them); then the interval that minimises the
+predicted waste is kept, from the failure model (``FailureModel``: the MTBF, the share of failures a
+snapshot survives) and the persistent interval in force:
 
-    N = ceil(snapshot cost / (budget x step time))
+    τₛ = formula(snapshot cost, MTBF / coverage),  N = round(τₛ / step time), at least 1
 
-so a crash redoes at most ``N`` steps for at most ``budget`` of the run's time. The choice is
-re-made every :data:`RECHECK_EVERY` snapshots from the newest measurements (the step time changes
-with a curriculum, the cost with the state), and said again only when ``N`` changes. Every rank
-takes part in each choice (a snapshot's commit is collective: all ranks must take the same steps),
-and the slowest rank's cost decides it. A user's integer is kept as it is; its cost is measured and
-said once all the same. ``None`` turns snapshots off.
+and never more than ``budget`` of the step time (1 % by default). Where snapshots at that interval
+would cost more than the work they save (cheap persistent saves, frequent already), they are off,
+and the choice is made again every :data:`RECHECK_EVERY` intervals. The choice is re-made every
+:data:`RECHECK_EVERY` snapshots from the newest measurements (the step time changes with a
+curriculum, the cost with the state), and said again only when it changes. Every rank takes part in
+each choice (a snapshot's commit is collective: all ranks must take the same steps), and the slowest
+rank's cost decides it. A user's integer is kept as it is; its cost is measured and said once all
+the same. ``None`` turns snapshots off.
 
 Nothing here knows Lightning or torch: :class:`SnapshotInterval` is fed times and answers which
 steps are due, so a test drives it with numbers.
@@ -25,19 +29,27 @@ import math
 import statistics
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
+
+from lightning_field.planning.intervals import (
+    DEFAULT_SNAPSHOT_BUDGET,
+    FailureModel,
+    TierIntervals,
+    choose_intervals,
+    snapshot_interval_s,
+)
 
 __all__ = ["AUTO", "DEFAULT_BUDGET", "IntervalChoice", "SnapshotInterval", "check_every_n_train_steps"]
 
 AUTO: Literal["auto"] = "auto"
-DEFAULT_BUDGET = 0.01
+DEFAULT_BUDGET = DEFAULT_SNAPSHOT_BUDGET
 PROBES = 5
 """Snapshots taken every step before the first choice; the first two write fresh files."""
 COUNTED = 3
 """Of those, the newest ones whose cost counts (the first ones fault in new pages, warm caches)."""
 RECHECK_EVERY = 20
-"""Snapshots between two choices once the first is made."""
+"""Snapshots between two choices once the first is made (intervals, where they are off)."""
 STEPS_KEPT = 50
 
 Every = int | Literal["auto"] | None
@@ -63,7 +75,9 @@ def check_every_n_train_steps(every: Any, budget: Any) -> None:
 
 @dataclass(frozen=True)
 class IntervalChoice:
-    """The interval snapshots are taken at, and why (the log, the event log and every manifest say it)."""
+    """The interval snapshots are taken at, and why (the log, the event log and every manifest say it).
+
+    The cost model's figures (estimates) are None for a user's interval and while measuring."""
 
     every_n_train_steps: int
     chosen_by: str  # "auto", "auto (measuring)" or "user"
@@ -71,16 +85,30 @@ class IntervalChoice:
     snapshot_seconds: float | None  # median training-thread wait per snapshot, the slowest rank's
     step_seconds: float | None  # median step without one
     reason: str
+    off: bool = False  # "auto" found they do not pay: none are taken until the next choice
+    mtbf_hours: float | None = None
+    coverage: float | None = None  # the share of failures a snapshot survives
+    persistent_interval_s: float | None = None  # None: no persistent checkpoint is due before the end
+    lost_per_failure_s: float | None = None  # expected work redone per failure with the snapshots
+    lost_alone_s: float | None = None  # ... with the persistent checkpoints alone
+    waste_change: float | None = None  # predicted waste with the snapshots minus without
 
     @property
     def overhead(self) -> float | None:
         """The share of step time snapshots take at this interval (measured figures)."""
-        if self.snapshot_seconds is None or not self.step_seconds:
+        if self.off or self.snapshot_seconds is None or not self.step_seconds:
             return None
         return self.snapshot_seconds / (self.every_n_train_steps * self.step_seconds)
 
     def record(self) -> dict[str, Any]:
-        return {**asdict(self), "overhead": self.overhead}
+        record = {**asdict(self), "overhead": self.overhead}
+        if self.off:
+            record["every_n_train_steps"] = None
+        return record
+
+
+def _persistent_unknown(step_s: float) -> float | None:
+    return None
 
 
 class SnapshotInterval:
@@ -88,22 +116,30 @@ class SnapshotInterval:
 
     Args:
         every: ``"auto"`` or an integer >= 1 (``None`` is handled by the caller: no snapshots).
-        budget: the share of step time that snapshots may take, for ``"auto"``.
+        budget: the largest share of step time that ``"auto"`` snapshots may take.
+        failures: what ``"auto"`` weighs them against (an MTBF, a coverage); its defaults where None.
 
     The owner calls :meth:`step_ended` at every step's end (every rank), :meth:`due` to ask whether
     this step takes one, :meth:`snapshot_taken` with its training-thread cost, then, when
     :meth:`choice_due`, :meth:`choose` with a collective that gathers every rank's figures.
     """
 
-    def __init__(self, every: int | Literal["auto"], budget: float = DEFAULT_BUDGET) -> None:
+    def __init__(
+        self, every: int | Literal["auto"], budget: float = DEFAULT_BUDGET, failures: FailureModel | None = None
+    ) -> None:
         check_every_n_train_steps(every, budget)
         self.auto = every == AUTO
         self.budget = float(budget)
+        self.failures = failures if failures is not None else FailureModel()
+        self.tiers: TierIntervals | None = None  # the cost model's last answer ("auto")
         self._every = 1 if every == AUTO else int(every)
         self._steps: deque[float] = deque(maxlen=STEPS_KEPT)
         self._costs: deque[float] = deque(maxlen=COUNTED)
         self._taken = 0
+        self._steps_seen = 0
         self._last_choice_at = 0
+        self._last_choice_step = 0
+        self._adopted = False
         self.choice = IntervalChoice(
             self._every,
             "auto (measuring)" if self.auto else "user",
@@ -115,60 +151,160 @@ class SnapshotInterval:
 
     @property
     def every_n_train_steps(self) -> int:
+        """The interval in force (or, while :attr:`off`, the one the last choice priced)."""
         return self._every
+
+    @property
+    def off(self) -> bool:
+        """``"auto"`` found snapshots do not pay: none are due until a choice finds they do."""
+        return self.choice.off
 
     def step_ended(self, seconds_since_last: float | None) -> None:
         """The time since the previous step's end, the snapshot taken there excluded (None: none yet)."""
+        self._steps_seen += 1
         if seconds_since_last is not None and seconds_since_last > 0:
             self._steps.append(seconds_since_last)
 
     def due(self, step: int) -> bool:
-        return step > 0 and step % self._every == 0
+        return not self.off and step > 0 and step % self._every == 0
 
     def snapshot_taken(self, seconds: float) -> None:
         self._taken += 1
         self._costs.append(seconds)
 
     def choice_due(self) -> bool:
-        """After the first :data:`PROBES` snapshots, then every :data:`RECHECK_EVERY` (user's N: once)."""
+        """After the first :data:`PROBES` snapshots, then every :data:`RECHECK_EVERY` (user's N: once);
+        while off, every :data:`RECHECK_EVERY` intervals of steps (every rank counts the same steps)."""
         if self._taken < PROBES or not self._steps:
             return False
-        if self._last_choice_at == 0:
+        if self._last_choice_at == 0 and not self._adopted:
             return True
-        return self.auto and self._taken - self._last_choice_at >= RECHECK_EVERY
+        if not self.auto or self._adopted:
+            return False
+        if self.off:
+            return self._steps_seen - self._last_choice_step >= RECHECK_EVERY * self._every
+        return self._taken - self._last_choice_at >= RECHECK_EVERY
+
+    def adopt(self, choice: IntervalChoice) -> None:
+        """Take an ``"auto"`` choice made outside (``CheckpointCadence``, which chooses both tiers' intervals
+        together); no choice of its own is made from then on. Every rank adopts the same one at the same step."""
+        if self.auto:
+            self._adopted = True
+            self._every, self.choice = choice.every_n_train_steps, choice
 
     def local_figures(self) -> tuple[float, float]:
         """This rank's median snapshot cost and step time, for :meth:`choose`."""
         return statistics.median(self._costs), statistics.median(self._steps)
 
-    def choose(self, gather: Callable[[tuple[float, float]], Sequence[tuple[float, float]]]) -> IntervalChoice | None:
+    def choose(
+        self,
+        gather: Callable[[tuple[float, float]], Sequence[tuple[float, float]]],
+        persistent_s: Callable[[float], float | None] = _persistent_unknown,
+        *,
+        replicated: bool = False,
+        commit_s: float = 0.0,
+    ) -> IntervalChoice | None:
         """Make the choice from every rank's figures (``gather`` is a collective: every rank calls this
-        at the same snapshot); the new choice, or None where the interval stays as it was."""
+        at the same snapshot); the new choice, or None where it stays as it was.
+
+        ``persistent_s`` gives the seconds between persistent checkpoints at a step time (None: none is
+        due before the run's end); ``replicated``, whether snapshots are copied to a partner node;
+        ``commit_s``, how long a snapshot takes to become resumable after its capture (0: in line)."""
         figures = gather(self.local_figures())
         cost = max(c for c, _ in figures)
         step = statistics.median(s for _, s in figures)
         first = self._last_choice_at == 0
-        self._last_choice_at = self._taken
-        every = self._every
-        if self.auto:
-            every = max(1, math.ceil(cost / (self.budget * step)))
-        if not first and every == self._every:
-            return None
-        self._every = every
-        self.choice = IntervalChoice(
-            every, "auto" if self.auto else "user", self.budget, cost, step, self._reason(every, cost, step)
-        )
-        return self.choice
-
-    def _reason(self, every: int, cost: float, step: float) -> str:
-        share = cost / (every * step)
-        figures = f"a snapshot costs {cost * 1e3:.1f} ms against a {step * 1e3:.0f} ms step"
-        redo = "a crash redoes at most 1 step" if every == 1 else f"a crash redoes at most {every} steps"
+        self._last_choice_at, self._last_choice_step = self._taken, self._steps_seen
         if not self.auto:
-            return f"set by the user; {figures}: {100 * share:.2f}% of the step time; {redo}"
-        if every == 1:
-            return f"{figures}: {100 * share:.2f}% of the step time, within the {100 * self.budget:g}% budget; {redo}"
-        return (
-            f"{figures} ({100 * cost / step:.1f}% of a step), so every {every} steps keeps them within the"
-            f" {100 * self.budget:g}% budget ({100 * share:.2f}%); {redo}"
+            if not first:
+                return None
+            self.choice = IntervalChoice(self._every, "user", self.budget, cost, step, self._user_reason(cost, step))
+            return self.choice
+        choice = self._auto_choice(cost, step, persistent_s(step), replicated, commit_s)
+        if not first and (choice.every_n_train_steps, choice.off) == (self._every, self.off):
+            return None
+        self._every = choice.every_n_train_steps
+        self.choice = choice
+        return choice
+
+    def _auto_choice(
+        self, cost: float, step: float, persistent: float | None, replicated: bool, commit_s: float
+    ) -> IntervalChoice:
+        failures = self.failures
+        if persistent is None or not math.isfinite(persistent):
+            tau = snapshot_interval_s(failures, cost, replicated=replicated, budget=self.budget)
+            self.tiers = None
+            every = max(1, round(tau / step)) if math.isfinite(tau) else self._every
+            off = not math.isfinite(tau)  # a coverage of 0: snapshots survive no failure
+            lost = alone = change = None
+        else:
+            tiers = choose_intervals(
+                failures,
+                None,
+                cost,
+                commit_s,
+                replicated=replicated,
+                persistent_s=persistent,
+                snapshot_budget=self.budget,
+            )
+            self.tiers = tiers
+            priced = tiers.snapshot_s
+            if priced is None:  # they do not pay: price them at their own interval to say what they would cost
+                priced = snapshot_interval_s(failures, cost, replicated=replicated, budget=self.budget)
+            every = max(1, round(priced / step)) if math.isfinite(priced) else self._every
+            off = not tiers.snapshots_pay
+            lost, alone, change = tiers.lost_per_failure_s, tiers.lost_alone_s, tiers.waste_change
+        coverage = failures.coverage(replicated)
+        choice = IntervalChoice(
+            every,
+            "auto",
+            self.budget,
+            cost,
+            step,
+            "",
+            off,
+            failures.mtbf_hours,
+            coverage,
+            persistent,
+            lost,
+            alone,
+            change,
         )
+        return replace(choice, reason=_auto_reason(choice, failures.formula))
+
+    def _user_reason(self, cost: float, step: float) -> str:
+        share = cost / (self._every * step)
+        redo = "a crash redoes at most 1 step" if self._every == 1 else f"a crash redoes at most {self._every} steps"
+        return (
+            f"set by the user; a snapshot costs {cost * 1e3:.1f} ms against a {step * 1e3:.0f} ms step:"
+            f" {100 * share:.2f}% of the step time; {redo}"
+        )
+
+
+def _auto_reason(c: IntervalChoice, formula: str) -> str:
+    """One sentence a user can check by hand: the figures, the interval they give, and whether it pays."""
+    cost, step = c.snapshot_seconds or 0.0, c.step_seconds or 0.0
+    every = c.every_n_train_steps
+    steps = "every step" if every == 1 else f"every {every} steps"
+    figures = (
+        f"a snapshot costs {cost * 1e3:.1f} ms against a {step * 1e3:.0f} ms step; against failures every"
+        f" {c.mtbf_hours:g} h, {100 * (c.coverage or 0.0):.0f}% of which a snapshot survives, {formula.capitalize()}'s"
+        f" interval gives {steps}"
+    )
+    if c.persistent_interval_s is None:
+        if c.off:
+            return f"{figures}; they survive no failure, so they are off"
+        return f"{figures}, and no persistent checkpoint is due before the run's end"
+    persistent = f"persistent checkpoints every {c.persistent_interval_s:.3g} s"
+    change = 100 * (c.waste_change or 0.0)
+    if c.off:
+        return (
+            f"{figures}, where they would cost more than they save beside {persistent} (predicted waste"
+            f" {change:+.3f}% of the time with them), so they are off and the choice is made again every"
+            f" {RECHECK_EVERY} such intervals"
+        )
+    return (
+        f"{figures}: a failure redoes {c.lost_per_failure_s or 0.0:.3g} s of work on average instead of"
+        f" {c.lost_alone_s or 0.0:.3g} s with {persistent} alone, a predicted waste {change:+.3f}% of the time"
+        f" ({100 * (c.overhead or 0.0):.2f}% of the step time in snapshots)"
+    )

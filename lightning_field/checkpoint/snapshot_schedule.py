@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
@@ -28,6 +29,7 @@ from lightning_field.checkpoint.snapshot_interval import AUTO, IntervalChoice, S
 from lightning_field.core.distributed import all_gather_objects
 from lightning_field.core.events import EventLog
 from lightning_field.core.manifest_records import SnapshotIntervalRecord
+from lightning_field.planning.intervals import FailureModel
 
 if TYPE_CHECKING:
     from lightning_field.checkpoint.checkpointer import Checkpointer
@@ -41,21 +43,48 @@ class SnapshotSchedule:
 
     Args:
         requested: ``"auto"`` or an integer >= 1 (the caller handles ``None``: no schedule).
-        budget: the share of step time snapshots may take, for ``"auto"``.
+        budget: the largest share of step time snapshots may take, for ``"auto"``.
+        failures: what ``"auto"`` weighs them against.
+        persistent_interval: the seconds between the run's persistent checkpoints at a step time
+            (None: none due before the end); the persistent tier's side of the cost model.
     """
 
-    def __init__(self, requested: int | str, budget: float) -> None:
+    def __init__(
+        self,
+        requested: int | str,
+        budget: float,
+        failures: FailureModel | None = None,
+        persistent_interval: Callable[[pl.Trainer, float], float | None] | None = None,
+    ) -> None:
         self.requested = requested
-        self.interval = SnapshotInterval(AUTO if requested == AUTO else int(requested), budget)
+        self.interval = SnapshotInterval(AUTO if requested == AUTO else int(requested), budget, failures)
         self.off_reason: str | None = None
+        self.commit_s = 0.0  # how long the newest snapshot took to become resumable (0: in line)
+        self._persistent_interval = persistent_interval
         self._timed_step: int | None = None
         self._timed_at = 0.0
         self._excluded = 0.0
 
     @property
     def every_n_train_steps(self) -> int | None:
-        """The interval now (None once turned off)."""
-        return None if self.off_reason is not None else self.interval.every_n_train_steps
+        """The interval now (None while off: turned off, or "auto" found they do not pay)."""
+        if self.off_reason is not None or self.interval.off:
+            return None
+        return self.interval.every_n_train_steps
+
+    def assume(self, failures: FailureModel) -> None:
+        """The failure model the next ``"auto"`` choice weighs snapshots against (``CheckpointCadence``'s
+        posterior MTBF and measured restart, once it has them)."""
+        self.interval.failures = failures
+
+    def adopt(self, trainer: pl.Trainer, choice: IntervalChoice, events: EventLog | None) -> None:
+        """An ``"auto"`` interval chosen with the persistent one (``CheckpointCadence``), said where it changes."""
+        if not self.interval.auto or self.off_reason is not None:
+            return
+        changed = (choice.every_n_train_steps, choice.off) != (self.interval.every_n_train_steps, self.interval.off)
+        self.interval.adopt(choice)
+        if changed:
+            self._announce(trainer, choice, events)
 
     def record(self) -> SnapshotIntervalRecord:
         """What every manifest says of the snapshots: asked for, chosen, why (or why they are off)."""
@@ -63,12 +92,15 @@ class SnapshotSchedule:
             return {"requested": self.requested, "every_n_train_steps": None, "reason": self.off_reason}
         return cast(SnapshotIntervalRecord, {"requested": self.requested, **self.interval.choice.record()})
 
-    def step_ended(self, step: int) -> None:
-        """At each batch's end: the time of each optimizer step, without the snapshot taken in it."""
-        now = time.perf_counter()
+    def step_ended(self, trainer: pl.Trainer, events: EventLog | None) -> None:
+        """At each batch's end: the time of each optimizer step, without the snapshot taken in it; while
+        "auto" has them off, the choice made again when due (collective: every rank, the same step)."""
+        step, now = trainer.global_step, time.perf_counter()
         if self._timed_step is not None and step > self._timed_step:
             steps = step - self._timed_step
             self.interval.step_ended((now - self._timed_at - self._excluded) / steps)
+            if self.off_reason is None and self.interval.off and self.interval.choice_due():
+                self._choose(trainer, events)
         if self._timed_step is None or step != self._timed_step:
             self._timed_step, self._timed_at, self._excluded = step, now, 0.0
 
@@ -91,18 +123,24 @@ class SnapshotSchedule:
                 events.emit("snapshot_interval", step=trainer.global_step, payload=dict(self.record()))
             return
         self.interval.snapshot_taken(seconds)
-        if not self.interval.choice_due():
-            return
-        choice = self.interval.choose(lambda figures: all_gather_objects(figures))  # every rank
+        if self.interval.choice_due():
+            self._choose(trainer, events)
+
+    def _choose(self, trainer: pl.Trainer, events: EventLog | None) -> None:
+        interval = self._persistent_interval
+        choice = self.interval.choose(
+            lambda figures: all_gather_objects(figures),  # every rank
+            (lambda step_s: interval(trainer, step_s)) if interval is not None else lambda step_s: None,
+            replicated=trainer.num_nodes > 1,
+            commit_s=self.commit_s,
+        )
         if choice is not None:
             self._announce(trainer, choice, events)
 
     def _announce(self, trainer: pl.Trainer, choice: IntervalChoice, events: EventLog | None) -> None:
         every = choice.every_n_train_steps
-        rank_zero_info(
-            f"lightning_field: snapshots every {every} step{'s' if every > 1 else ''} ({choice.chosen_by}):"
-            f" {choice.reason}."
-        )
+        what = "snapshots off" if choice.off else f"snapshots every {every} step{'s' if every > 1 else ''}"
+        rank_zero_info(f"lightning_field: {what} ({choice.chosen_by}): {choice.reason}.")
         if events is not None:
             events.emit("snapshot_interval", step=trainer.global_step, payload=dict(self.record()))
 
@@ -120,8 +158,7 @@ def describe_tier(
     )
     when = f"a snapshot every {schedule.every_n_train_steps} step(s)"
     if schedule.interval.auto:
-        budget = 100 * schedule.interval.budget
-        when = f"snapshots (auto: every step while their cost is measured, then within {budget:g}% of the step time)"
+        when = "snapshots (auto: every step while their cost is measured, then where they pay)"
     return f"lightning_field: {when} into {where} ({size / 1e6:.1f} MB each, {kept} kept, {how}{replicas})"
 
 

@@ -38,7 +38,7 @@ from lightning_field.checkpoint.replica import NodeTopology, commit_replicated, 
 from lightning_field.checkpoint.replica_resume import agree_across_nodes
 from lightning_field.checkpoint.resume_policy import ResumeGuard
 from lightning_field.checkpoint.snapshot_dirs import private_folder_problem, snapshot_dir_for
-from lightning_field.checkpoint.snapshot_interval import DEFAULT_BUDGET, check_every_n_train_steps
+from lightning_field.checkpoint.snapshot_interval import DEFAULT_BUDGET, IntervalChoice, check_every_n_train_steps
 from lightning_field.checkpoint.snapshot_lineage import join_run, prepared_for_run, same_run
 from lightning_field.checkpoint.snapshot_schedule import SnapshotSchedule, describe_tier, release_superseded
 from lightning_field.checkpoint.stores import CheckpointStore, read_manifest
@@ -48,6 +48,7 @@ from lightning_field.compat import lightning as internals
 from lightning_field.core.distributed import all_gather_objects, global_rank, new_host_group
 from lightning_field.core.manifest_records import SnapshotIntervalRecord
 from lightning_field.core.storage import Location, as_location
+from lightning_field.planning.intervals import FailureModel
 
 if TYPE_CHECKING:  # the owner imports this module
     from lightning_field.checkpoint.manifest_checkpoint import ManifestCheckpoint
@@ -85,10 +86,16 @@ class StepSnapshots:
         directory: str | os.PathLike[str] | None,
         in_line: bool | None = None,
         budget: float = DEFAULT_BUDGET,
+        failures: FailureModel | None = None,
+        persistent_interval: Callable[[pl.Trainer, float], float | None] | None = None,
     ) -> None:
         check_every_n_train_steps(every_n_train_steps, budget)
         self.requested = every_n_train_steps
-        self.schedule = SnapshotSchedule(every_n_train_steps, budget) if every_n_train_steps is not None else None
+        self.schedule = (
+            SnapshotSchedule(every_n_train_steps, budget, failures, persistent_interval)
+            if every_n_train_steps is not None
+            else None
+        )
         self.directory = directory
         self.commits_in_line = in_line
         self._owner = owner
@@ -134,6 +141,25 @@ class StepSnapshots:
     def every_n_train_steps(self) -> int | None:
         """The interval snapshots are taken at now: the user's, or the one ``"auto"`` chose; None: off."""
         return self.schedule.every_n_train_steps if self.schedule is not None else None
+
+    def assume(self, failures: FailureModel) -> None:
+        """The failure model ``"auto"`` weighs the snapshots against from now on (see :class:`SnapshotSchedule`)."""
+        if self.schedule is not None:
+            self.schedule.assume(failures)
+
+    def adopt(self, trainer: pl.Trainer, choice: IntervalChoice) -> None:
+        """An ``"auto"`` interval chosen together with the persistent one (every rank, the same step)."""
+        if self.schedule is not None:
+            self.schedule.adopt(trainer, choice, self._owner.events)
+
+    def interval_choice(self) -> IntervalChoice | None:
+        """The snapshots' interval choice in force (None: no snapshot tier)."""
+        return self.schedule.interval.choice if self.schedule is not None else None
+
+    @property
+    def failures(self) -> FailureModel | None:
+        """The failure model the snapshots are weighed against (None: no snapshot tier)."""
+        return self.schedule.interval.failures if self.schedule is not None else None
 
     def interval_record(self) -> SnapshotIntervalRecord | None:
         """What each manifest says of this run's snapshots (asked for, chosen, why), or None when off."""
@@ -287,7 +313,7 @@ class StepSnapshots:
             return
         saves.check(trainer)
         step = trainer.global_step
-        schedule.step_ended(step)
+        schedule.step_ended(trainer, self._owner.events)
         if not schedule.due(step) or step == self._last_step or _not_training(trainer):
             return
         if step == self._owner.last_saved_step:
@@ -342,6 +368,8 @@ class StepSnapshots:
 
     def _advertise(self, trainer: pl.Trainer, job: SaveJob, blocking: float, commit_s: float | None = None) -> None:
         self.last_costs = SnapshotCosts(job.step, blocking, commit_s or 0.0)
+        if self.schedule is not None:  # what the next choice prices: resumable at once when in line
+            self.schedule.commit_s = 0.0 if self.in_line(trainer) else commit_s or 0.0
         self.last_committed = (str(job.final), job.step)
         events = self._owner.events
         if events is not None:

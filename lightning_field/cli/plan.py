@@ -29,26 +29,25 @@ def measured_from_run(run_dir: Path) -> tuple[dict[str, float], dict[str, str]]:
         values["save_seconds"] = statistics.median(saves)
         sources["save_seconds"] = f"median of {len(saves)} blocking saves in {run_dir}"
     snapshots = [e for e in events if e["event"] == "snapshot_committed"]
-    # The interval is measured between two snapshots of one attempt (a restart is no interval); without
-    # one, the cost alone would make no figure (the plan takes the two together), so none is taken.
-    gaps = [b["wall_time"] - a["wall_time"] for a, b in pairwise(snapshots) if a.get("attempt") == b.get("attempt")]
-    if gaps:
+    chosen = [e["payload"] for e in events if e["event"] == "snapshot_interval" and isinstance(e.get("payload"), dict)]
+    requested = chosen[-1].get("requested") if chosen else None
+    if snapshots:
         values["snapshot_seconds"] = statistics.median(float(e["payload"].get("blocking_s") or 0.0) for e in snapshots)
         # Committed in line, a snapshot is resumable once training goes on: no latency beyond its cost.
         values["snapshot_commit_seconds"] = statistics.median(
             0.0 if e["payload"].get("in_line") else float(e["payload"].get("commit_s") or 0.0) for e in snapshots
         )
-        values["snapshot_interval_seconds"] = statistics.median(gaps)
         for name in ("snapshot_seconds", "snapshot_commit_seconds"):
             sources[name] = f"median over {len(snapshots)} step snapshots committed in {run_dir}"
-        sources["snapshot_interval_seconds"] = f"median of {len(gaps)} intervals between step snapshots in {run_dir}"
-    elif snapshots:
-        sources["snapshot_seconds"] = (
-            f"not measured: {len(snapshots)} step snapshot(s) in {run_dir}, no two in one attempt to time the"
-            " interval (--snapshot-seconds and --snapshot-interval to give both)"
+    # A user's snapshot interval is the run's; "auto" is the cost model's choice, which the plan makes.
+    gaps = [b["wall_time"] - a["wall_time"] for a, b in pairwise(snapshots) if a.get("attempt") == b.get("attempt")]
+    if gaps and isinstance(requested, int) and not isinstance(requested, bool):
+        values["snapshot_interval_seconds"] = statistics.median(gaps)
+        sources["snapshot_interval_seconds"] = (
+            f"median of {len(gaps)} intervals between step snapshots in {run_dir} (snapshot_every_n_train_steps"
+            f"={requested})"
         )
-    chosen = [e["payload"] for e in events if e["event"] == "snapshot_interval" and isinstance(e.get("payload"), dict)]
-    if chosen:  # the interval in force at the end, as the run chose it (snapshot_every_n_train_steps="auto")
+    if chosen:  # the interval in force at the end, as the run chose it
         every, by, why = (chosen[-1].get(k) for k in ("every_n_train_steps", "chosen_by", "reason"))
         sources["snapshot_every_n_train_steps"] = (
             f"every {every} steps ({by}) in {run_dir}: {why}" if every is not None else f"off in {run_dir}: {why}"
@@ -66,11 +65,42 @@ def measured_from_run(run_dir: Path) -> tuple[dict[str, float], dict[str, str]]:
     if ledger.mean_restart_s is not None:
         values["restart_seconds"] = ledger.mean_restart_s
         sources["restart_seconds"] = f"mean process start to first step after the interruptions in {run_dir}"
+    _from_cadence(events, run_dir, values, sources)
     tflops, basis = measured_tflops(run_dir)
     if tflops is not None:
         values["device_tflops"] = tflops
     sources["device_tflops"] = basis
     return values, sources
+
+
+def _from_cadence(
+    events: list[dict[str, Any]], run_dir: Path, values: dict[str, float], sources: dict[str, str]
+) -> None:
+    """Where ``CheckpointCadence`` chose the run's intervals, the figures its last choice was made from
+    (save cost, MTBF posterior, restart, step time, snapshot cost, commit and coverage): the plan then
+    makes the same choice and prints the same numbers as the run's log."""
+    decisions = [e for e in events if e["event"] == "cadence" and isinstance(e.get("payload"), dict)]
+    if not decisions:
+        return
+    decision, step = decisions[-1]["payload"], decisions[-1].get("step")
+    where = f"CheckpointCadence's choice at step {step} in {run_dir}"
+    taken = {
+        "save_seconds": decision.get("save_s"),
+        "mtbf_hours": (decision.get("mtbf_s") or 0.0) / 3600.0 or None,
+        "restart_seconds": decision.get("restart_s"),
+        "step_seconds": decision.get("step_s"),
+        "snapshot_seconds": decision.get("snapshot_s"),
+        "snapshot_commit_seconds": decision.get("snapshot_commit_s"),
+        "snapshot_coverage": decision.get("coverage"),
+    }
+    for name, value in taken.items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            values[name] = float(value)
+            sources[name] = where
+    every = decision.get("snapshot_every_steps")
+    if "snapshot_interval_seconds" in values and isinstance(every, int) and "step_seconds" in values:
+        values["snapshot_interval_seconds"] = every * values["step_seconds"]  # the user's, in its steps
+        sources["snapshot_interval_seconds"] = where
 
 
 def measured_tflops(run_dir: Path) -> tuple[float | None, str]:
@@ -117,10 +147,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
         restart = args.restart_seconds if args.restart_seconds is not None else measured.get("restart_seconds")
         snapshot = parse_duration(args.snapshot_seconds, "--snapshot-seconds", "s") if args.snapshot_seconds else None
         every = parse_duration(args.snapshot_interval, "--snapshot-interval", "s") if args.snapshot_interval else None
+        step = parse_duration(args.step_seconds, "--step-seconds", "s") if args.step_seconds else None
         for name, given in (
             ("snapshot_seconds", snapshot),
             ("snapshot_interval_seconds", every),
             ("snapshot_commit_seconds", args.snapshot_commit_seconds),
+            ("snapshot_coverage", args.snapshot_coverage),
+            ("step_seconds", step),
         ):
             if given is not None:
                 sources[name] = "command line"
@@ -153,6 +186,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
                 if args.snapshot_commit_seconds is not None
                 else measured.get("snapshot_commit_seconds", 0.0)
             ),
+            snapshot_coverage=(
+                args.snapshot_coverage if args.snapshot_coverage is not None else measured.get("snapshot_coverage")
+            ),
+            step_seconds=step if step is not None else measured.get("step_seconds"),
             sources=sources,
         )
         plan = make_plan(inputs)
@@ -168,6 +205,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def _value(figure: dict[str, Any]) -> str:
     value, unit = figure["value"], figure["unit"]
+    if unit == "bool":
+        return "yes" if value else "no"
     if isinstance(value, dict):
         return ", ".join(f"{k} {v:.1f}" for k, v in value.items()) + f" {unit}"
     if unit == "s" and value < 60:
@@ -220,7 +259,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         " s, as field-train assumes)",
     )
     p.add_argument("--snapshot-seconds", help="what one step snapshot holds training up, e.g. 0.02 or 0.02s")
-    p.add_argument("--snapshot-interval", help="time between step snapshots, e.g. 0.3 or 5s")
+    p.add_argument(
+        "--snapshot-interval", help="time between step snapshots, e.g. 0.3 or 5s (default: the cost model chooses it)"
+    )
+    p.add_argument(
+        "--snapshot-coverage",
+        type=float,
+        help="the share of failures a snapshot survives, in [0, 1) (default: 0.22 on one node, 0.95 on several,"
+        " where each node's snapshots are replicated to a partner)",
+    )
+    p.add_argument(
+        "--step-seconds", help="a training step's time: the intervals are then whole steps, as a run takes them"
+    )
     p.add_argument(
         "--snapshot-commit-seconds",
         type=float,

@@ -1,4 +1,4 @@
-"""Checkpoint intervals from save cost and failure rate (Young 1974; Daly 2006).
+"""Checkpoint intervals from save cost and failure rate (Young 1974; Daly 2006), for one tier or two.
 
 With a blocking save cost δ and a mean time between failures M:
 
@@ -7,26 +7,32 @@ With a blocking save cost δ and a mean time between failures M:
 
 τ is compute time between the end of one save and the start of the next.
 
-Expected work redone per failure (estimates: failures fall uniformly in time, first order in τ/M):
+**Two tiers** (:func:`choose_intervals`, the one cost model every tool uses: ``CheckpointCadence``,
+the ``"auto"`` step snapshots and ``field plan``). Step snapshots of cost σ (what each holds training
+up), resumable c seconds after their capture (0 when committed in line), survive a share p of the
+failures (the *coverage*: a process killed or crashed leaves node-local memory; a lost machine does
+too only where a partner node holds its replica); the other failures go back to the persistent
+checkpoint. Each tier is then a one-tier problem of its own failure rate, the multi-level form of
+Young/Daly (Moody et al., SC'10; Di et al., 2014):
 
-* persistent checkpoints alone: τ/2;
-* with step snapshots every n steps of s seconds (τₛ = n·s) that take c seconds after their capture
-  to become resumable (c = 0 for one committed in line, before training goes on): τₛ/2 + c.
+* snapshots every τₛ = formula(σ, M/p) (never below σ/budget where a budget caps their overhead);
+* persistent saves every τₚ = formula(δ, M/(1 − p));
+* expected work redone per failure (failures uniform in time, first order in τ/M):
+  L = p·(τₛ/2 + c) + (1 − p)·τₚ/2; persistent checkpoints alone: τ/2 at τ = formula(δ, M);
+* expected waste, R the restart: δ/τₚ + σ/τₛ + (L + R)/M; alone: δ/τ + (τ/2 + R)/M.
 
-Expected waste (the share of wall time not spent on training; R the restart time):
+Snapshots are kept only where they pay: where the waste with them is lower than without. A
+persistent interval the user fixed (``every_n_train_steps``) is taken as given for both tiers.
 
-* persistent checkpoints alone: δ/τ + (τ/2 + R)/M;
-* with step snapshots, σ what each holds training up: δ/τ + σ/τₛ + (τₛ/2 + c + R)/M, every failure
-  taken to be one the snapshots cover (a killed process; a lost machine whose partner holds its replica).
-
-E.g. a 60 s save and a 6 h MTBF: τ = 1570 s (Daly), 785 s lost per failure, a waste of 7.6 % with
-R = 30 s; a 16 ms snapshot every 15.4 s (100 steps of 154 ms) loses 7.7 s per failure and adds
-0.1 % of snapshot overhead: 4.1 % in all.
+E.g. (``field plan``'s seed scenario, docs/plan.md) a 60 s save and a 6 h MTBF: τ = 1570 s (Daly), 785 s
+lost per failure, a waste of 7.6 % with R = 30 s.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 FORMULAS = ("daly", "young")
 # Seconds from a failure to training again when nothing measured says otherwise: requeue, process
@@ -91,43 +97,277 @@ def lost_work_per_failure(interval_s: float) -> float:
     return interval_s / 2.0
 
 
-def snapshot_lost_work_per_failure(snapshot_interval_s: float, commit_s: float = 0.0) -> float:
-    """Expected work redone after a failure that step snapshots cover (a killed process; a lost machine
-    whose partner holds its replica), an estimate: τₛ/2 + c, half a snapshot interval plus ``commit_s``,
-    the time a snapshot committed beside training takes to become resumable (0 for one committed in
-    line): a failure in that time goes back to the snapshot before.
+# The share of failures a step snapshot survives (its coverage), where the user does not say. On one
+# node, snapshots in its memory outlive a process that crashed or was killed, not the machine: in
+# Llama 3's 54-day pretraining run (Dubey et al. 2024, table 5), 78 % of the 419 unexpected
+# interruptions were hardware faults, which take the machine out of the job, so 0.22 is left. With
+# each node's files replicated to a partner node, a single lost machine is covered too; what is left
+# is two machines lost together (a switch, a power feed), taken as 5 %.
+COVERAGE_ONE_NODE = 0.22
+COVERAGE_REPLICATED = 0.95
+DEFAULT_MTBF_HOURS = 6.0  # the method's scenario; where nothing measured or configured says otherwise
+DEFAULT_SNAPSHOT_BUDGET = 0.01  # the largest share of step time "auto" snapshots may take
+
+
+@dataclass(frozen=True)
+class FailureModel:
+    """What the intervals are chosen against: how often a failure comes, what a restart costs, and the
+    share of failures step snapshots survive.
+
+    Args:
+        mtbf_hours: mean time between failures (interruptions) of the job, an assumption (a prior,
+            which ``CheckpointCadence`` updates with the interruptions it sees).
+        restart_seconds: from a failure to training again (requeue, start, restore).
+        snapshot_coverage: the share of failures a step snapshot survives, in [0, 1); None: 0.22 on one
+            node, 0.95 where each node's snapshots are replicated to a partner (see the module).
+        formula: "daly" (default) or "young".
 
     Raises:
-        ValueError: naming the snapshot interval or the snapshot commit, negative or not finite.
+        ValueError: naming the setting that is out of range.
     """
-    _check_nonnegative("the snapshot interval", snapshot_interval_s)
-    _check_nonnegative("the snapshot commit", commit_s)
-    return snapshot_interval_s / 2.0 + commit_s
+
+    mtbf_hours: float = DEFAULT_MTBF_HOURS
+    restart_seconds: float = DEFAULT_RESTART_SECONDS
+    snapshot_coverage: float | None = None
+    formula: str = "daly"
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.mtbf_hours, (int, float)) and self.mtbf_hours > 0 and math.isfinite(self.mtbf_hours)):
+            raise ValueError(f"FailureModel mtbf_hours must be a positive number of hours, got {self.mtbf_hours!r}")
+        if not (isinstance(self.restart_seconds, (int, float)) and 0 <= self.restart_seconds < math.inf):
+            raise ValueError(
+                f"FailureModel restart_seconds must be a non-negative number of seconds, got {self.restart_seconds!r}"
+            )
+        coverage = self.snapshot_coverage
+        if coverage is not None and not (isinstance(coverage, (int, float)) and 0 <= coverage < 1):
+            raise ValueError(
+                f"FailureModel snapshot_coverage must be a share in [0, 1) (some failures, two machines lost"
+                f" together, always need the persistent tier), or None; got {coverage!r}"
+            )
+        if self.formula not in FORMULAS:
+            raise ValueError(f"FailureModel formula must be one of {', '.join(FORMULAS)}, got {self.formula!r}")
+
+    @property
+    def mtbf_s(self) -> float:
+        return self.mtbf_hours * 3600.0
+
+    def coverage(self, replicated: bool) -> float:
+        """The share of failures snapshots survive: the user's, else the default for where they are kept."""
+        if self.snapshot_coverage is not None:
+            return float(self.snapshot_coverage)
+        return COVERAGE_REPLICATED if replicated else COVERAGE_ONE_NODE
 
 
-def expected_waste_with_snapshots(
-    interval_s: float,
-    save_s: float,
-    mtbf_s: float,
-    restart_s: float,
-    snapshot_interval_s: float,
-    snapshot_s: float,
-    commit_s: float = 0.0,
+@dataclass(frozen=True)
+class TierIntervals:
+    """The intervals the cost model chose, and what it predicts (estimates, every one).
+
+    ``snapshot_s`` is None where snapshots are off: none measured, or they do not pay. The ``*_alone``
+    figures are those of persistent checkpoints alone, at their own best interval (or the user's).
+    ``waste`` figures are None where no persistent save cost is known (an interval fixed by the user);
+    ``waste_change`` (with snapshots minus without) never needs one: the persistent saves cost the same
+    with and without snapshots there.
+    """
+
+    persistent_s: float
+    snapshot_s: float | None
+    coverage: float
+    lost_per_failure_s: float
+    waste: float | None
+    persistent_alone_s: float
+    lost_alone_s: float
+    waste_alone: float | None
+    waste_change: float | None  # with the snapshots minus without (None: no snapshots measured)
+    persistent_fixed: bool  # the persistent interval is the user's, not chosen here
+
+    @property
+    def snapshots_pay(self) -> bool:
+        return self.snapshot_s is not None
+
+
+def _optimum(cost_s: float, mtbf_s: float, formula: str) -> float:
+    """The one-tier interval for a cost against failures every ``mtbf_s`` (infinite: none ever)."""
+    if not math.isfinite(mtbf_s):
+        return math.inf
+    if cost_s <= 0:
+        return 0.0  # a free save is taken as often as it can be
+    return interval(cost_s, mtbf_s, formula)
+
+
+def snapshot_interval_s(
+    failures: FailureModel, snapshot_s: float, *, replicated: bool = False, budget: float | None = None
 ) -> float:
-    """First-order share of wall time lost with step snapshots beside persistent checkpoints (an
-    estimate): δ/τ for the persistent saves, σ/τₛ for the snapshots (σ: what each holds training up),
-    and per failure (one every M) the snapshot's lost work and the restart:
-    δ/τ + σ/τₛ + (τₛ/2 + c + R)/M. It takes every failure to be one the snapshots cover; a machine
-    lost with its partner still costs (τ/2 + R), which is what the persistent interval covers.
+    """The snapshot tier's own interval, τₛ = formula(σ, M/p), never below σ/budget (infinite: p = 0)."""
+    _check_nonnegative("the snapshot cost", snapshot_s)
+    p = failures.coverage(replicated)
+    tau = _optimum(snapshot_s, failures.mtbf_s / p if p > 0 else math.inf, failures.formula)
+    if budget is not None and snapshot_s > 0:
+        tau = max(tau, snapshot_s / budget)
+    return tau
+
+
+def choose_intervals(
+    failures: FailureModel,
+    save_s: float | None,
+    snapshot_s: float | None = None,
+    snapshot_commit_s: float = 0.0,
+    *,
+    replicated: bool = False,
+    persistent_s: float | None = None,
+    snapshot_budget: float | None = None,
+    snapshot_every_s: float | None = None,
+) -> TierIntervals:
+    """The persistent and snapshot intervals that minimise the predicted waste, chosen together.
+
+    Args:
+        failures: the MTBF, restart cost, coverage and formula.
+        save_s: the persistent save's blocking cost δ (None only with ``persistent_s``).
+        snapshot_s: what one step snapshot holds training up, σ (None: no snapshots to price).
+        snapshot_commit_s: from a snapshot's capture until it is resumable, c (0: committed in line).
+        replicated: snapshots are replicated to a partner node (their default coverage is higher).
+        persistent_s: a persistent interval the user fixed, in seconds; None: chosen here.
+        snapshot_budget: the largest share of step time snapshots may take (None: no cap).
+        snapshot_every_s: a snapshot interval the user fixed, in seconds: priced, kept even where it
+            does not pay (the user asked for it); None: chosen here.
 
     Raises:
-        ValueError: naming the figure (save cost, MTBF, checkpoint or snapshot interval, snapshot cost,
-            snapshot commit, restart) that is negative, not finite, or zero where it divides.
+        ValueError: naming the figure that is negative, not finite, or missing.
     """
-    _check(save_s, mtbf_s)
-    _check_positive("the checkpoint interval", interval_s)
-    _check_positive("the snapshot interval", snapshot_interval_s)
+    if save_s is not None:
+        _check_positive("the save cost", save_s)
+    elif persistent_s is None:
+        raise ValueError("a persistent save cost is needed to choose the persistent interval")
+    if persistent_s is not None:
+        _check_positive("the checkpoint interval", persistent_s)
+    _check_nonnegative("the snapshot commit", snapshot_commit_s)
+    mtbf, restart, p = failures.mtbf_s, failures.restart_seconds, failures.coverage(replicated)
+    alone = persistent_s if persistent_s is not None else _optimum(save_s or 0.0, mtbf, failures.formula)
+    lost_alone = lost_work_per_failure(alone)
+    waste_alone = None if save_s is None else save_s / alone + (lost_alone + restart) / mtbf
+    result = TierIntervals(
+        persistent_s=alone,
+        snapshot_s=None,
+        coverage=p,
+        lost_per_failure_s=lost_alone,
+        waste=waste_alone,
+        persistent_alone_s=alone,
+        lost_alone_s=lost_alone,
+        waste_alone=waste_alone,
+        waste_change=None,
+        persistent_fixed=persistent_s is not None,
+    )
+    if snapshot_s is None:
+        return result
     _check_nonnegative("the snapshot cost", snapshot_s)
-    _check_nonnegative("the restart", restart_s)
-    lost = snapshot_lost_work_per_failure(snapshot_interval_s, commit_s)
-    return save_s / interval_s + snapshot_s / snapshot_interval_s + (lost + restart_s) / mtbf_s
+    if p <= 0 and snapshot_every_s is None:
+        # Snapshots that survive no failure only cost: they are off, and what they would cost is the change.
+        return replace(result, waste_change=0.0)
+    if snapshot_every_s is not None:
+        _check_positive("the snapshot interval", snapshot_every_s)
+        tau_s = snapshot_every_s
+    else:
+        tau_s = snapshot_interval_s(failures, snapshot_s, replicated=replicated, budget=snapshot_budget)
+    tau_p = persistent_s if persistent_s is not None else _optimum(save_s or 0.0, mtbf / (1 - p), failures.formula)
+    lost = p * (tau_s / 2.0 + snapshot_commit_s) + (1 - p) * tau_p / 2.0
+    snapshot_overhead = snapshot_s / tau_s if tau_s > 0 else 0.0
+    # δ/τₚ - δ/τ is 0 where the user fixed the interval: the change needs no save cost there.
+    persistent_change = 0.0 if persistent_s is not None else (save_s or 0.0) * (1 / tau_p - 1 / alone)
+    change = persistent_change + snapshot_overhead + (lost - lost_alone) / mtbf
+    if change >= 0 and snapshot_every_s is None:
+        return replace(result, waste_change=change)
+    waste = None if save_s is None else save_s / tau_p + snapshot_overhead + (lost + restart) / mtbf
+    return replace(
+        result, persistent_s=tau_p, snapshot_s=tau_s, lost_per_failure_s=lost, waste=waste, waste_change=change
+    )
+
+
+def priced_in_steps(
+    failures: FailureModel,
+    save_s: float,
+    snapshot_s: float | None,
+    snapshot_commit_s: float,
+    step_s: float,
+    persistent_steps: int,
+    *,
+    replicated: bool = False,
+    snapshot_budget: float | None = None,
+    snapshot_steps: int | None = None,
+) -> tuple[TierIntervals, int | None]:
+    """The figures a run has at whole-step intervals: persistent saves every ``persistent_steps``; snapshots
+    every ``snapshot_steps`` where the user fixed it, else at their own interval in whole steps where
+    they pay there. Returns the figures and the snapshot steps (None: off, or no snapshots priced).
+
+    ``CheckpointCadence`` and ``field plan --step-seconds`` both call this, so a run's log and the plan
+    made from it print the same numbers."""
+    _check_positive("the step time", step_s)
+
+    def price(snapshot_every_s: float | None) -> TierIntervals:
+        return choose_intervals(
+            failures,
+            save_s,
+            snapshot_s,
+            snapshot_commit_s,
+            replicated=replicated,
+            persistent_s=persistent_steps * step_s,
+            snapshot_budget=snapshot_budget,
+            snapshot_every_s=snapshot_every_s,
+        )
+
+    if snapshot_steps is not None:
+        return price(snapshot_steps * step_s), snapshot_steps
+    at = price(None)
+    if at.snapshot_s is None:
+        return at, None
+    every = max(1, round(at.snapshot_s / step_s))
+    return price(every * step_s), every
+
+
+def choose_in_steps(
+    failures: FailureModel,
+    save_s: float,
+    snapshot_s: float | None,
+    snapshot_commit_s: float,
+    step_s: float,
+    to_steps: Callable[[float], int],
+    *,
+    replicated: bool = False,
+    snapshot_budget: float | None = None,
+    snapshot_steps: int | None = None,
+) -> tuple[float, int, TierIntervals, int | None]:
+    """Both tiers' intervals chosen together, then taken in whole steps as a run takes them.
+
+    ``to_steps`` turns the persistent interval in seconds into steps (``CheckpointCadence`` clamps it
+    and keeps it within its hysteresis). Where the snapshots pay at the best intervals but not at the
+    persistent steps taken (held shorter by the user), the persistent interval is that of persistent
+    checkpoints alone. Returns (the persistent interval in seconds, its steps, the figures there, the
+    snapshot steps or None)."""
+    fixed = snapshot_steps * step_s if snapshot_steps is not None else None
+    best = choose_intervals(
+        failures,
+        save_s,
+        snapshot_s,
+        snapshot_commit_s,
+        replicated=replicated,
+        snapshot_budget=snapshot_budget,
+        snapshot_every_s=fixed,
+    )
+
+    def at(tau: float) -> tuple[float, int, TierIntervals, int | None]:
+        steps = to_steps(tau)
+        figures, every = priced_in_steps(
+            failures,
+            save_s,
+            snapshot_s,
+            snapshot_commit_s,
+            step_s,
+            steps,
+            replicated=replicated,
+            snapshot_budget=snapshot_budget,
+            snapshot_steps=snapshot_steps,
+        )
+        return tau, steps, figures, every
+
+    chosen = at(best.persistent_s)
+    if best.snapshots_pay and not chosen[2].snapshots_pay:
+        chosen = at(best.persistent_alone_s)
+    return chosen

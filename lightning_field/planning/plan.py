@@ -15,11 +15,13 @@ from typing import Any
 
 from lightning_field.planning.intervals import (
     DEFAULT_RESTART_SECONDS,
+    DEFAULT_SNAPSHOT_BUDGET,
+    FailureModel,
+    TierIntervals,
+    choose_in_steps,
+    choose_intervals,
     daly_interval,
-    expected_waste_fraction,
-    expected_waste_with_snapshots,
-    lost_work_per_failure,
-    snapshot_lost_work_per_failure,
+    snapshot_interval_s,
     young_interval,
 )
 
@@ -94,8 +96,10 @@ class PlanInputs:
     devices_per_node: int = 8
     state_fraction: float = 0.6  # of device memory the persistent state may take; the rest is for activations
     snapshot_seconds: float | None = None  # what one step snapshot holds training up
-    snapshot_interval_seconds: float | None = None  # time between step snapshots
+    snapshot_interval_seconds: float | None = None  # time between step snapshots; None: chosen by the cost model
     snapshot_commit_seconds: float = 0.0  # until a snapshot committed beside training is resumable (0: in line)
+    snapshot_coverage: float | None = None  # the share of failures a snapshot survives; None: by the node count
+    step_seconds: float | None = None  # a step's time: the intervals then in whole steps, as a run takes them
     sources: dict[str, str] = field(default_factory=dict)
 
     def validate(self) -> None:
@@ -111,6 +115,8 @@ class PlanInputs:
             "snapshot_seconds",
             "snapshot_interval_seconds",
             "snapshot_commit_seconds",
+            "snapshot_coverage",
+            "step_seconds",
         ):
             value = getattr(self, name)
             # argparse's float() reads "inf" and "nan"; a figure computed from one means nothing.
@@ -140,10 +146,15 @@ class PlanInputs:
                 f"no bytes-per-param rule for optimizer {self.optimizer!r} with precision {self.precision!r}"
                 f" (known: {known}); pass --bytes-per-param"
             )
-        if (self.snapshot_seconds is None) != (self.snapshot_interval_seconds is None):
+        if self.snapshot_seconds is None and self.snapshot_interval_seconds is not None:
             raise PlanInputError(
-                "--snapshot-seconds and --snapshot-interval go together: what a snapshot costs and how often one is"
+                "--snapshot-interval needs --snapshot-seconds: what a snapshot costs (without --snapshot-interval,"
+                " the plan chooses the interval)"
             )
+        if self.snapshot_coverage is not None and not 0 <= self.snapshot_coverage < 1:
+            raise PlanInputError(f"--snapshot-coverage must be a share in [0, 1), got {self.snapshot_coverage}")
+        if self.step_seconds is not None and not self.step_seconds > 0:
+            raise PlanInputError(f"--step-seconds must be > 0, got {self.step_seconds}")
         if self.snapshot_seconds is not None and self.snapshot_seconds < 0:
             raise PlanInputError(f"--snapshot-seconds must be >= 0, got {self.snapshot_seconds}")
         if self.snapshot_interval_seconds is not None and not self.snapshot_interval_seconds > 0:
@@ -212,30 +223,11 @@ def make_plan(inp: PlanInputs) -> dict[str, Any]:
     plan["layout"] = _layout(inp, shares)
 
     if inp.save_seconds is not None and inp.mtbf_hours is not None:
-        mtbf = inp.mtbf_hours * 3600.0
-        young = young_interval(inp.save_seconds, mtbf)
-        daly = daly_interval(inp.save_seconds, mtbf)
-        figures["checkpoint_interval_young"] = _figure(young, "s", ["save_seconds", "mtbf_hours"], "sqrt(2 δ M)")
-        figures["checkpoint_interval_daly"] = _figure(
-            daly, "s", ["save_seconds", "mtbf_hours"], "sqrt(2δM)[1 + sqrt(δ/2M)/3 + (δ/2M)/9] - δ (δ < 2M)"
-        )
-        waste = expected_waste_fraction(daly, inp.save_seconds, mtbf, inp.restart_seconds)
-        _refuse_meaningless(inp, daly, waste)
-        figures["expected_waste"] = _figure(
-            waste, "fraction", ["save_seconds", "mtbf_hours", "restart_seconds"], "δ/τ + (τ/2 + R)/M at Daly's τ"
-        )
-        total = ideal_s / (1.0 - waste)
-        figures["time_to_budget"] = _figure(
-            total,
-            "s",
-            [*figures["ideal_time"]["from"], "save_seconds", "mtbf_hours", "restart_seconds"],
-            "ideal_time / (1 - expected_waste)",
-        )
-        figures["time_to_budget_hours"] = _figure(total / 3600, "h", figures["time_to_budget"]["from"], "/ 3600")
-        figures["lost_work_per_failure"] = _figure(
-            lost_work_per_failure(daly), "s", ["save_seconds", "mtbf_hours"], "τ/2 at Daly's τ (persistent alone)"
-        )
-    _snapshot_figures(inp, figures, ideal_s)
+        _interval_figures(inp, figures, ideal_s)
+    elif inp.snapshot_seconds is not None and inp.snapshot_interval_seconds is not None:
+        given = ["snapshot_seconds", "snapshot_interval_seconds"]
+        overhead = inp.snapshot_seconds / inp.snapshot_interval_seconds
+        figures["snapshot_overhead"] = _figure(overhead, "fraction", given, "σ/τₛ")
     total_s = figures.get("time_to_budget", figures["ideal_time"])["value"]
     if inp.price_per_device_hour is not None:
         hours = total_s / 3600 * inp.devices
@@ -247,35 +239,139 @@ def make_plan(inp: PlanInputs) -> dict[str, Any]:
     return plan
 
 
-def _snapshot_figures(inp: PlanInputs, figures: dict[str, dict[str, Any]], ideal_s: float) -> None:
-    """With step snapshots (``--snapshot-seconds``, ``--snapshot-interval``): their overhead and the work a
-    failure they cover loses; with a save cost and an MTBF too, the waste and the time to the budget with
-    them beside the persistent cadence at Daly's τ."""
-    snap, every, commit = inp.snapshot_seconds, inp.snapshot_interval_seconds, inp.snapshot_commit_seconds
-    if snap is None or every is None:
-        return
-    given = ["snapshot_seconds", "snapshot_interval_seconds"]
-    figures["snapshot_overhead"] = _figure(snap / every, "fraction", given, "σ/τₛ")
-    figures["lost_work_per_failure_with_snapshots"] = _figure(
-        snapshot_lost_work_per_failure(every, commit),
-        "s",
-        ["snapshot_interval_seconds", "snapshot_commit_seconds"],
-        "τₛ/2 + c",
+def _failure_model(inp: PlanInputs) -> FailureModel:
+    assert inp.mtbf_hours is not None
+    return FailureModel(
+        mtbf_hours=inp.mtbf_hours, restart_seconds=inp.restart_seconds, snapshot_coverage=inp.snapshot_coverage
     )
-    if inp.save_seconds is None or inp.mtbf_hours is None:
-        return
-    mtbf = inp.mtbf_hours * 3600.0
-    daly = daly_interval(inp.save_seconds, mtbf)
-    waste = expected_waste_with_snapshots(daly, inp.save_seconds, mtbf, inp.restart_seconds, every, snap, commit)
+
+
+def _interval_figures(inp: PlanInputs, figures: dict[str, dict[str, Any]], ideal_s: float) -> None:
+    """Young's and Daly's intervals, and what persistent checkpoints alone lose and waste there; with a
+    snapshot cost, both tiers chosen together by the cost model every tool shares
+    (:func:`~lightning_field.planning.intervals.choose_intervals`), with the same figures beside."""
+    assert inp.save_seconds is not None and inp.mtbf_hours is not None
+    failures, mtbf, save = _failure_model(inp), inp.mtbf_hours * 3600.0, inp.save_seconds
+    young, daly = young_interval(save, mtbf), daly_interval(save, mtbf)
+    basis = ["save_seconds", "mtbf_hours"]
+    figures["checkpoint_interval_young"] = _figure(young, "s", basis, "sqrt(2 δ M)")
+    figures["checkpoint_interval_daly"] = _figure(
+        daly, "s", basis, "sqrt(2δM)[1 + sqrt(δ/2M)/3 + (δ/2M)/9] - δ (δ < 2M)"
+    )
+    alone = choose_intervals(failures, save)
+    _refuse_meaningless(inp, daly, alone.waste_alone or 0.0)
+    tiers, persistent_steps, snapshot_steps = alone, None, None
+    if inp.snapshot_seconds is not None:
+        tiers = _tiers(inp, failures)
+    if inp.step_seconds is not None:
+        step = inp.step_seconds
+        user = None if inp.snapshot_interval_seconds is None else max(1, round(inp.snapshot_interval_seconds / step))
+        _, persistent_steps, tiers, snapshot_steps = choose_in_steps(
+            failures,
+            save,
+            inp.snapshot_seconds,
+            inp.snapshot_commit_seconds,
+            step,
+            lambda tau: max(1, round(tau / step)),
+            replicated=_replicated(inp),
+            snapshot_budget=DEFAULT_SNAPSHOT_BUDGET if inp.snapshot_interval_seconds is None else None,
+            snapshot_steps=user,
+        )
+        steps_from = [*basis, "step_seconds"]
+        figures["checkpoint_interval_steps"] = _figure(
+            persistent_steps, "steps", steps_from, "round(τ / step), the interval a run takes"
+        )
+    waste = tiers.waste_alone or 0.0
+    inputs = [*basis, "restart_seconds", *(["step_seconds"] if inp.step_seconds is not None else [])]
+    at = "at Daly's τ" if inp.step_seconds is None else "at τ in whole steps"
+    figures["expected_waste"] = _figure(waste, "fraction", inputs, f"δ/τ + (τ/2 + R)/M {at} (persistent alone)")
+    figures["time_to_budget"] = _figure(
+        ideal_s / (1.0 - waste), "s", [*figures["ideal_time"]["from"], *inputs], "ideal_time / (1 - expected_waste)"
+    )
+    figures["time_to_budget_hours"] = _figure(
+        figures["time_to_budget"]["value"] / 3600, "h", figures["time_to_budget"]["from"], "/ 3600"
+    )
+    figures["lost_work_per_failure"] = _figure(tiers.lost_alone_s, "s", inputs, f"τ/2 {at} (persistent alone)")
+    if inp.snapshot_seconds is not None:
+        if inp.step_seconds is not None and snapshot_steps is None:
+            tiers = _tiers(inp, failures)  # off at the steps taken: what they would give, at their own interval
+        _snapshot_figures(inp, figures, ideal_s, tiers, snapshot_steps)
+
+
+def _replicated(inp: PlanInputs) -> bool:
+    """More than one node: each node's snapshots replicated to a partner (their default coverage)."""
+    return inp.devices > inp.devices_per_node
+
+
+def _tiers(inp: PlanInputs, failures: FailureModel) -> TierIntervals:
+    """Both tiers at their best intervals; snapshots at the given interval, else at their own even where
+    they do not pay, so that the plan shows what they would give."""
+    assert inp.save_seconds is not None and inp.snapshot_seconds is not None
+    given = inp.snapshot_interval_seconds
+    budget = None if given is not None else DEFAULT_SNAPSHOT_BUDGET
+    replicated = _replicated(inp)
+    if given is None:
+        given = snapshot_interval_s(failures, inp.snapshot_seconds, replicated=replicated, budget=budget)
+        if not math.isfinite(given):  # a coverage of 0: they survive no failure
+            return choose_intervals(failures, inp.save_seconds)
+    return choose_intervals(
+        failures,
+        inp.save_seconds,
+        inp.snapshot_seconds,
+        inp.snapshot_commit_seconds,
+        replicated=replicated,
+        snapshot_budget=budget,
+        snapshot_every_s=given,
+    )
+
+
+def _snapshot_figures(
+    inp: PlanInputs,
+    figures: dict[str, dict[str, Any]],
+    ideal_s: float,
+    tiers: TierIntervals,
+    snapshot_steps: int | None,
+) -> None:
+    """The snapshot tier beside the persistent one (estimates): whether they pay, their interval, the
+    persistent interval with them, the work a failure loses and the waste."""
+    assert inp.snapshot_seconds is not None
+    chosen = inp.snapshot_interval_seconds is None
+    inputs = ["save_seconds", "mtbf_hours", "restart_seconds", "snapshot_seconds", "snapshot_commit_seconds"]
+    inputs += ["snapshot_coverage"] + ([] if chosen else ["snapshot_interval_seconds"])
+    inputs += [] if inp.step_seconds is None else ["step_seconds"]
+    origin = "given" if inp.sources.get("snapshot_coverage") or inp.snapshot_coverage is not None else "default"
+    what = f"the share of failures a snapshot survives ({origin}: 0.22 on one node, 0.95 with a partner's replica)"
+    figures["snapshot_coverage"] = _figure(
+        tiers.coverage, "fraction", ["snapshot_coverage", "devices", "devices_per_node"], what
+    )
+    change = tiers.waste_change if tiers.waste_change is not None else 0.0
+    pays = change < 0
+    figures["snapshots_pay"] = _figure(
+        pays, "bool", inputs, "expected waste with snapshots < without (an interval given: priced as given)"
+    )
+    if tiers.snapshot_s is None:
+        return  # they survive no failure: nothing to price
+    tau_s = tiers.snapshot_s
+    figures["snapshot_interval"] = _figure(
+        tau_s, "s", inputs, "formula(σ, M/p), at least σ/budget" if chosen else "given (--snapshot-interval)"
+    )
+    if snapshot_steps is not None:
+        figures["snapshot_interval_steps"] = _figure(snapshot_steps, "steps", inputs, "round(τₛ / step)")
+    figures["snapshot_overhead"] = _figure(inp.snapshot_seconds / tau_s, "fraction", inputs, "σ/τₛ")
+    figures["checkpoint_interval_with_snapshots"] = _figure(
+        tiers.persistent_s, "s", inputs, "formula(δ, M/(1 - p)): only the failures snapshots do not survive"
+    )
+    figures["lost_work_per_failure_with_snapshots"] = _figure(
+        tiers.lost_per_failure_s, "s", inputs, "p(τₛ/2 + c) + (1 - p)τₚ/2"
+    )
+    waste = tiers.waste if tiers.waste is not None else (tiers.waste_alone or 0.0) + change
     if waste >= 1:
         raise PlanInputError(
-            f"expected waste with snapshots {waste:.0%} >= 100%: snapshots of {snap:g} s every {every:g} s beside saves"
-            f" of {inp.save_seconds:g} s leave no time to train (check --snapshot-seconds and --snapshot-interval)"
+            f"expected waste with snapshots {waste:.0%} >= 100%: snapshots of {inp.snapshot_seconds:g} s every"
+            f" {tau_s:g} s beside saves of {inp.save_seconds:g} s leave no time to train (check --snapshot-seconds"
+            " and --snapshot-interval)"
         )
-    inputs = ["save_seconds", "mtbf_hours", "restart_seconds", *given, "snapshot_commit_seconds"]
-    figures["expected_waste_with_snapshots"] = _figure(
-        waste, "fraction", inputs, "δ/τ + σ/τₛ + (τₛ/2 + c + R)/M at Daly's τ (failures the snapshots cover)"
-    )
+    figures["expected_waste_with_snapshots"] = _figure(waste, "fraction", inputs, "δ/τₚ + σ/τₛ + (L + R)/M")
     figures["time_to_budget_with_snapshots"] = _figure(
         ideal_s / (1.0 - waste),
         "s",

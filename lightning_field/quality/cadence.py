@@ -21,7 +21,7 @@ import logging
 import statistics
 import time
 from collections import deque
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import lightning.pytorch as pl
@@ -36,15 +36,14 @@ from lightning_field.checkpoint.observe import (
     field_run_dir,
     find_manifest_checkpoint,
 )
+from lightning_field.checkpoint.snapshot_interval import IntervalChoice
 from lightning_field.core.distributed import broadcast_object
 from lightning_field.core.events import read_run_events
 from lightning_field.planning.intervals import (
     FORMULAS,
-    expected_waste_fraction,
-    expected_waste_with_snapshots,
-    interval,
-    lost_work_per_failure,
-    snapshot_lost_work_per_failure,
+    FailureModel,
+    TierIntervals,
+    choose_in_steps,
 )
 from lightning_field.quality.ledger import goodput_ledger
 
@@ -66,7 +65,9 @@ class CadenceDecision:
     # Expected work redone per failure (estimates): from the persistent checkpoints alone at this
     # interval, and with the step snapshots (their measured cost) where they are on.
     lost_per_failure_s: float = 0.0
-    snapshot_every_steps: int | None = None
+    coverage: float | None = None  # the share of failures a snapshot survives (None: no snapshots priced)
+    snapshots_pay: bool | None = None  # None: no snapshots priced; False: "auto" turned them off
+    snapshot_every_steps: int | None = None  # the snapshot interval chosen with this one (None: off)
     snapshot_s: float | None = None  # median time a snapshot held training up
     snapshot_commit_s: float | None = None  # median time before one is resumable (0: committed in line)
     lost_per_failure_with_snapshots_s: float | None = None
@@ -165,8 +166,7 @@ class CheckpointCadence(Callback):
         self._last_step: int | None = None
         self._skip_next_step = False
         self._commits = CommitWatcher()
-        self._mtbf_s = self.mtbf_prior_s
-        self._restart_s = 0.0
+        self._failures = FailureModel(mtbf_hours=mtbf_hours, formula=formula)  # the prior; the posterior at start
         self._interruptions = 0
         self._user_steps: int | None = None
         self._hold_reported = False
@@ -179,6 +179,11 @@ class CheckpointCadence(Callback):
         if self._checkpoint is None:
             raise ValueError("CheckpointCadence drives a lightning_field.ManifestCheckpoint; add one to the callbacks")
         self._user_steps = configured_every_n_train_steps(self._checkpoint)
+        # The snapshots' own failure model (its coverage, restart) with this cadence's MTBF and formula:
+        # both tiers' intervals come from the one model.
+        base = self._checkpoint.snapshots.failures or FailureModel()
+        self._failures = replace(base, mtbf_hours=self.mtbf_prior_s / 3600.0, formula=self.formula)
+        self._checkpoint.snapshots.assume(self._failures)
         self._snapshots_in_line = self._checkpoint.snapshots.in_line(trainer)
         self._snapshot_costs.clear()
         self._snapshot_step = None
@@ -193,16 +198,23 @@ class CheckpointCadence(Callback):
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # Here, not in setup: by now this attempt's start is in the log, so the attempts before it
         # that died without a word are read as interruptions.
-        self._mtbf_s, self._restart_s, self._interruptions = self.mtbf_prior_s, 0.0, 0
+        self._interruptions = 0
+        posterior: tuple[float, float | None, int] | None = None
         if trainer.is_global_zero:
             events = read_run_events(field_run_dir(trainer))
             if events:
                 ledger = goodput_ledger(events, now=time.time())
                 # Exposure of the attempts before this one (this one has only just started).
                 exposure = sum(a.end_unix - a.start_unix for a in ledger.attempts[:-1])
-                self._mtbf_s = updated_mtbf(self.mtbf_prior_s, exposure, ledger.interruptions)
-                self._restart_s = ledger.mean_restart_s or 0.0
-                self._interruptions = ledger.interruptions
+                mtbf_s = updated_mtbf(self.mtbf_prior_s, exposure, ledger.interruptions)
+                posterior = (mtbf_s, ledger.mean_restart_s, ledger.interruptions)
+        # Every rank weighs the snapshots against the same model: rank 0 read the log.
+        posterior = broadcast_object(posterior)
+        if posterior is not None and self._checkpoint is not None:
+            mtbf_s, restart_s, self._interruptions = posterior
+            failures = replace(self._failures, mtbf_hours=mtbf_s / 3600.0)
+            self._failures = failures if restart_s is None else replace(failures, restart_seconds=restart_s)
+            self._checkpoint.snapshots.assume(self._failures)
 
     @override
     def on_train_batch_end(
@@ -233,12 +245,15 @@ class CheckpointCadence(Callback):
         # The save ran after this callback timed the step it followed: the step being timed now
         # contains it, so it is not a step time.
         self._skip_next_step = True
-        decision = self._decide(checkpoint.every_n_train_steps) if trainer.is_global_zero else None
+        replicated = trainer.num_nodes > 1
+        decision = self._decide(checkpoint.every_n_train_steps, replicated) if trainer.is_global_zero else None
         decision = broadcast_object(decision)  # every rank, same step: they all saw this commit
         if decision is None:
             return
         if decision.applied:
             checkpoint.set_every_n_train_steps(decision.steps)
+        if decision.snapshots_pay is not None:  # "auto" snapshots take the interval chosen with this one
+            checkpoint.snapshots.adopt(trainer, self._snapshot_choice(decision))
         self.decision = decision
         self.decisions.append(decision)
         if trainer.is_global_zero:
@@ -264,46 +279,106 @@ class CheckpointCadence(Callback):
             for logger in trainer.loggers:
                 logger.log_metrics(metrics, step=trainer.global_step)
 
-    def _decide(self, current: int) -> CadenceDecision | None:
+    def _decide(self, current: int, replicated: bool) -> CadenceDecision | None:
         save_s = statistics.median(self._save_costs) if self._save_costs else self.save_cost_prior_s
         if not save_s or not self._step_times:
             return None
         step_s = statistics.median(self._step_times)
-        tau = interval(save_s, self._mtbf_s, self.formula)
-        formula_steps, _ = choose_steps(tau, step_s, 0, self.min_steps, self.max_steps, self.hysteresis)
+        failures = self._failures
+        snapshot_s, commit_s, user_every, budget = self._snapshot_figures()
         cap = None if self.may_lengthen else self._user_steps
         upper = self.max_steps if cap is None else min(cap, self.max_steps or cap)
-        steps, changed = choose_steps(tau, step_s, current, self.min_steps, upper, self.hysteresis)
+        tau, steps, at, every = choose_in_steps(
+            failures,
+            save_s,
+            snapshot_s,
+            commit_s,
+            step_s,
+            lambda tau: choose_steps(tau, step_s, current, self.min_steps, upper, self.hysteresis)[0],
+            replicated=replicated,
+            snapshot_budget=budget,
+            snapshot_steps=user_every,
+        )
+        changed = steps != current
+        formula_steps, _ = choose_steps(tau, step_s, 0, self.min_steps, self.max_steps, self.hysteresis)
         decision = CadenceDecision(
             save_s=save_s,
-            mtbf_s=self._mtbf_s,
+            mtbf_s=failures.mtbf_s,
             step_s=step_s,
             interval_s=tau,
             steps=steps,
             applied=changed,
             formula=self.formula,
-            predicted_waste=expected_waste_fraction(steps * step_s, save_s, self._mtbf_s, self._restart_s),
-            restart_s=self._restart_s,
+            predicted_waste=at.waste_alone or 0.0,
+            restart_s=failures.restart_seconds,
             previous_steps=current,
+            lost_per_failure_s=at.lost_alone_s,
             formula_steps=formula_steps,
             held_at_user_setting=cap is not None and formula_steps > cap,
         )
-        self._with_snapshots(decision)
+        if snapshot_s is not None:
+            self._with_snapshots(decision, at, every, snapshot_s, commit_s)
         decision.reason = self._explain(decision)
         return decision
 
-    def _with_snapshots(self, d: CadenceDecision) -> None:
-        """The expected work lost per failure with and without the step snapshots, from their measured cost."""
-        d.lost_per_failure_s = lost_work_per_failure(d.steps * d.step_s)
-        every = self._checkpoint.snapshots.every_n_train_steps if self._checkpoint is not None else None
-        if every is None or not self._snapshot_costs:
-            return
-        d.snapshot_every_steps = every
-        d.snapshot_s = statistics.median(b for b, _ in self._snapshot_costs)
-        d.snapshot_commit_s = statistics.median(c for _, c in self._snapshot_costs)
-        d.lost_per_failure_with_snapshots_s = snapshot_lost_work_per_failure(every * d.step_s, d.snapshot_commit_s)
-        d.predicted_waste_with_snapshots = expected_waste_with_snapshots(
-            d.steps * d.step_s, d.save_s, d.mtbf_s, d.restart_s, every * d.step_s, d.snapshot_s, d.snapshot_commit_s
+    def _snapshot_figures(self) -> tuple[float | None, float, int | None, float | None]:
+        """(cost, commit, the user's interval or None for "auto", budget) of the snapshots; cost None:
+        none to price. The cost is the one the snapshots' own choice was made from (the slowest rank's),
+        else this rank's median."""
+        checkpoint = self._checkpoint
+        choice = checkpoint.snapshots.interval_choice() if checkpoint is not None else None
+        if checkpoint is None or choice is None or checkpoint.snapshots.schedule is None:
+            return None, 0.0, None, None
+        interval = checkpoint.snapshots.schedule.interval
+        cost = choice.snapshot_seconds
+        if cost is None and self._snapshot_costs:
+            cost = statistics.median(b for b, _ in self._snapshot_costs)
+        commit = statistics.median(c for _, c in self._snapshot_costs) if self._snapshot_costs else 0.0
+        return cost, commit, None if interval.auto else interval.every_n_train_steps, interval.budget
+
+    def _with_snapshots(
+        self, d: CadenceDecision, at: TierIntervals, every: int | None, snapshot_s: float, commit_s: float
+    ) -> None:
+        """The snapshot tier's figures at the intervals chosen (estimates)."""
+        d.coverage, d.snapshot_s, d.snapshot_commit_s = at.coverage, snapshot_s, commit_s
+        d.snapshots_pay = at.snapshots_pay
+        if at.snapshots_pay:
+            d.snapshot_every_steps = every
+            d.lost_per_failure_with_snapshots_s = at.lost_per_failure_s
+            d.predicted_waste_with_snapshots = at.waste
+
+    def _snapshot_choice(self, d: CadenceDecision) -> IntervalChoice:
+        """The snapshots' interval as this decision chose it, in the form their own choices take."""
+        checkpoint = self._checkpoint
+        assert checkpoint is not None and checkpoint.snapshots.schedule is not None
+        interval = checkpoint.snapshots.schedule.interval
+        every = d.snapshot_every_steps or interval.every_n_train_steps
+        change = None
+        if d.predicted_waste_with_snapshots is not None:
+            change = d.predicted_waste_with_snapshots - d.predicted_waste
+        why = (
+            "chosen with the persistent interval by CheckpointCadence:"
+            f" {d.lost_per_failure_with_snapshots_s or 0.0:.3g} s redone per failure instead of"
+            f" {d.lost_per_failure_s:.3g} s, a predicted waste of"
+            f" {100 * (d.predicted_waste_with_snapshots or 0.0):.2f}% against {100 * d.predicted_waste:.2f}% without"
+            if d.snapshots_pay
+            else "off: CheckpointCadence found they would cost more than they save beside a persistent checkpoint"
+            f" every {_steps(d.steps)} (predicted waste {100 * d.predicted_waste:.2f}% without them)"
+        )
+        return IntervalChoice(
+            every_n_train_steps=every,
+            chosen_by="auto (CheckpointCadence)",
+            budget=interval.budget,
+            snapshot_seconds=d.snapshot_s,
+            step_seconds=d.step_s,
+            reason=why,
+            off=not d.snapshots_pay,
+            mtbf_hours=d.mtbf_s / 3600.0,
+            coverage=d.coverage,
+            persistent_interval_s=d.steps * d.step_s,
+            lost_per_failure_s=d.lost_per_failure_with_snapshots_s,
+            lost_alone_s=d.lost_per_failure_s,
+            waste_change=change,
         )
 
     def _explain(self, d: CadenceDecision) -> str:
@@ -337,6 +412,8 @@ class CheckpointCadence(Callback):
         else:
             save = f"an assumed save cost of {d.save_s:.3g} s (save_cost_prior_s)"
         mtbf = f"an MTBF of {d.mtbf_s / 3600:.3g} h"
+        if d.snapshots_pay:  # the persistent tier covers only the failures the snapshots do not survive
+            mtbf += f" ({100 * (1 - (d.coverage or 0.0)):.0f}% of failures beyond the snapshots)"
         if self._interruptions:
             mtbf += f" (prior {self.mtbf_prior_s / 3600:.3g} h, {self._interruptions} interruption(s) seen)"
         lost = f" Expected work lost per failure: {d.lost_per_failure_s:.3g} s from the persistent checkpoints alone"
@@ -344,11 +421,17 @@ class CheckpointCadence(Callback):
             every = _steps(d.snapshot_every_steps or 0)
             lost += (
                 f", {d.lost_per_failure_with_snapshots_s:.3g} s with a snapshot every {every}"
-                f" (each holding training {d.snapshot_s or 0.0:.3g} s, median of {len(self._snapshot_costs)});"
-                f" predicted waste {d.predicted_waste_with_snapshots or 0.0:.2%} with the snapshots,"
-                f" {d.predicted_waste:.2%} without; with snapshots the persistent interval need only cover a machine"
-                " lost with its replica"
+                f" (each holding training {d.snapshot_s or 0.0:.3g} s; {100 * (d.coverage or 0.0):.0f}% of failures"
+                f" resume from one); predicted waste {d.predicted_waste_with_snapshots or 0.0:.2%} with the snapshots,"
+                f" {d.predicted_waste:.2%} without"
             )
+        elif d.snapshots_pay is False:
+            lost += (
+                f"; snapshots (each holding training {d.snapshot_s or 0.0:.3g} s) would cost more than they save:"
+                f" off; predicted waste {d.predicted_waste:.2%}"
+            )
+        else:
+            lost += f"; predicted waste {d.predicted_waste:.2%}"
         return (
             f"CheckpointCadence: checkpoint interval {what}{why}. {d.formula.capitalize()}'s formula gives"
             f" {d.interval_s:.1f} s between saves from {save} and {mtbf}, at {d.step_s:.3g} s per step.{lost}."
