@@ -116,8 +116,9 @@ def main() -> int:
     chosen = [e for e in read_events(run_dir) if e["event"] == "snapshot_interval" and e["attempt"] == 1]
     if chosen:
         interval = chosen[-1]["payload"]
-        print(f"step snapshots at the kill: every {interval['every_n_train_steps']} step(s)"
-              f" ({interval['chosen_by']}): {interval['reason']}")  # fmt: skip
+        every = interval["every_n_train_steps"]
+        when = "off" if every is None else f"every {every} step(s)"
+        print(f"step snapshots at the kill: {when} ({interval['chosen_by']}): {interval['reason']}")
     print(f"evidence gate: {'passed' if gate == 0 else 'FAILED'} ({bundle / 'evidence.md'})")
     print(f"run directory: {run_dir}")
     return 0 if reached and gate == 0 else 1

@@ -19,8 +19,6 @@ from lightning_field.planning.intervals import (
     FailureModel,
     choose_intervals,
     daly_interval,
-    lost_work_per_failure,
-    young_interval,
 )
 from lightning_field.planning.launch import LaunchInputs
 from lightning_field.planning.plan import PlanInputError, PlanInputs

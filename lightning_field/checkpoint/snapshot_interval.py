@@ -288,8 +288,8 @@ def _auto_reason(c: IntervalChoice, formula: str) -> str:
     steps = "every step" if every == 1 else f"every {every} steps"
     figures = (
         f"a snapshot costs {cost * 1e3:.1f} ms against a {step * 1e3:.0f} ms step; against failures every"
-        f" {c.mtbf_hours:g} h, {100 * (c.coverage or 0.0):.0f}% of which a snapshot survives, {formula.capitalize()}'s"
-        f" interval gives {steps}"
+        f" {c.mtbf_hours or 0.0:.3g} h, {100 * (c.coverage or 0.0):.0f}% of which a snapshot survives,"
+        f" {formula.capitalize()}'s interval gives {steps}"
     )
     if c.persistent_interval_s is None:
         if c.off:

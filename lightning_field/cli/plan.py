@@ -97,10 +97,18 @@ def _from_cadence(
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             values[name] = float(value)
             sources[name] = where
+    steps = decision.get("steps")
+    if isinstance(steps, int) and not isinstance(steps, bool) and decision.get("held_at_user_setting"):
+        values["checkpoint_every_steps"] = steps  # the user's interval, which the cadence kept
+        sources["checkpoint_every_steps"] = f"{where}: held at the every_n_train_steps set on ManifestCheckpoint"
     every = decision.get("snapshot_every_steps")
     if "snapshot_interval_seconds" in values and isinstance(every, int) and "step_seconds" in values:
         values["snapshot_interval_seconds"] = every * values["step_seconds"]  # the user's, in its steps
         sources["snapshot_interval_seconds"] = where
+
+
+def _whole(value: float | None) -> int | None:
+    return None if value is None else int(value)
 
 
 def measured_tflops(run_dir: Path) -> tuple[float | None, str]:
@@ -154,6 +162,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             ("snapshot_commit_seconds", args.snapshot_commit_seconds),
             ("snapshot_coverage", args.snapshot_coverage),
             ("step_seconds", step),
+            ("checkpoint_every_steps", args.checkpoint_every_steps),
         ):
             if given is not None:
                 sources[name] = "command line"
@@ -190,6 +199,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
                 args.snapshot_coverage if args.snapshot_coverage is not None else measured.get("snapshot_coverage")
             ),
             step_seconds=step if step is not None else measured.get("step_seconds"),
+            checkpoint_every_steps=(
+                args.checkpoint_every_steps
+                if args.checkpoint_every_steps is not None
+                else _whole(measured.get("checkpoint_every_steps"))
+            ),
             sources=sources,
         )
         plan = make_plan(inputs)
@@ -270,6 +284,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--step-seconds", help="a training step's time: the intervals are then whole steps, as a run takes them"
+    )
+    p.add_argument(
+        "--checkpoint-every-steps",
+        type=int,
+        help="a persistent interval the run keeps (every_n_train_steps held by the user), priced instead of the"
+        " formula's; needs --step-seconds",
     )
     p.add_argument(
         "--snapshot-commit-seconds",

@@ -100,6 +100,7 @@ class PlanInputs:
     snapshot_commit_seconds: float = 0.0  # until a snapshot committed beside training is resumable (0: in line)
     snapshot_coverage: float | None = None  # the share of failures a snapshot survives; None: by the node count
     step_seconds: float | None = None  # a step's time: the intervals then in whole steps, as a run takes them
+    checkpoint_every_steps: int | None = None  # a persistent interval the run keeps (held by the user), in steps
     sources: dict[str, str] = field(default_factory=dict)
 
     def validate(self) -> None:
@@ -155,6 +156,11 @@ class PlanInputs:
             raise PlanInputError(f"--snapshot-coverage must be a share in [0, 1), got {self.snapshot_coverage}")
         if self.step_seconds is not None and not self.step_seconds > 0:
             raise PlanInputError(f"--step-seconds must be > 0, got {self.step_seconds}")
+        if self.checkpoint_every_steps is not None and (self.checkpoint_every_steps < 1 or self.step_seconds is None):
+            raise PlanInputError(
+                f"--checkpoint-every-steps must be an integer >= 1 with --step-seconds (the step it counts),"
+                f" got {self.checkpoint_every_steps}"
+            )
         if self.snapshot_seconds is not None and self.snapshot_seconds < 0:
             raise PlanInputError(f"--snapshot-seconds must be >= 0, got {self.snapshot_seconds}")
         if self.snapshot_interval_seconds is not None and not self.snapshot_interval_seconds > 0:
@@ -266,24 +272,30 @@ def _interval_figures(inp: PlanInputs, figures: dict[str, dict[str, Any]], ideal
     if inp.step_seconds is not None:
         step = inp.step_seconds
         user = None if inp.snapshot_interval_seconds is None else max(1, round(inp.snapshot_interval_seconds / step))
+        held = inp.checkpoint_every_steps
         _, persistent_steps, tiers, snapshot_steps = choose_in_steps(
             failures,
             save,
             inp.snapshot_seconds,
             inp.snapshot_commit_seconds,
             step,
-            lambda tau: max(1, round(tau / step)),
+            lambda tau: held if held is not None else max(1, round(tau / step)),
             replicated=_replicated(inp),
             snapshot_budget=DEFAULT_SNAPSHOT_BUDGET if inp.snapshot_interval_seconds is None else None,
             snapshot_steps=user,
         )
-        steps_from = [*basis, "step_seconds"]
+        steps_from = [*basis, "step_seconds"] if held is None else ["checkpoint_every_steps"]
         figures["checkpoint_interval_steps"] = _figure(
-            persistent_steps, "steps", steps_from, "round(τ / step), the interval a run takes"
+            persistent_steps,
+            "steps",
+            steps_from,
+            "round(τ / step), the interval a run takes" if held is None else "given: the interval the run keeps",
         )
     waste = tiers.waste_alone or 0.0
     inputs = [*basis, "restart_seconds", *(["step_seconds"] if inp.step_seconds is not None else [])]
+    inputs += ["checkpoint_every_steps"] if inp.checkpoint_every_steps is not None else []
     at = "at Daly's τ" if inp.step_seconds is None else "at τ in whole steps"
+    at = at if inp.checkpoint_every_steps is None else "at the run's interval"
     figures["expected_waste"] = _figure(waste, "fraction", inputs, f"δ/τ + (τ/2 + R)/M {at} (persistent alone)")
     figures["time_to_budget"] = _figure(
         ideal_s / (1.0 - waste), "s", [*figures["ideal_time"]["from"], *inputs], "ideal_time / (1 - expected_waste)"
