@@ -30,12 +30,15 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
+from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 import torch
 
 from lightning_field.compat import torch as torch_compat
+from lightning_field.core.workers import WRITING
 
 log = logging.getLogger(__name__)
 
@@ -280,21 +283,22 @@ class BackgroundSave:
     the outcome with :meth:`poll` (never blocks) or :meth:`wait`. An error is logged by the writer
     thread the moment it happens; what to do about it is the training thread's decision.
 
-    Why a daemon thread and not ``ThreadPoolExecutor(max_workers=1)``: the executor's worker is
-    joined at interpreter exit, and a commit stuck in its receipt exchange with a peer rank that
-    died would then hang the process's exit forever; an abandoned daemon writer dies with it.
+    The job runs on a parked daemon thread (:data:`~lightning_field.core.workers.WRITING`), started
+    once and never ended: a thread ending as a DataLoader forks its workers can hang the child
+    (core/workers.py), and a daemon stuck in its receipt exchange with a peer rank that died cannot
+    hang the process's exit (``ThreadPoolExecutor`` joins its workers at exit).
     """
 
     def __init__(self) -> None:
-        self._thread: threading.Thread | None = None
+        self._running: Future[None] | None = None
         self._outcome: SaveOutcome | None = None
 
     @property
     def in_flight(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        return self._running is not None and not self._running.done()
 
     def submit(self, path: str, step: int, job: Callable[[], str | None]) -> None:
-        if self._thread is not None:
+        if self._running is not None:
             raise RuntimeError("a background save is still pending: wait() for it before submitting another")
         started = time.monotonic()
 
@@ -307,23 +311,22 @@ class BackgroundSave:
                 log.error("Background checkpoint save of %s (step %d) failed: %s", path, step, error)
             self._outcome = SaveOutcome(path, step, error, started, time.monotonic())
 
-        self._thread = threading.Thread(target=run, name="lightning-field-ckpt-writer", daemon=True)
-        self._thread.start()
+        self._running = WRITING.submit(run)
 
     def poll(self) -> SaveOutcome | None:
         """The finished save's outcome, once; None while it runs or when there is none."""
-        if self._thread is None or self._thread.is_alive():
+        if self._running is None or not self._running.done():
             return None
         return self._collect()
 
     def wait(self) -> SaveOutcome | None:
         """Block until the in-flight save (if any) has committed or failed; its outcome, once."""
-        if self._thread is None:
+        if self._running is None:
             return None
-        self._thread.join()
+        futures_wait([self._running])
         return self._collect()
 
     def _collect(self) -> SaveOutcome | None:
-        self._thread = None
+        self._running = None
         outcome, self._outcome = self._outcome, None
         return outcome

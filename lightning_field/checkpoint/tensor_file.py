@@ -26,8 +26,8 @@ import json
 import math
 import os
 import sys
-import threading
 from collections import OrderedDict
+from concurrent.futures import Future, wait
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,7 @@ from lightning.fabric.utilities.data import AttributeDict
 
 from lightning_field.checkpoint.verify import CheckpointCorruptError
 from lightning_field.core.hashing import new_hasher, write_hash_threads
+from lightning_field.core.workers import HASHING
 
 __all__ = ["FORMAT", "MAGIC", "TensorFileError", "write_tensor_file"]
 
@@ -200,13 +201,13 @@ def write_tensor_file(obj: Any, path: Path, durable: bool, reuse: bool = False) 
     segments = _segments(prefix, views)
     size = data_start + offset
     hasher = new_hasher(threads=write_hash_threads())
-    hashing = threading.Thread(target=_hash_all, args=(hasher, segments), name="lightning-field-hash", daemon=True)
-    beside = size >= _HASH_BESIDE  # a thread costs more than hashing a small file in line
+    beside = size >= _HASH_BESIDE  # handing a small file to a thread costs more than hashing it in line
     flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | (0 if reuse else os.O_EXCL) | getattr(os, "O_CLOEXEC", 0)
     fd = os.open(path, flags, 0o600)
+    hashing: Future[None] | None = None
     try:
         if beside:
-            hashing.start()
+            hashing = HASHING.submit(_hash_all, hasher, segments)  # a parked thread: see core/workers.py
         else:
             _hash_all(hasher, segments)
         _write_all(fd, segments)
@@ -216,8 +217,10 @@ def write_tensor_file(obj: Any, path: Path, durable: bool, reuse: bool = False) 
             os.fsync(fd)
     finally:
         os.close(fd)
-        if hashing.is_alive():
-            hashing.join()
+        if hashing is not None:
+            wait([hashing])  # the tensors' bytes must outlive their hash, even when the write failed
+    if hashing is not None:
+        hashing.result()
     return size, hasher.hexdigest()
 
 

@@ -14,11 +14,12 @@ import io
 import os
 import shutil
 import sys
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import wait
 from pathlib import Path
 from typing import Any, BinaryIO
 
 from lightning_field.core.hashing import new_hasher, write_hash_threads
+from lightning_field.core.workers import HASHING
 
 _THREADED_HASH_MIN = 1 << 20
 # Writes below this size are gathered (up to _COALESCE_BYTES) before they are hashed and written.
@@ -81,7 +82,6 @@ class HashingWriter(io.RawIOBase):
         self.path = Path(path)
         self._file: BinaryIO = open(self.path, "xb", buffering=0)  # noqa: SIM115 - closed in close()
         self._hasher = new_hasher(threads=write_hash_threads())
-        self._pool: ThreadPoolExecutor | None = None
         self._writeback = _sync_file_range is not None
         self._kicked = 0
         self._small = bytearray()
@@ -105,9 +105,7 @@ class HashingWriter(io.RawIOBase):
             self._hasher.update(view)
             self._write_all(view)
         else:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lightning-field-hash")
-            hashed = self._pool.submit(self._hasher.update, view)
+            hashed = HASHING.submit(self._hasher.update, view)  # a parked thread: see core/workers.py
             try:
                 self._write_all(view)
             finally:
@@ -152,9 +150,6 @@ class HashingWriter(io.RawIOBase):
         return self.size, self._hasher.hexdigest()
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
         if not self._file.closed:
             self._file.close()
         super().close()

@@ -25,18 +25,19 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
+from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from lightning_field.core.events import EventLog
 from lightning_field.core.heartbeat import rank_heartbeat_path, rank_stacks_path, read_rank_record, write_rank_record
+from lightning_field.core.workers import WATCHING, WRITING
 from lightning_field.profiling.hang_rule import HangRule, Phase, RankView, StepHistory, Verdict, judge
 
 log = logging.getLogger("lightning_field.profiling.watchdog")
 
-WRITER_THREAD_NAME = "lightning-field-ckpt-writer"
-"""Background checkpoint commits run on threads of this name (checkpoint/async_save.py)."""
 STACKS_SHOWN = 20_000
 """How much of a rank's stacks goes into the log and the event (the file holds them all)."""
 RANKS_LISTED = 64
@@ -101,22 +102,21 @@ class HangMonitor:
         self._answered = 0  # the newest declaration this rank dumped its stacks for
         self._dumps = 0
         self._published = 0
-        self._threads: list[threading.Thread] = []
+        self._loops: list[Future[None]] = []
 
     # ------------------------------------------------------------------ threads
     def start(self) -> None:
+        """The watchdog and heartbeat loops, each on a parked thread that outlives the fit: a thread
+        ending at teardown could hang a DataLoader forking for ``validate``/``test`` (core/workers.py)."""
         rank_heartbeat_path(self.job.run_dir, self.job.rank).parent.mkdir(parents=True, exist_ok=True)
-        for target, name in ((self._watch, "watchdog"), (self._publish_loop, "heartbeat")):
-            thread = threading.Thread(target=target, name=f"lightning-field-hang-{name}", daemon=True)
-            thread.start()
-            self._threads.append(thread)
+        self._stop.clear()
+        self._loops = [WATCHING.submit(self._watch), WATCHING.submit(self._publish_loop)]
 
     def stop(self) -> None:
         self._stop.set()
-        for thread in self._threads:
-            if thread is not threading.current_thread():
-                thread.join(timeout=2 * self.poll_s + 1)
-        self._threads = []
+        if not threading.current_thread().name.startswith(WATCHING.name):  # not from a loop: it would wait on itself
+            futures_wait(self._loops, timeout=2 * self.poll_s + 1)
+        self._loops = []
 
     def _watch(self) -> None:
         while not self._stop.wait(self.poll_s):
@@ -402,4 +402,4 @@ class HangMonitor:
 
 
 def _writer_running() -> bool:
-    return any(t.name == WRITER_THREAD_NAME and t.is_alive() for t in threading.enumerate())
+    return WRITING.busy
