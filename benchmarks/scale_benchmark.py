@@ -60,7 +60,7 @@ from save_benchmark import BigLinear, BigLinearData, default_parent, width_for
 
 from lightning_field import JumpRandomSampler, ManifestCheckpoint
 from lightning_field.checkpoint.io import ManifestCheckpointIO
-from lightning_field.checkpoint.object_store import ObjectStore
+from lightning_field.checkpoint.stores import ObjectStore
 from lightning_field.core.hashing import hash_file
 from lightning_field.core.manifest import SHARED_STATE_FILE, rank_state_file, read_manifest
 

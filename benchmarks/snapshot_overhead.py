@@ -220,7 +220,7 @@ def scenario(step_s: float, intervals: list[int]) -> None:
 SNAPSHOTS_PY, TENSOR_FILE_PY = "checkpoint/snapshots.py", "checkpoint/tensor_file.py"
 PARTS = [
     ("the whole snapshot, on the training thread", SNAPSHOTS_PY, "after_step", None),
-    ("  the state's capture (Lightning's dump, RNG, data position)", "manifest_checkpoint.py", "_prepare_save", None),
+    ("  the state's capture (Lightning's dump, RNG, data position)", "manifest_checkpoint.py", "capture_save", None),
     ("  un-publishing the oldest (files kept for reuse)", SNAPSHOTS_PY, "_retire_oldest", None),
     ("  the commit", "checkpoint/commit.py", "commit_save", None),
     ("    raw tensor files (header, copies, hash, write)", TENSOR_FILE_PY, "write_tensor_file", None),

@@ -18,7 +18,7 @@ from lightning.pytorch.loggers import CSVLogger
 from lightning_field import CheckpointSaveError, ManifestCheckpoint, latest_recoverable, read_events, verify_checkpoint
 from lightning_field.checkpoint import committed_checkpoints
 from lightning_field.checkpoint.async_save import DeferredCopies, HostSnapshot, Stager
-from lightning_field.checkpoint.commit import LocalStore, RankOutcome
+from lightning_field.checkpoint.stores import LocalStore, RankOutcome
 from lightning_field.core.manifest import SHARED_STATE_FILE
 from lightning_field.workloads.demo import DemoDataModule, DemoRegressor
 

@@ -12,8 +12,14 @@ import pytest
 from lightning.pytorch.callbacks import Callback
 
 from lightning_field import CheckpointCadence, ManifestCheckpoint, TimeToQuality, read_events
-from lightning_field.checkpoint.commit import LocalStore
-from lightning_field.planning.intervals import FailureModel, choose_intervals, daly_interval, young_interval
+from lightning_field.checkpoint.stores import LocalStore
+from lightning_field.planning.intervals import (
+    FailureModel,
+    choose_intervals,
+    daly_interval,
+    lost_work_per_failure,
+    young_interval,
+)
 from lightning_field.quality.cadence import choose_steps, updated_mtbf
 from lightning_field.quality.ledger import goodput_ledger
 from lightning_field.workloads.demo import DemoDataModule, DemoRegressor
@@ -122,12 +128,14 @@ def test_with_snapshots_each_decision_shows_the_work_a_failure_loses_with_and_wi
         tour_run(tmp_path / "snapshots", cadence := CheckpointCadence(mtbf_hours=6), clock, **snapshots)
     without, with_ = plain.decisions[0], cadence.decisions[0]
     assert without.lost_per_failure_with_snapshots_s is None and without.snapshot_s is None
-    assert without.lost_per_failure_s == pytest.approx(10 * without.step_s / 2)
+    assert without.lost_per_failure_s == pytest.approx(lost_work_per_failure(10 * without.step_s, without.mtbf_s))
     # A snapshot every 2 steps, committed in line on CPU, on one node: the 22 % of failures a snapshot
     # survives lose half of 2 steps, the others half of the persistent interval.
     assert with_.snapshot_every_steps == 2 and with_.snapshot_commit_s == 0.0 and 0 < with_.snapshot_s < with_.step_s
     assert with_.coverage == 0.22 and with_.restart_s == 30.0  # nothing measured: the model's default restart
-    assert with_.lost_per_failure_with_snapshots_s == pytest.approx(0.22 * with_.step_s + 0.78 * 10 * with_.step_s / 2)
+    lost = 0.22 * lost_work_per_failure(2 * with_.step_s, with_.mtbf_s)
+    lost += 0.78 * lost_work_per_failure(10 * with_.step_s, with_.mtbf_s)
+    assert with_.lost_per_failure_with_snapshots_s == pytest.approx(lost)
     assert with_.lost_per_failure_with_snapshots_s < with_.lost_per_failure_s
     event = next(e["payload"] for e in read_events(tmp_path / "snapshots") if e["event"] == "cadence")
     assert event["lost_per_failure_with_snapshots_s"] == with_.lost_per_failure_with_snapshots_s

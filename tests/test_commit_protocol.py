@@ -150,9 +150,7 @@ def test_our_saves_skip_the_zip_crc_and_a_users_torch_save_in_another_thread_kee
 
 def test_both_shipped_stores_are_checkpoint_stores_and_anything_else_is_refused_by_name(tmp_path: Path) -> None:
     from lightning_field import ManifestCheckpoint
-    from lightning_field.checkpoint.commit import LocalStore
-    from lightning_field.checkpoint.object_store import ObjectStore
-    from lightning_field.checkpoint.store import CheckpointStore
+    from lightning_field.checkpoint.stores import CheckpointStore, LocalStore, ObjectStore
 
     assert isinstance(LocalStore(), CheckpointStore) and isinstance(ObjectStore(), CheckpointStore)
     assert LocalStore.writes_in_place and not ObjectStore.writes_in_place

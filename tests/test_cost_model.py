@@ -14,11 +14,30 @@ from conftest import run_child
 
 from lightning_field import FailureModel, read_events
 from lightning_field.cli.main import main as field_main
-from lightning_field.planning.intervals import choose_intervals, daly_interval, snapshot_interval_s
+from lightning_field.planning.intervals import (
+    choose_intervals,
+    daly_interval,
+    lost_work_per_failure,
+    snapshot_interval_s,
+)
 
 M = 6 * 3600.0  # the seed's MTBF
 SEED = ["plan", "--params", "8B", "--tokens", "10B", "--devices", "8", "--device-tflops", "100",
         "--save-seconds", "60", "--mtbf-hours", "6"]  # fmt: skip
+
+
+def ell(interval_s: float) -> float:
+    """The mean work since the last save when a failure comes at random: τ/2 to first order."""
+    return lost_work_per_failure(interval_s, M)
+
+
+def test_the_work_a_failure_redoes_is_half_an_interval_to_first_order_and_never_more_than_the_mtbf() -> None:
+    assert ell(60.0) == pytest.approx(30.0, rel=1e-3) and ell(60.0) < 30.0
+    assert ell(1570.0) == pytest.approx(1570 / 2 - 1570**2 / (12 * M), rel=1e-4)  # the next term
+    assert ell(100 * M) == pytest.approx(M) and ell(math.inf) == M  # a run that never saves loses M
+    assert lost_work_per_failure(1570.0) == 785.0  # without an MTBF: Young's and Daly's τ/2
+    with pytest.raises(ValueError, match="the checkpoint interval"):
+        lost_work_per_failure(math.nan, M)
 
 
 def test_each_tier_is_the_one_tier_problem_of_the_failures_it_covers() -> None:
@@ -27,12 +46,12 @@ def test_each_tier_is_the_one_tier_problem_of_the_failures_it_covers() -> None:
     assert tiers.coverage == 0.5 and tiers.snapshots_pay
     assert tiers.snapshot_s == pytest.approx(daly_interval(1.0, M / 0.5))  # failures every 12 h for them
     assert tiers.persistent_s == pytest.approx(daly_interval(60.0, M / 0.5))  # and every 12 h for the others
-    lost = 0.5 * tiers.snapshot_s / 2 + 0.5 * tiers.persistent_s / 2
+    lost = 0.5 * ell(tiers.snapshot_s) + 0.5 * ell(tiers.persistent_s)
     assert tiers.lost_per_failure_s == pytest.approx(lost)
     assert tiers.waste == pytest.approx(60 / tiers.persistent_s + 1 / tiers.snapshot_s + (lost + 30) / M)
     # Persistent checkpoints alone: Daly's interval for every failure, half of it lost to each.
     assert tiers.persistent_alone_s == pytest.approx(daly_interval(60.0, M))
-    assert tiers.lost_alone_s == pytest.approx(tiers.persistent_alone_s / 2)
+    assert tiers.lost_alone_s == pytest.approx(ell(tiers.persistent_alone_s))
     assert tiers.waste_alone == pytest.approx(60 / tiers.persistent_alone_s + (tiers.lost_alone_s + 30) / M)
     assert tiers.waste_change == pytest.approx(tiers.waste - tiers.waste_alone)
 

@@ -16,7 +16,7 @@ from conftest import assert_bitwise_equal, make_trainer, run_train_job
 
 from lightning_field import CheckpointCorruptError, latest_recoverable, verify_checkpoint
 from lightning_field.checkpoint import committed_checkpoints
-from lightning_field.checkpoint.object_store import ObjectStore
+from lightning_field.checkpoint.stores import ObjectStore
 from lightning_field.cli.main import main as field_main
 from lightning_field.core.manifest import SHARED_STATE_FILE, read_manifest
 from lightning_field.workloads.demo import DemoDataModule, DemoRegressor

@@ -19,6 +19,7 @@ from lightning_field.planning.intervals import (
     FailureModel,
     choose_intervals,
     daly_interval,
+    lost_work_per_failure,
 )
 from lightning_field.planning.launch import LaunchInputs
 from lightning_field.planning.plan import PlanInputError, PlanInputs
@@ -170,7 +171,8 @@ def test_field_plan_shows_lost_work_and_waste_with_snapshots_beside_the_persiste
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     plain = plan_json(capsys, *WORKED)["figures"]
-    assert plain["lost_work_per_failure"]["value"] == pytest.approx(plain["checkpoint_interval_daly"]["value"] / 2)
+    daly = plain["checkpoint_interval_daly"]["value"]
+    assert plain["lost_work_per_failure"]["value"] == pytest.approx(lost_work_per_failure(daly, 6 * 3600))
     assert "expected_waste_with_snapshots" not in plain
     # The main job's measured figures: a 16 ms snapshot every 154 ms step, committed in line, on one node.
     figures = plan_json(capsys, *WORKED, "--snapshot-seconds", "0.016", "--snapshot-interval", "0.154")["figures"]
@@ -181,7 +183,7 @@ def test_field_plan_shows_lost_work_and_waste_with_snapshots_beside_the_persiste
         daly_interval(60.0, 6 * 3600 / 0.78)
     )  # the persistent tier covers only the failures the snapshots do not survive
     assert figures["lost_work_per_failure_with_snapshots"]["value"] == pytest.approx(
-        0.22 * 0.077 + 0.78 * model.persistent_s / 2
+        0.22 * lost_work_per_failure(0.154, 6 * 3600) + 0.78 * lost_work_per_failure(model.persistent_s, 6 * 3600)
     )
     assert figures["expected_waste_with_snapshots"]["value"] == pytest.approx(model.waste)
     assert figures["expected_waste_with_snapshots"]["estimate"] and figures["snapshots_pay"]["value"] is False
@@ -229,7 +231,7 @@ def test_from_run_takes_the_snapshot_cost_and_interval_a_run_measured(
     save, snapshot, every = (inputs[k] for k in ("save_seconds", "snapshot_seconds", "snapshot_interval_seconds"))
     model = choose_intervals(FailureModel(), save, snapshot, snapshot_every_s=every)
     assert plan["figures"]["lost_work_per_failure_with_snapshots"]["value"] == pytest.approx(
-        0.22 * inputs["snapshot_interval_seconds"] / 2 + 0.78 * model.persistent_s / 2
+        0.22 * lost_work_per_failure(every, 6 * 3600) + 0.78 * lost_work_per_failure(model.persistent_s, 6 * 3600)
     )
 
 

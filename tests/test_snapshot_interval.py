@@ -27,7 +27,7 @@ from lightning_field.checkpoint.snapshot_interval import (
 )
 from lightning_field.checkpoint.snapshots import snapshot_dir_for
 from lightning_field.core.events import read_events
-from lightning_field.planning.intervals import choose_intervals, snapshot_interval_s
+from lightning_field.planning.intervals import choose_intervals, lost_work_per_failure, snapshot_interval_s
 
 
 def measured(interval: SnapshotInterval, cost: float, step: float, snapshots: int) -> None:
@@ -72,7 +72,7 @@ def test_auto_takes_the_interval_the_cost_model_gives_and_only_where_snapshots_p
     assert interval.due(every) is pays and interval.due(2 * every) is pays
     if pays:
         assert choice.lost_per_failure_s is not None and choice.lost_alone_s is not None
-        assert choice.lost_per_failure_s < choice.lost_alone_s == persistent_s / 2
+        assert choice.lost_per_failure_s < choice.lost_alone_s == lost_work_per_failure(persistent_s, 6 * 3600)
         assert "a failure redoes" in choice.reason and choice.record()["every_n_train_steps"] == every
     else:
         assert "so they are off" in choice.reason and choice.record()["every_n_train_steps"] is None

@@ -3,10 +3,12 @@ inside a function. (Module boundaries follow concerns, not a line count: the 400
 
 Conventions checked here:
 
-- **Import cycles** count module-level imports only: those at the top of a module, in its module-level
-  ``if``/``try`` blocks and in class bodies (all run when the module is imported). Imports under
-  ``if TYPE_CHECKING:`` never run, and imports inside a function run when it is called, so neither
-  counts. ``import a.b.c`` and ``from a.b import c`` depend on ``a.b.c`` (when it is a module) and on
+- **Import cycles** count module-level imports: those at the top of a module, in its module-level
+  ``if``/``try`` blocks and in class bodies (all run when the module is imported), and those under
+  ``if TYPE_CHECKING:`` too (they never run, but a circle of types is a circle of concerns all the
+  same: issue 45; a policy that needs a few members of the callback names them in a protocol,
+  ``checkpoint/owner.py``). Imports inside a function run when it is called, so they do not count.
+  ``import a.b.c`` and ``from a.b import c`` depend on ``a.b.c`` (when it is a module) and on
   ``a.b`` (``from a.b import name`` on ``a.b`` itself unless ``name`` is a submodule); a package's
   ``__init__`` counts as the module ``a.b``, and a module depends on its own enclosing package only
   when it imports it or a name from it.
@@ -35,23 +37,16 @@ def module_name(path: Path, root: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _is_type_checking(test: ast.expr) -> bool:
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
-    )
-
-
 def module_level_imports(tree: ast.Module) -> Iterator[ast.Import | ast.ImportFrom]:
-    """Every import that runs when the module is imported (see the module docstring)."""
+    """Every import that runs when the module is imported, and every one a type checker reads (see the
+    module docstring)."""
     pending: list[ast.stmt] = list(tree.body)
     while pending:
         node = pending.pop()
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             yield node
-        elif isinstance(node, ast.If):
-            if not _is_type_checking(node.test):
-                pending += node.body
-            pending += node.orelse
+        elif isinstance(node, ast.If):  # ``if TYPE_CHECKING:`` included
+            pending += [*node.body, *node.orelse]
         elif isinstance(node, ast.Try):
             pending += [*node.body, *node.orelse, *node.finalbody]
             for handler in node.handlers:
@@ -189,15 +184,15 @@ def _tree(root: Path, files: dict[str, str]) -> Path:
     return package
 
 
-def test_the_cycle_checker_finds_a_cycle_and_ignores_guarded_and_deferred_imports(tmp_path: Path) -> None:
+def test_the_cycle_checker_finds_a_cycle_through_type_only_imports_and_ignores_deferred_ones(tmp_path: Path) -> None:
     package = _tree(
         tmp_path,
         {
             "a.py": "from pkg.b import thing\n",
             "b.py": "from . import c\nthing = 1\n",
             "c.py": "import pkg.a\n",
-            "d.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg import e\n",
-            "e.py": "def later():\n    from pkg import d  # deferred\n",
+            "d.py": "def later():\n    from pkg import e  # deferred\n",
+            "e.py": "from pkg import d\n",
             "sub/__init__.py": "from pkg.sub.leaf import x\n",
             "sub/leaf.py": "x = 1\n",
         },
@@ -207,6 +202,9 @@ def test_the_cycle_checker_finds_a_cycle_and_ignores_guarded_and_deferred_import
     assert import_cycles(import_graph(package)) == []
     (package / "sub" / "leaf.py").write_text("from pkg import sub\nx = 1\n")  # through a package's __init__
     assert import_cycles(import_graph(package)) == [["pkg.sub", "pkg.sub.leaf"]]
+    (package / "sub" / "leaf.py").write_text("x = 1\n")
+    (package / "d.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg import e\n")
+    assert import_cycles(import_graph(package)) == [["pkg.d", "pkg.e"]]  # a circle of types is a circle
 
 
 def test_the_import_checker_wants_a_reason_beside_each_function_level_import(tmp_path: Path) -> None:

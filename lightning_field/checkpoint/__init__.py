@@ -28,7 +28,7 @@ _EXPORTS: dict[str, str] = {
     "committed_checkpoints": "lightning_field.checkpoint.resolver",
     "latest_recoverable": "lightning_field.checkpoint.resolver",
     "read_last_pointer": "lightning_field.checkpoint.resolver",
-    "NoRecoverableCheckpointError": "lightning_field.checkpoint.resume_policy",
+    "NoRecoverableCheckpointError": "lightning_field.checkpoint.resume_last",
     "ResumeMismatchError": "lightning_field.checkpoint.resume_policy",
     "StaleCheckpointError": "lightning_field.checkpoint.freshness",
     "UnsafeCheckpointError": "lightning_field.checkpoint.safe_load",
@@ -51,7 +51,8 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
     from lightning_field.checkpoint.no_progress import NO_PROGRESS_EXIT_CODE, NoProgressError
     from lightning_field.checkpoint.preemption import PREEMPTED_EXIT_CODE, TrainingPreempted
     from lightning_field.checkpoint.resolver import committed_checkpoints, latest_recoverable, read_last_pointer
-    from lightning_field.checkpoint.resume_policy import NoRecoverableCheckpointError, ResumeMismatchError
+    from lightning_field.checkpoint.resume_last import NoRecoverableCheckpointError
+    from lightning_field.checkpoint.resume_policy import ResumeMismatchError
     from lightning_field.checkpoint.safe_load import UnsafeCheckpointError
     from lightning_field.checkpoint.verify import (
         CheckpointCorruptError,

@@ -35,15 +35,10 @@ from lightning_field.checkpoint.stores.base import (
     CheckpointWriter,
     RankOutcome,
     describe_error,
-    save_durably,
     write_rank_files,
 )
 from lightning_field.checkpoint.stores.local import (
-    LocalStore,
     advertise,
-    clean_leftovers,
-    publish,
-    write_last_pointer,
 )
 from lightning_field.core.distributed import all_gather_objects, broadcast_object
 from lightning_field.core.errors import CheckpointError
@@ -61,23 +56,6 @@ from lightning_field.core.storage import Location, StorageOptions, basename, par
 from lightning_field.state import provenance
 
 log = logging.getLogger(__name__)
-
-# The local store's pieces moved to checkpoint/stores/; these names stay importable from here, where
-# earlier versions defined them (a user's LocalStore subclass imports it from this module).
-__all__ = [
-    "CheckpointSaveError",
-    "FileEntry",
-    "LocalStore",
-    "RankOutcome",
-    "SaveJob",
-    "clean_leftovers",
-    "commit_save",
-    "not_saved_message",
-    "publish",
-    "save_durably",
-    "write_last_pointer",
-    "write_rank_files",
-]
 
 
 RankReport = tuple[RankOutcome, list[str], list[str], list[dict[str, Any]]]

@@ -1,10 +1,10 @@
 """``CommittedCheckpoint``: a ModelCheckpoint whose every save goes through the commit protocol.
 
 This is the save half of :class:`~lightning_field.checkpoint.manifest_checkpoint.ManifestCheckpoint`: where
-checkpoints go (the :class:`~lightning_field.checkpoint.store.CheckpointStore`), how a save is run (synchronously, or
+checkpoints go (the :class:`~lightning_field.checkpoint.stores.CheckpointStore`), how a save is run (synchronously, or
 on the writer thread through :class:`~lightning_field.checkpoint.async_controller.AsyncSaves`), and what
 ModelCheckpoint's retention and ``save_last`` count: committed checkpoints only, and never the last recoverable one.
-What a checkpoint *holds* and *when* training meets it is the subclass's: it supplies :meth:`_prepare_save`, the
+What a checkpoint *holds* and *when* training meets it is the subclass's: it supplies :meth:`capture_save`, the
 :class:`~lightning_field.checkpoint.commit.SaveJob` of one save, and opens the run's event log.
 """
 
@@ -106,7 +106,7 @@ class CommittedCheckpoint(ModelCheckpoint):
         """The async saves' host copy: a subclass may return its own ``Stager`` (None: a ``HostSnapshot``)."""
         return None
 
-    def _prepare_save(
+    def capture_save(
         self,
         trainer: pl.Trainer,
         final: Location,
@@ -376,7 +376,7 @@ class CommittedCheckpoint(ModelCheckpoint):
                 self._last_global_step_saved = trainer.global_step
                 self._last_checkpoint_saved = filepath
                 return
-        job = self._prepare_save(trainer, final, start, checkpoint=checkpoint)
+        job = self.capture_save(trainer, final, start, checkpoint=checkpoint)
         job.stopped = self._stopped
         if final != as_location(filepath):
             job.advertised_suffix = self.FILE_EXTENSION

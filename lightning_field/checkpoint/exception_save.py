@@ -23,17 +23,15 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
+from lightning_field.checkpoint.owner import ExceptionSaveOwner
 from lightning_field.compat import lightning as internals
 from lightning_field.state.prefetch import PositionBeforeFetch
 from lightning_field.state.step_end import StepEnd, WatchedTensors, changed_since
-
-if TYPE_CHECKING:
-    from lightning_field.checkpoint.manifest_checkpoint import ManifestCheckpoint
 
 __all__ = ["ExceptionSave", "Rewind"]
 
@@ -62,7 +60,7 @@ class ExceptionSave:
             :meth:`at_exception` from ``on_exception``.
     """
 
-    def __init__(self, checkpoint: ManifestCheckpoint) -> None:
+    def __init__(self, checkpoint: ExceptionSaveOwner) -> None:
         self._checkpoint = checkpoint
         self._end: StepEnd | None = None
         self._watch = WatchedTensors(())

@@ -29,7 +29,8 @@ from lightning_field.checkpoint.freshness import Freshness
 from lightning_field.checkpoint.io import FIELD_KEY, ManifestCheckpointIO
 from lightning_field.checkpoint.no_progress import DEFAULT_MAX_FAILED_ATTEMPTS, NoProgressGuard
 from lightning_field.checkpoint.preemption import DEFAULT_SIGNALS, PreemptionSave, TrainingPreempted
-from lightning_field.checkpoint.resume_policy import NoRecoverableCheckpointError, ResumeGuard
+from lightning_field.checkpoint.resume_last import NoRecoverableCheckpointError
+from lightning_field.checkpoint.resume_policy import ResumeGuard
 from lightning_field.checkpoint.snapshot_interval import DEFAULT_BUDGET
 from lightning_field.checkpoint.snapshots import StepSnapshots
 from lightning_field.checkpoint.stop_points import StopPointSave
@@ -446,7 +447,7 @@ class ManifestCheckpoint(CommittedCheckpoint):
             self._events = None
 
     # ------------------------------------------------------------------ saving
-    def _prepare_save(
+    def capture_save(
         self,
         trainer: pl.Trainer,
         final: Location,

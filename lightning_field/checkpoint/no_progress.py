@@ -26,17 +26,15 @@ import logging
 import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import lightning.pytorch as pl
 
+from lightning_field.checkpoint.owner import EventSource
 from lightning_field.checkpoint.preemption import TrainingPreempted
 from lightning_field.core.events import EventLog, read_events
 from lightning_field.core.hashing import IDENTITY_ALGORITHM, new_hasher
-from lightning_field.profiling.hang_rule import Phase
-
-if TYPE_CHECKING:
-    from lightning_field.checkpoint.manifest_checkpoint import ManifestCheckpoint
+from lightning_field.core.heartbeat import Phase
 
 __all__ = [
     "DEFAULT_MAX_FAILED_ATTEMPTS",
@@ -227,7 +225,7 @@ class NoProgressGuard:
     """
 
     def __init__(
-        self, checkpoint: ManifestCheckpoint, max_failed_attempts: int | None, code: Callable[[], Mapping[str, Any]]
+        self, checkpoint: EventSource, max_failed_attempts: int | None, code: Callable[[], Mapping[str, Any]]
     ) -> None:
         if max_failed_attempts is not None and (
             isinstance(max_failed_attempts, bool) or not isinstance(max_failed_attempts, int) or max_failed_attempts < 1

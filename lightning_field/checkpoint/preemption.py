@@ -21,18 +21,16 @@ import sys
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
+from lightning_field.checkpoint.owner import SavePoint
 from lightning_field.compat import lightning as internals
 from lightning_field.core.manifest import StopRecord
-
-if TYPE_CHECKING:
-    from lightning_field.checkpoint.manifest_checkpoint import ManifestCheckpoint
 
 log = logging.getLogger(__name__)
 
@@ -202,9 +200,7 @@ class PreemptionSave:
     agreement at the same step: a signal seen by any rank stops all of them, none saves alone.
     """
 
-    def __init__(
-        self, checkpoint: ManifestCheckpoint, signals: Sequence[int], check_every_n_steps: int | None = None
-    ) -> None:
+    def __init__(self, checkpoint: SavePoint, signals: Sequence[int], check_every_n_steps: int | None = None) -> None:
         if check_every_n_steps is not None and check_every_n_steps < 1:
             raise ValueError(f"preemption_check_every_n_steps must be >= 1, got {check_every_n_steps}")
         self.check_every_n_steps = check_every_n_steps

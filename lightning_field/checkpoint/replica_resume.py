@@ -33,7 +33,7 @@ from lightning_field.checkpoint.replica import (
     joined_errors,
     write_checked,
 )
-from lightning_field.checkpoint.resume_policy import NoRecoverableCheckpointError
+from lightning_field.checkpoint.resume_last import NoRecoverableCheckpointError
 from lightning_field.checkpoint.stores import CheckpointStore, read_manifest
 from lightning_field.checkpoint.stores.local import temp_dir_for
 from lightning_field.checkpoint.verify import verify_against

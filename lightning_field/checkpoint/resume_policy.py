@@ -18,11 +18,6 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
 from lightning_field.checkpoint import stop_points
-
-# Defined in resume_last (which checkpoint "last" resumes); importable from here, where they were first.
-from lightning_field.checkpoint.resume_last import NoRecoverableCheckpointError as NoRecoverableCheckpointError
-from lightning_field.checkpoint.resume_last import no_recoverable_message as no_recoverable_message
-from lightning_field.checkpoint.resume_last import resolve_last as resolve_last
 from lightning_field.compat import lightning as internals
 from lightning_field.core.distributed import all_gather_objects, broadcast_object
 from lightning_field.core.errors import ResumeMismatchError

@@ -24,16 +24,17 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import lightning.pytorch as pl
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
-from lightning_field.checkpoint import resume_policy, sharded
+from lightning_field.checkpoint import resume_last, sharded
 from lightning_field.checkpoint.async_controller import AsyncSaves
 from lightning_field.checkpoint.checkpointer import Checkpointer
 from lightning_field.checkpoint.commit import SaveJob, commit_save
+from lightning_field.checkpoint.owner import SnapshotOwner
 from lightning_field.checkpoint.replica import NodeTopology, commit_replicated, node_key, shared_between_nodes
 from lightning_field.checkpoint.replica_resume import agree_across_nodes
 from lightning_field.checkpoint.resume_policy import ResumeGuard
@@ -49,9 +50,6 @@ from lightning_field.core.distributed import all_gather_objects, global_rank, ne
 from lightning_field.core.manifest_records import SnapshotIntervalRecord
 from lightning_field.core.storage import Location, as_location
 from lightning_field.planning.intervals import FailureModel
-
-if TYPE_CHECKING:  # the owner imports this module
-    from lightning_field.checkpoint.manifest_checkpoint import ManifestCheckpoint
 
 __all__ = ["KEEP", "SnapshotCosts", "StepSnapshots", "snapshot_dir_for"]
 
@@ -81,7 +79,7 @@ class StepSnapshots:
 
     def __init__(
         self,
-        owner: ManifestCheckpoint,
+        owner: SnapshotOwner,
         every_n_train_steps: int | str | None,
         directory: str | os.PathLike[str] | None,
         in_line: bool | None = None,
@@ -209,13 +207,13 @@ class StepSnapshots:
         verified: dict[Location, VerifyReport],
     ) -> str | None:
         """``ckpt_path="last"`` over the tiers: the newest step that verifies, a persistent checkpoint
-        on a tie (:func:`~lightning_field.checkpoint.resume_policy.resolve_last`), agreed on across
+        on a tie (:func:`~lightning_field.checkpoint.resume_last.resolve_last`), agreed on across
         the nodes of a multi-node run (:meth:`resolve_across_nodes`)."""
         if not self.spans_nodes(trainer):
             snapshot = self.latest(where, trainer)
-            return resume_policy.resolve_last(where, inexact_guard, store, verified, snapshot)
+            return resume_last.resolve_last(where, inexact_guard, store, verified, snapshot)
         found = self.resolve_across_nodes(
-            trainer, where, lambda: resume_policy.resolve_last(where, inexact_guard, store, verified)
+            trainer, where, lambda: resume_last.resolve_last(where, inexact_guard, store, verified)
         )
         if found is not None and inexact_guard is not None and self.holds(found):
             inexact_guard.inexact = None  # a snapshot is recoverable: this continuation is exact
@@ -323,7 +321,7 @@ class StepSnapshots:
         saves.settle(trainer)  # the previous snapshot commits before this one reuses its buffers
         self._retire_oldest(trainer)
         final = Path(self._checkpointer.dirpath) / f"epoch={trainer.current_epoch}-step={step}"
-        job = self._owner._prepare_save(trainer, final, start, store=self._checkpointer.store)  # the owner's capture
+        job = self._owner.capture_save(trainer, final, start, store=self._checkpointer.store)  # the owner's capture
         if self.in_line(trainer):
             saves.commit_in_line(trainer, job, start, "Step snapshot")  # a failure is reported; training goes on
         else:

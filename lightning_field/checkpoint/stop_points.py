@@ -32,19 +32,17 @@ from __future__ import annotations
 
 import datetime
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import EarlyStopping, Timer
 from lightning.pytorch.callbacks.early_stopping import EarlyStoppingReason
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
+from lightning_field.checkpoint.owner import StopPointOwner
 from lightning_field.compat import lightning as internals
 from lightning_field.core.events import EventLog
 from lightning_field.core.manifest import Manifest, StopRecord
-
-if TYPE_CHECKING:
-    from lightning_field.checkpoint.manifest_checkpoint import ManifestCheckpoint
 
 __all__ = ["StopPointSave", "announce_finished", "finished_detail", "rerun_limits", "stop_record"]
 
@@ -65,7 +63,7 @@ class StopPointSave:
     and :meth:`at_epoch_end` from ``on_train_epoch_end``.
     """
 
-    def __init__(self, checkpoint: ManifestCheckpoint) -> None:
+    def __init__(self, checkpoint: StopPointOwner) -> None:
         self._checkpoint = checkpoint
         self._held_stop = False
 

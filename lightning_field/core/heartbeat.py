@@ -15,10 +15,46 @@ import math
 import mmap
 import os
 import struct
+from enum import IntEnum
 from pathlib import Path
 from typing import Any
 
 from lightning_field.core.layout import HEARTBEAT_RELPATH as HEARTBEAT_DIR
+
+
+class Phase(IntEnum):
+    """Where a rank's training thread is: each rank's heartbeat record names it (the hang watchdog's
+    timeouts depend on it, profiling/hang_rule.py; the no-progress guard says where a crash loop died)."""
+
+    STARTING = 0
+    FORWARD = 1
+    BACKWARD = 2
+    OPTIMIZER = 3
+    BETWEEN_STEPS = 4
+    SAVING = 5
+    EPOCH_EDGE = 6
+    VALIDATION_EDGE = 7
+    VALIDATING = 8
+    FINISHING = 9
+
+    @property
+    def label(self) -> str:
+        return _LABELS[self]
+
+
+_LABELS = {
+    Phase.STARTING: "starting (restore, sanity check, loaders, before the first batch)",
+    Phase.FORWARD: "the training step (forward)",
+    Phase.BACKWARD: "backward",
+    Phase.OPTIMIZER: "the optimizer step",
+    Phase.BETWEEN_STEPS: "between batches (callbacks, the next batch's fetch)",
+    Phase.SAVING: "a checkpoint save",
+    Phase.EPOCH_EDGE: "an epoch's end or start",
+    Phase.VALIDATION_EDGE: "validation's start or end",
+    Phase.VALIDATING: "validation",
+    Phase.FINISHING: "the end of training",
+}
+
 
 _MAGIC = b"LFHB0001"
 # magic, attempt, step, first_step_unix, last_beat_unix, data_wait_s, eval_s, batches

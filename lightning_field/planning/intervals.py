@@ -17,9 +17,10 @@ Young/Daly (Moody et al., SC'10; Di et al., 2014):
 
 * snapshots every τₛ = formula(σ, M/p) (never below σ/budget where a budget caps their overhead);
 * persistent saves every τₚ = formula(δ, M/(1 − p));
-* expected work redone per failure (failures uniform in time, first order in τ/M):
-  L = p·(τₛ/2 + c) + (1 − p)·τₚ/2; persistent checkpoints alone: τ/2 at τ = formula(δ, M);
-* expected waste, R the restart: δ/τₚ + σ/τₛ + (L + R)/M; alone: δ/τ + (τ/2 + R)/M.
+* expected work redone per failure, ℓ(τ) = M − τ/(e^{τ/M} − 1) the mean time since the last save when
+  failures come at random (τ/2 to first order, as Young and Daly take it; M at most):
+  L = p·(ℓ(τₛ) + c) + (1 − p)·ℓ(τₚ); persistent checkpoints alone: ℓ(τ) at τ = formula(δ, M);
+* expected waste, R the restart: δ/τₚ + σ/τₛ + (L + R)/M; alone: δ/τ + (ℓ(τ) + R)/M.
 
 Snapshots are kept only where they pay: where the waste with them is lower than without. A
 persistent interval the user fixed (``every_n_train_steps``) is taken as given for both tiers.
@@ -73,7 +74,7 @@ def interval(save_s: float, mtbf_s: float, formula: str = "daly") -> float:
 def expected_waste_fraction(interval_s: float, save_s: float, mtbf_s: float, restart_s: float = 0.0) -> float:
     """First-order share of wall time lost to saving and to failures: δ/τ for the saves, plus, per
     failure (one every M), half an interval of lost work and the restart."""
-    return save_s / interval_s + (interval_s / 2.0 + restart_s) / mtbf_s
+    return save_s / interval_s + (lost_work_per_failure(interval_s, mtbf_s) + restart_s) / mtbf_s
 
 
 def _check_nonnegative(name: str, value: float) -> None:
@@ -86,15 +87,27 @@ def _check_positive(name: str, value: float) -> None:
         raise ValueError(f"{name} must be a positive number of seconds, got {value}")
 
 
-def lost_work_per_failure(interval_s: float) -> float:
-    """Expected work redone after a failure with persistent checkpoints alone (an estimate): τ/2, half
-    an interval, failures falling uniformly between two saves.
+def lost_work_per_failure(interval_s: float, mtbf_s: float | None = None) -> float:
+    """Expected work redone after a failure, with a checkpoint every ``interval_s`` (an estimate): the
+    mean time since the last checkpoint when a failure comes at random (exponential, mean ``mtbf_s``),
+    M − τ/(e^{τ/M} − 1). That is τ/2 to first order (Young's and Daly's assumption, failures falling
+    uniformly between two saves), and tends to M, never beyond, for intervals far longer than the
+    MTBF (a run that hardly checkpoints). Without ``mtbf_s``: τ/2.
 
     Raises:
-        ValueError: ``interval_s`` is negative or not finite (named "the checkpoint interval").
+        ValueError: ``interval_s`` is negative or NaN (named "the checkpoint interval"); an infinite
+            interval is taken with an MTBF only (then the loss is M).
     """
-    _check_nonnegative("the checkpoint interval", interval_s)
-    return interval_s / 2.0
+    if not (interval_s >= 0) or (math.isinf(interval_s) and mtbf_s is None):
+        _check_nonnegative("the checkpoint interval", interval_s)
+    if mtbf_s is None:
+        return interval_s / 2.0
+    x = interval_s / mtbf_s
+    if x == 0:
+        return 0.0
+    if x > 700:  # e^x overflows: the loss is M to double precision
+        return mtbf_s
+    return mtbf_s - interval_s / math.expm1(x)
 
 
 # The share of failures a step snapshot survives (its coverage), where the user does not say. On one
@@ -242,7 +255,7 @@ def choose_intervals(
     _check_nonnegative("the snapshot commit", snapshot_commit_s)
     mtbf, restart, p = failures.mtbf_s, failures.restart_seconds, failures.coverage(replicated)
     alone = persistent_s if persistent_s is not None else _optimum(save_s or 0.0, mtbf, failures.formula)
-    lost_alone = lost_work_per_failure(alone)
+    lost_alone = lost_work_per_failure(alone, mtbf)
     waste_alone = None if save_s is None else save_s / alone + (lost_alone + restart) / mtbf
     result = TierIntervals(
         persistent_s=alone,
@@ -268,7 +281,7 @@ def choose_intervals(
     else:
         tau_s = snapshot_interval_s(failures, snapshot_s, replicated=replicated, budget=snapshot_budget)
     tau_p = persistent_s if persistent_s is not None else _optimum(save_s or 0.0, mtbf / (1 - p), failures.formula)
-    lost = p * (tau_s / 2.0 + snapshot_commit_s) + (1 - p) * tau_p / 2.0
+    lost = p * (lost_work_per_failure(tau_s, mtbf) + snapshot_commit_s) + (1 - p) * lost_work_per_failure(tau_p, mtbf)
     snapshot_overhead = snapshot_s / tau_s if tau_s > 0 else 0.0
     # δ/τₚ - δ/τ is 0 where the user fixed the interval: the change needs no save cost there.
     persistent_change = 0.0 if persistent_s is not None else (save_s or 0.0) * (1 / tau_p - 1 / alone)

@@ -296,17 +296,20 @@ def _interval_figures(inp: PlanInputs, figures: dict[str, dict[str, Any]], ideal
     inputs += ["checkpoint_every_steps"] if inp.checkpoint_every_steps is not None else []
     at = "at Daly's τ" if inp.step_seconds is None else "at τ in whole steps"
     at = at if inp.checkpoint_every_steps is None else "at the run's interval"
-    figures["expected_waste"] = _figure(waste, "fraction", inputs, f"δ/τ + (τ/2 + R)/M {at} (persistent alone)")
+    figures["expected_waste"] = _figure(waste, "fraction", inputs, f"δ/τ + (ℓ(τ) + R)/M {at} (persistent alone)")
     figures["time_to_budget"] = _figure(
         ideal_s / (1.0 - waste), "s", [*figures["ideal_time"]["from"], *inputs], "ideal_time / (1 - expected_waste)"
     )
     figures["time_to_budget_hours"] = _figure(
         figures["time_to_budget"]["value"] / 3600, "h", figures["time_to_budget"]["from"], "/ 3600"
     )
-    figures["lost_work_per_failure"] = _figure(tiers.lost_alone_s, "s", inputs, f"τ/2 {at} (persistent alone)")
+    figures["lost_work_per_failure"] = _figure(
+        tiers.lost_alone_s, "s", inputs, f"ℓ(τ) = M - τ/(e^(τ/M) - 1) ≈ τ/2 {at} (persistent alone)"
+    )
     if inp.snapshot_seconds is not None:
-        if inp.step_seconds is not None and snapshot_steps is None:
-            tiers = _tiers(inp, failures)  # off at the steps taken: what they would give, at their own interval
+        if inp.step_seconds is not None and snapshot_steps is None and persistent_steps is not None:
+            # Off at the steps taken: what they would give there, at their own interval.
+            tiers = _tiers(inp, failures, persistent_steps * inp.step_seconds)
         _snapshot_figures(inp, figures, ideal_s, tiers, snapshot_steps)
 
 
@@ -315,9 +318,10 @@ def _replicated(inp: PlanInputs) -> bool:
     return inp.devices > inp.devices_per_node
 
 
-def _tiers(inp: PlanInputs, failures: FailureModel) -> TierIntervals:
-    """Both tiers at their best intervals; snapshots at the given interval, else at their own even where
-    they do not pay, so that the plan shows what they would give."""
+def _tiers(inp: PlanInputs, failures: FailureModel, persistent_s: float | None = None) -> TierIntervals:
+    """Both tiers at their best intervals (the persistent one at ``persistent_s`` where the run keeps
+    one); snapshots at the given interval, else at their own even where they do not pay, so that the
+    plan shows what they would give."""
     assert inp.save_seconds is not None and inp.snapshot_seconds is not None
     given = inp.snapshot_interval_seconds
     budget = None if given is not None else DEFAULT_SNAPSHOT_BUDGET
@@ -325,13 +329,14 @@ def _tiers(inp: PlanInputs, failures: FailureModel) -> TierIntervals:
     if given is None:
         given = snapshot_interval_s(failures, inp.snapshot_seconds, replicated=replicated, budget=budget)
         if not math.isfinite(given):  # a coverage of 0: they survive no failure
-            return choose_intervals(failures, inp.save_seconds)
+            return choose_intervals(failures, inp.save_seconds, persistent_s=persistent_s)
     return choose_intervals(
         failures,
         inp.save_seconds,
         inp.snapshot_seconds,
         inp.snapshot_commit_seconds,
         replicated=replicated,
+        persistent_s=persistent_s,
         snapshot_budget=budget,
         snapshot_every_s=given,
     )
@@ -374,7 +379,7 @@ def _snapshot_figures(
         tiers.persistent_s, "s", inputs, "formula(δ, M/(1 - p)): only the failures snapshots do not survive"
     )
     figures["lost_work_per_failure_with_snapshots"] = _figure(
-        tiers.lost_per_failure_s, "s", inputs, "p(τₛ/2 + c) + (1 - p)τₚ/2"
+        tiers.lost_per_failure_s, "s", inputs, "p(ℓ(τₛ) + c) + (1 - p)ℓ(τₚ)"
     )
     waste = tiers.waste if tiers.waste is not None else (tiers.waste_alone or 0.0) + change
     if waste >= 1:

@@ -31,41 +31,12 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field
-from enum import IntEnum
 from typing import Any
+
+from lightning_field.core.heartbeat import Phase
 
 __all__ = ["LONG_PHASES", "HangRule", "Phase", "RankView", "StepHistory", "Verdict", "judge"]
 
-
-class Phase(IntEnum):
-    STARTING = 0
-    FORWARD = 1
-    BACKWARD = 2
-    OPTIMIZER = 3
-    BETWEEN_STEPS = 4
-    SAVING = 5
-    EPOCH_EDGE = 6
-    VALIDATION_EDGE = 7
-    VALIDATING = 8
-    FINISHING = 9
-
-    @property
-    def label(self) -> str:
-        return _LABELS[self]
-
-
-_LABELS = {
-    Phase.STARTING: "starting (restore, sanity check, loaders, before the first batch)",
-    Phase.FORWARD: "the training step (forward)",
-    Phase.BACKWARD: "backward",
-    Phase.OPTIMIZER: "the optimizer step",
-    Phase.BETWEEN_STEPS: "between batches (callbacks, the next batch's fetch)",
-    Phase.SAVING: "a checkpoint save",
-    Phase.EPOCH_EDGE: "an epoch's end or start",
-    Phase.VALIDATION_EDGE: "validation's start or end",
-    Phase.VALIDATING: "validation",
-    Phase.FINISHING: "the end of training",
-}
 
 LONG_PHASES = frozenset({Phase.STARTING, Phase.SAVING, Phase.EPOCH_EDGE, Phase.VALIDATION_EDGE, Phase.FINISHING})
 

@@ -19,8 +19,7 @@ import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 from lightning_field import ManifestCheckpoint, TrainingPreempted, latest_recoverable
-from lightning_field.checkpoint.commit import LocalStore
-from lightning_field.checkpoint.object_store import ObjectStore
+from lightning_field.checkpoint.stores import LocalStore, ObjectStore
 from lightning_field.core.distributed import exit_finished_process
 from lightning_field.state.rng import capture_rng_state, rng_digest
 from lightning_field.workloads.demo import DemoDataModule, DemoRegressor, DemoShardedRegressor
