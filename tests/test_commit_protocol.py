@@ -11,14 +11,16 @@ import torch
 
 from lightning_field.checkpoint import commit, committed_checkpoints, latest_recoverable, read_last_pointer
 from lightning_field.checkpoint.manifest_checkpoint import ManifestCheckpoint
+from lightning_field.checkpoint.stores.base import save_durably, write_rank_files
+from lightning_field.checkpoint.stores.local import clean_leftovers, publish
 from lightning_field.core.fsio import HashingWriter, atomic_write_bytes, exchange_or_replace_dir
 from lightning_field.core.hashing import hash_file
-from lightning_field.core.manifest import FORMAT, Manifest, ManifestError, read_manifest
+from lightning_field.core.manifest import FORMAT, FileEntry, Manifest, ManifestError, read_manifest
 
 
 def test_hash_computed_while_writing_equals_a_second_read_of_the_file(tmp_path: Path) -> None:
     state = {"w": torch.randn(1000, 100), "step": 3}
-    size, digest = commit.save_durably(state, tmp_path / "s.pt")
+    size, digest = save_durably(state, tmp_path / "s.pt")
     data = (tmp_path / "s.pt").read_bytes()
     assert size == len(data) and digest == blake3.blake3(data).hexdigest() == hash_file(tmp_path / "s.pt")[1]
     assert torch.equal(torch.load(tmp_path / "s.pt")["w"], state["w"])
@@ -51,13 +53,13 @@ def test_publishing_over_an_existing_checkpoint_swaps_it_atomically(tmp_path: Pa
 def _fake_checkpoint(root: Path, name: str, step: int, recoverable: bool = True) -> Path:
     directory = root / name
     directory.mkdir(parents=True)
-    size, digest = commit.save_durably({"step": step}, directory / "state.pt")
+    size, digest = save_durably({"step": step}, directory / "state.pt")
     Manifest(
         name=name,
         step=step,
         epoch=0,
         world_size=1,
-        files={"state.pt": commit.FileEntry(size, digest, 0, ["model"])},
+        files={"state.pt": FileEntry(size, digest, 0, ["model"])},
         components={"model": [0]},
         recoverable=recoverable,
         missing=[] if recoverable else ["data_position"],
@@ -72,21 +74,21 @@ def test_resolver_ignores_hidden_in_flight_directories_and_prefers_the_newest_st
     _fake_checkpoint(tmp_path, "d", 20, recoverable=False)
     assert [e.path.name for e in committed_checkpoints(tmp_path)] == ["d", "b", "a"]
     assert latest_recoverable(tmp_path) == tmp_path / "b"
-    assert commit.clean_leftovers(tmp_path) == [tmp_path / ".tmp-c-1234"]
+    assert clean_leftovers(tmp_path) == [tmp_path / ".tmp-c-1234"]
 
 
 def test_publish_writes_manifest_last_and_points_last_at_the_new_checkpoint(tmp_path: Path) -> None:
     tmp = tmp_path / ".tmp-x-1"
-    outcome = commit.write_rank_files(tmp, 0, {"state.pt": ({"a": 1}, ["model"])})
+    outcome = write_rank_files(tmp, 0, {"state.pt": ({"a": 1}, ["model"])})
     assert outcome.error is None and not (tmp / "manifest.json").exists()
     manifest = Manifest("x", 1, 0, 1, commit.manifest_files([outcome]), {"model": [0]}, True, [])
-    commit.publish(tmp, tmp_path / "x", manifest)
+    publish(tmp, tmp_path / "x", manifest)
     assert read_manifest(tmp_path / "x").format == FORMAT
     assert read_last_pointer(tmp_path) == tmp_path / "x" and not tmp.exists()
 
 
 def test_a_rank_write_error_is_returned_not_raised_so_every_rank_reaches_the_exchange(tmp_path: Path) -> None:
-    outcome = commit.write_rank_files(tmp_path / ".tmp-y", 1, {"state.pt": (lambda: None, ["model"])})
+    outcome = write_rank_files(tmp_path / ".tmp-y", 1, {"state.pt": (lambda: None, ["model"])})
     assert outcome.error is not None and outcome.rank == 1 and outcome.receipts == []
 
 
@@ -125,7 +127,7 @@ def test_our_saves_skip_the_zip_crc_and_a_users_torch_save_in_another_thread_kee
 
     def ours() -> None:
         for i in range(5):
-            commit.save_durably(state, tmp_path / f"ours-{i}.pt")
+            save_durably(state, tmp_path / f"ours-{i}.pt")
         done.set()
 
     saver = threading.Thread(target=ours)
