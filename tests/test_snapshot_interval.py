@@ -36,7 +36,7 @@ def measured(interval: SnapshotInterval, cost: float, step: float, snapshots: in
         interval.snapshot_taken(cost)
 
 
-def alone(figures: tuple[float, float]) -> list[tuple[float, float]]:
+def alone(figures: tuple[float, float, float]) -> list[tuple[float, float, float]]:
     return [figures]
 
 
@@ -92,11 +92,14 @@ def test_only_the_newest_probes_count_and_the_slowest_rank_decides_for_all() -> 
     interval = SnapshotInterval("auto")
     measured(interval, 0.050, 0.1, PROBES - COUNTED)  # the first snapshots fault in fresh pages
     measured(interval, 0.001, 0.1, COUNTED)
-    ranks = [(0.001, 0.1), (0.003, 0.1)]
+    ranks = [(0.001, 0.1, 0.0), (0.003, 0.1, 0.5)]
     choice = interval.choose(lambda mine: [mine, ranks[1]], every_persistent(3600.0))
     assert choice is not None and choice.snapshot_seconds == 0.003
     assert choice.every_n_train_steps == round(snapshot_interval_s(FailureModel(), 0.003, budget=0.01) / 0.1)
     assert ranks[0] == interval.local_figures()
+    # The slowest commit too: every rank prices the snapshots alike, so all take the same steps.
+    agreed = choose_intervals(FailureModel(), None, 0.003, 0.5, persistent_s=3600.0, snapshot_budget=0.01)
+    assert choice.waste_change == pytest.approx(agreed.waste_change)
 
 
 def test_snapshots_replicated_to_a_partner_node_survive_more_failures_and_are_taken_more_often() -> None:

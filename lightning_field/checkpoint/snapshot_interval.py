@@ -192,13 +192,14 @@ class SnapshotInterval:
             self._adopted = True
             self._every, self.choice = choice.every_n_train_steps, choice
 
-    def local_figures(self) -> tuple[float, float]:
-        """This rank's median snapshot cost and step time, for :meth:`choose`."""
-        return statistics.median(self._costs), statistics.median(self._steps)
+    def local_figures(self, commit_s: float = 0.0) -> tuple[float, float, float]:
+        """This rank's median snapshot cost and step time, and its newest snapshot's commit time, for
+        :meth:`choose`."""
+        return statistics.median(self._costs), statistics.median(self._steps), commit_s
 
     def choose(
         self,
-        gather: Callable[[tuple[float, float]], Sequence[tuple[float, float]]],
+        gather: Callable[[tuple[float, float, float]], Sequence[tuple[float, float, float]]],
         persistent_s: Callable[[float], float | None] = _persistent_unknown,
         *,
         replicated: bool = False,
@@ -209,10 +210,13 @@ class SnapshotInterval:
 
         ``persistent_s`` gives the seconds between persistent checkpoints at a step time (None: none is
         due before the run's end); ``replicated``, whether snapshots are copied to a partner node;
-        ``commit_s``, how long a snapshot takes to become resumable after its capture (0: in line)."""
-        figures = gather(self.local_figures())
-        cost = max(c for c, _ in figures)
-        step = statistics.median(s for _, s in figures)
+        ``commit_s``, how long this rank's newest snapshot took to become resumable after its capture
+        (0: in line). Every figure of the choice is agreed: the slowest rank's cost and commit, the
+        median step, so that every rank makes the same choice."""
+        figures = gather(self.local_figures(commit_s))
+        cost = max(c for c, _, _ in figures)
+        step = statistics.median(s for _, s, _ in figures)
+        commit_s = max(c for _, _, c in figures)
         first = self._last_choice_at == 0
         self._last_choice_at, self._last_choice_step = self._taken, self._steps_seen
         if not self.auto:
