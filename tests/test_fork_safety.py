@@ -22,7 +22,8 @@ from lightning_field.core.workers import ThreadPark
 
 
 def ours() -> dict[int, str]:
-    return {t.ident or 0: t.name for t in threading.enumerate() if t.name.startswith("lightning-field")}
+    # A thread still starting (in ``threading._limbo``) has no ident yet: counted once it runs.
+    return {t.ident: t.name for t in threading.enumerate() if t.name.startswith("lightning-field") and t.ident}
 
 
 class ThreadCensus(Callback):
@@ -58,7 +59,7 @@ class WideModel(BoringModel):
 
 
 @pytest.mark.parametrize("async_save", [False, True], ids=["in-line", "async"])
-def test_saves_and_snapshots_start_their_threads_once_and_none_ends_across_the_loaders_forks(
+def test_no_thread_of_saves_and_snapshots_ends_across_the_loaders_forks(
     tmp_path: Path, async_save: bool
 ) -> None:
     census = ThreadCensus()
@@ -80,9 +81,11 @@ def test_saves_and_snapshots_start_their_threads_once_and_none_ends_across_the_l
         ended = set(started) - set(threads)
         assert not ended, f"at step {step} these threads had ended: {[started[i] for i in ended]}"
         started.update(threads)
-    # Every epoch from the second one forks its workers after saves and snapshots: no thread of ours
-    # began or ended since the previous epoch's first steps.
-    assert census.at_fork[-1] == census.seen[-1] == started
+    # A park starts a thread only where all of its threads are busy (a snapshot's commit hashing while
+    # a persistent save hashes): a handful at most, each parked for the rest of the process.
+    names = sorted(started.values())
+    assert len(started) <= 4 and set(names) <= {"lightning-field-hash", "lightning-field-ckpt-writer"}, names
+    assert set(census.at_fork[-1]) <= set(started)  # the last epoch forked with all of them alive
 
 
 def test_a_parked_thread_takes_the_next_task_instead_of_a_new_thread_starting() -> None:
@@ -113,12 +116,13 @@ def _in_child(park: ThreadPark, out: Any) -> None:
     out.put((park.submit(sum, [1, 2]).result(timeout=10), park.threads))
 
 
-def test_a_forked_child_starts_its_own_parked_thread() -> None:
+def test_a_forked_child_starts_its_own_parked_thread_even_when_the_fork_came_as_a_thread_parked() -> None:
     park = ThreadPark("lightning-field-test")
     assert park.submit(abs, -1).result() == 1  # the parent's thread, parked
     context = multiprocessing.get_context("fork")
     out = context.SimpleQueue()
-    child = context.Process(target=_in_child, args=(park, out))
-    child.start()
+    with park._lock:  # the fork comes while a thread of the park holds its lock (parking itself)
+        child = context.Process(target=_in_child, args=(park, out))
+        child.start()
     child.join(timeout=30)
     assert child.exitcode == 0 and out.get() == (3, 1)

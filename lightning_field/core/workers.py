@@ -17,9 +17,11 @@ A forked child has none of its parent's threads: the first task it submits start
 
 from __future__ import annotations
 
+import functools
 import os
 import queue
 import threading
+import weakref
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, TypeVar
@@ -65,22 +67,25 @@ class ThreadPark:
     another only where all are busy (two background saves in flight take two), and the thread parks
     again when it is done.
 
-    One park per purpose for the whole process (:data:`HASHING`, :data:`WRITING`): a thread that
-    never exits cannot belong to an object that goes away."""
+    One park per purpose for the whole process (:data:`HASHING`, :data:`WRITING`, :data:`WATCHING`): a
+    thread that never exits cannot belong to an object that goes away."""
 
     def __init__(self, name: str) -> None:
         self.name = name
+        self._reset()
+        # A forked child has none of the parent's threads, and the lock may have been held by one of
+        # them at the fork: the child starts from an empty park with a fresh lock.
+        os.register_at_fork(after_in_child=functools.partial(_reset_in_child, weakref.ref(self)))
+
+    def _reset(self) -> None:
         self._lock = threading.Lock()
         self._idle: list[_Parked] = []
         self._busy = 0
-        self._pid = os.getpid()
 
     def submit(self, fn: Callable[..., T], *args: Any) -> Future[T]:
         """Run ``fn(*args)`` on a parked thread; its result or exception comes through the future."""
         future: Future[T] = Future()
         with self._lock:
-            if self._pid != os.getpid():  # a forked child: its parent's threads do not exist here
-                self._idle, self._busy, self._pid = [], 0, os.getpid()
             parked = self._idle.pop() if self._idle else None
             self._busy += 1
         if parked is None:
@@ -103,6 +108,12 @@ class ThreadPark:
     def threads(self) -> int:
         """How many threads the park has started in this process (they all still live)."""
         return len(self._idle) + self._busy
+
+
+def _reset_in_child(park: weakref.ref[ThreadPark]) -> None:
+    alive = park()
+    if alive is not None:
+        alive._reset()
 
 
 HASHING = ThreadPark("lightning-field-hash")
