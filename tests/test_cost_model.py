@@ -73,6 +73,7 @@ def test_snapshots_that_survive_no_failure_never_pay_and_a_user_interval_is_pric
     assert not never.snapshots_pay and math.isinf(snapshot_interval_s(FailureModel(snapshot_coverage=0.0), 0.001))
     given = choose_intervals(FailureModel(), 60.0, 0.016, snapshot_every_s=0.154)  # the user's, every step
     assert given.snapshot_s == 0.154 and given.waste_change is not None and given.waste_change > 0
+    assert given.snapshots_on and not given.snapshots_pay  # on, as asked, and said not to pay
 
 
 @pytest.mark.parametrize(

@@ -12,8 +12,8 @@ snapshot survives) and the persistent interval in force:
 
 and never more than ``budget`` of the step time (1 % by default). Where snapshots at that interval
 would cost more than the work they save (cheap persistent saves, frequent already), they are off,
-and the choice is made again every :data:`RECHECK_EVERY` intervals. The choice is re-made every
-:data:`RECHECK_EVERY` snapshots from the newest measurements (the step time changes with a
+and the choice is made again every :data:`RECHECK_EVERY` such intervals; where they are on, every
+:data:`RECHECK_EVERY` snapshots, from the newest measurements (the step time changes with a
 curriculum, the cost with the state), and said again only when it changes. Every rank takes part in
 each choice (a snapshot's commit is collective: all ranks must take the same steps), and the slowest
 rank's cost decides it. A user's integer is kept as it is; its cost is measured and said once all

@@ -60,7 +60,7 @@ class SnapshotSchedule:
         self.interval = SnapshotInterval(AUTO if requested == AUTO else int(requested), budget, failures)
         self.off_reason: str | None = None
         self.commit_s = 0.0  # how long the newest snapshot took to become resumable (0: in line)
-        self._persistent_interval = persistent_interval
+        self._persistent_interval = persistent_interval or (lambda trainer, step_s: None)
         self._timed_step: int | None = None
         self._timed_at = 0.0
         self._excluded = 0.0
@@ -127,10 +127,9 @@ class SnapshotSchedule:
             self._choose(trainer, events)
 
     def _choose(self, trainer: pl.Trainer, events: EventLog | None) -> None:
-        interval = self._persistent_interval
         choice = self.interval.choose(
             lambda figures: all_gather_objects(figures),  # every rank
-            (lambda step_s: interval(trainer, step_s)) if interval is not None else lambda step_s: None,
+            lambda step_s: self._persistent_interval(trainer, step_s),
             replicated=trainer.num_nodes > 1,
             commit_s=self.commit_s,
         )

@@ -25,8 +25,8 @@ Young/Daly (Moody et al., SC'10; Di et al., 2014):
 Snapshots are kept only where they pay: where the waste with them is lower than without. A
 persistent interval the user fixed (``every_n_train_steps``) is taken as given for both tiers.
 
-E.g. (``field plan``'s seed scenario, docs/plan.md) a 60 s save and a 6 h MTBF: τ = 1570 s (Daly), 785 s
-lost per failure, a waste of 7.6 % with R = 30 s.
+E.g. (``field plan``'s seed scenario, docs/plan.md) a 60 s save and a 6 h MTBF: τ = 1570 s (Daly), 776 s
+lost per failure, a waste of 7.55 % with R = 30 s.
 """
 
 from __future__ import annotations
@@ -72,8 +72,8 @@ def interval(save_s: float, mtbf_s: float, formula: str = "daly") -> float:
 
 
 def expected_waste_fraction(interval_s: float, save_s: float, mtbf_s: float, restart_s: float = 0.0) -> float:
-    """First-order share of wall time lost to saving and to failures: δ/τ for the saves, plus, per
-    failure (one every M), half an interval of lost work and the restart."""
+    """Share of wall time lost to saving and to failures: δ/τ for the saves, plus, per failure (one
+    every M), the work lost (:func:`lost_work_per_failure`, about half an interval) and the restart."""
     return save_s / interval_s + (lost_work_per_failure(interval_s, mtbf_s) + restart_s) / mtbf_s
 
 
@@ -175,7 +175,8 @@ class FailureModel:
 class TierIntervals:
     """The intervals the cost model chose, and what it predicts (estimates, every one).
 
-    ``snapshot_s`` is None where snapshots are off: none measured, or they do not pay. The ``*_alone``
+    ``snapshot_s`` is None where snapshots are off: none measured, or chosen here and they do not pay
+    (a user's interval is always on, paying or not: :attr:`snapshots_pay` says which). The ``*_alone``
     figures are those of persistent checkpoints alone, at their own best interval (or the user's).
     ``waste`` figures are None where no persistent save cost is known (an interval fixed by the user);
     ``waste_change`` (with snapshots minus without) never needs one: the persistent saves cost the same
@@ -191,11 +192,15 @@ class TierIntervals:
     lost_alone_s: float
     waste_alone: float | None
     waste_change: float | None  # with the snapshots minus without (None: no snapshots measured)
-    persistent_fixed: bool  # the persistent interval is the user's, not chosen here
+
+    @property
+    def snapshots_on(self) -> bool:
+        return self.snapshot_s is not None
 
     @property
     def snapshots_pay(self) -> bool:
-        return self.snapshot_s is not None
+        """Whether the snapshots lower the predicted waste."""
+        return self.waste_change is not None and self.waste_change < 0
 
 
 def _optimum(cost_s: float, mtbf_s: float, formula: str) -> float:
@@ -267,7 +272,6 @@ def choose_intervals(
         lost_alone_s=lost_alone,
         waste_alone=waste_alone,
         waste_change=None,
-        persistent_fixed=persistent_s is not None,
     )
     if snapshot_s is None:
         return result
@@ -381,6 +385,6 @@ def choose_in_steps(
         return tau, steps, figures, every
 
     chosen = at(best.persistent_s)
-    if best.snapshots_pay and not chosen[2].snapshots_pay:
+    if best.snapshots_on and not chosen[2].snapshots_on:
         chosen = at(best.persistent_alone_s)
     return chosen

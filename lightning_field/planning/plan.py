@@ -361,10 +361,11 @@ def _snapshot_figures(
     figures["snapshot_coverage"] = _figure(
         tiers.coverage, "fraction", ["snapshot_coverage", "devices", "devices_per_node"], what
     )
-    change = tiers.waste_change if tiers.waste_change is not None else 0.0
-    pays = change < 0
     figures["snapshots_pay"] = _figure(
-        pays, "bool", inputs, "expected waste with snapshots < without (an interval given: priced as given)"
+        tiers.snapshots_pay,
+        "bool",
+        inputs,
+        "expected waste with snapshots < without (an interval given: priced as given)",
     )
     if tiers.snapshot_s is None:
         return  # they survive no failure: nothing to price
@@ -381,7 +382,8 @@ def _snapshot_figures(
     figures["lost_work_per_failure_with_snapshots"] = _figure(
         tiers.lost_per_failure_s, "s", inputs, "p(ℓ(τₛ) + c) + (1 - p)ℓ(τₚ)"
     )
-    waste = tiers.waste if tiers.waste is not None else (tiers.waste_alone or 0.0) + change
+    waste = tiers.waste
+    assert waste is not None  # a plan prices snapshots only with a save cost
     if waste >= 1:
         raise PlanInputError(
             f"expected waste with snapshots {waste:.0%} >= 100%: snapshots of {inp.snapshot_seconds:g} s every"

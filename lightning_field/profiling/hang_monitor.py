@@ -114,7 +114,7 @@ class HangMonitor:
 
     def stop(self) -> None:
         self._stop.set()
-        if not threading.current_thread().name.startswith(WATCHING.name):  # not from a loop: it would wait on itself
+        if threading.current_thread().name != WATCHING.name:  # not from a loop: it would wait on itself
             futures_wait(self._loops, timeout=2 * self.poll_s + 1)
         self._loops = []
 

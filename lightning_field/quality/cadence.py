@@ -342,7 +342,7 @@ class CheckpointCadence(Callback):
         """The snapshot tier's figures at the intervals chosen (estimates)."""
         d.coverage, d.snapshot_s, d.snapshot_commit_s = at.coverage, snapshot_s, commit_s
         d.snapshots_pay = at.snapshots_pay
-        if at.snapshots_pay:
+        if at.snapshots_on:  # "auto" where they pay, or the user's interval
             d.snapshot_every_steps = every
             d.lost_per_failure_with_snapshots_s = at.lost_per_failure_s
             d.predicted_waste_with_snapshots = at.waste
@@ -412,7 +412,8 @@ class CheckpointCadence(Callback):
         else:
             save = f"an assumed save cost of {d.save_s:.3g} s (save_cost_prior_s)"
         mtbf = f"an MTBF of {d.mtbf_s / 3600:.3g} h"
-        if d.snapshots_pay:  # the persistent tier covers only the failures the snapshots do not survive
+        if d.lost_per_failure_with_snapshots_s is not None:  # the persistent tier covers only the failures
+            # the snapshots do not survive
             mtbf += f" ({100 * (1 - (d.coverage or 0.0)):.0f}% of failures beyond the snapshots)"
         if self._interruptions:
             mtbf += f" (prior {self.mtbf_prior_s / 3600:.3g} h, {self._interruptions} interruption(s) seen)"
