@@ -110,6 +110,12 @@ def test_a_killed_run_resumes_bitwise_identically_or_refuses_with_the_reason(
     elif config.snapshot_every == 1:
         # Committed in line (the default on CPU): the step the kill interrupted is the only work lost.
         assert outcome.resumed_from_step == config.kill_at, f"resumed at {outcome.resumed_from_step}"
+    if config.model == "sharded" and config.snapshot_every is not None:
+        # Each rank's DCP load read its own node's snapshot folder (another node's is not there on a
+        # real machine), the replacement node's included.
+        reads = re.findall(r"conformance: rank (\d+) on (\S+) reads shards from (\S+)", outcome.log)
+        assert {rank for rank, _, _ in reads} == {"0", "1"}, outcome.log[-3000:]
+        assert all(f"/snapshots/{node}/" in path for _, node, path in reads), reads
     if name == "snapshots-auto":
         # No persistent checkpoint before the kill: the default snapshots, taken every step while their
         # cost is measured, are what it resumed from, at the step the kill interrupted.

@@ -172,24 +172,12 @@ def commit_save(job: SaveJob, group: Any = None) -> str | None:
         store.prepare(final)
     # The broadcast also orders every rank's writes after rank 0's preparation.
     token = broadcast_object(uuid.uuid4().hex[:8], group=group)
-    referenced: list[str] = []
-    if job.snapshot_error is not None:  # this rank has nothing to write; the exchange still runs
-        outcome = RankOutcome(job.rank, [], job.snapshot_error)
-    elif job.shards is not None:
-        outcome, referenced = _write_sharded(job, token, group)
-    else:
-        outcome = store.write(final, token, job.rank, job.files)
+    outcome, referenced = write_rank_part(job, token, group)
     gathered: list[RankReport] = all_gather_objects(
         (outcome, job.rank_missing, job.data_restore, job.stream_positions), group=group
     )
-    outcomes = [o for o, _, _, _ in gathered]
-    error = None
-    failed = [o for o in outcomes if o.error]
-    if failed:
-        error = "; ".join(f"rank {o.rank}: {o.error}" for o in failed)
-    elif unreported := sharded.unreported_shards(referenced, outcomes):
-        error = f"rank 0 (commit): DCP metadata references files no rank reported: {', '.join(unreported)}"
-    elif job.is_global_zero:
+    error = written_error([o for o, _, _, _ in gathered], referenced)
+    if error is None and job.is_global_zero:
         try:
             manifest = build_manifest(job, gathered)
             manifest.sign(keys_from_environment())
@@ -222,6 +210,28 @@ def advertise_committed(final: Path, suffix: str, durable: bool) -> None:
         )
 
 
+def write_rank_part(job: SaveJob, token: str, group: Any) -> tuple[RankOutcome, list[str]]:
+    """Step 1 of the commit on this rank: its files written into the save's hidden place, with, on
+    rank 0 of a sharded save, every file DCP's metadata references. Collective over ``group`` for a
+    sharded save (DCP plans across the ranks); a rank whose capture failed writes nothing."""
+    if job.snapshot_error is not None:  # this rank has nothing to write; the exchange still runs
+        return RankOutcome(job.rank, [], job.snapshot_error), []
+    if job.shards is not None:
+        return _write_sharded(job, token, group)
+    return job.store.write(job.final, token, job.rank, job.files), []
+
+
+def written_error(outcomes: list[RankOutcome], referenced: list[str]) -> str | None:
+    """Why the gathered writes cannot be committed (some rank failed, or a file DCP's metadata
+    references was reported by no rank), else None."""
+    failed = [o for o in outcomes if o.error]
+    if failed:
+        return "; ".join(f"rank {o.rank}: {o.error}" for o in failed)
+    if unreported := sharded.unreported_shards(referenced, outcomes):
+        return f"rank 0 (commit): DCP metadata references files no rank reported: {', '.join(unreported)}"
+    return None
+
+
 def _write_sharded(job: SaveJob, token: str, group: Any) -> tuple[RankOutcome, list[str]]:
     """DCP's shards and this rank's files, with the files DCP's metadata references (rank 0).
     Locally both go straight (durably) into the hidden directory the rename publishes; under a
@@ -229,7 +239,8 @@ def _write_sharded(job: SaveJob, token: str, group: Any) -> tuple[RankOutcome, l
     assert job.shards is not None
     store = job.store
     with store.staging(job.final, token) as staging:
-        durable = store.writes_in_place
+        # Durable where the files are the checkpoint itself, unless the store is not (a node-local snapshot's).
+        durable = store.writes_in_place and getattr(store, "durable", True)
         outcome, referenced = sharded.write_shards(staging, job.rank, job.shards, group, durable=durable)
         written = write_rank_files(staging, job.rank, job.files, durable=durable)
         outcome.receipts += written.receipts

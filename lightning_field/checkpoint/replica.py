@@ -26,7 +26,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from lightning_field.checkpoint.commit import RankReport, SaveJob, build_manifest
+from lightning_field.checkpoint.commit import RankReport, SaveJob, build_manifest, write_rank_part, written_error
 from lightning_field.checkpoint.stores import LocalStore, RankOutcome
 from lightning_field.core.distributed import all_gather_objects, broadcast_object
 from lightning_field.core.fsio import HashingWriter
@@ -178,15 +178,15 @@ def commit_replicated(job: SaveJob, topology: NodeTopology, group: Any = None) -
         raise TypeError(f"replicated snapshots commit into a node-local LocalStore, not {type(store).__name__}")
     final = Path(job.final)
     token = broadcast_object(uuid.uuid4().hex[:8], group=group)
-    if job.snapshot_error is not None:  # nothing to write; the exchanges still run
-        outcome = RankOutcome(job.rank, [], job.snapshot_error)
-    else:
-        outcome = store.write(final, token, job.rank, job.files)
+    # Under a sharding strategy DCP writes each rank's shards (and rank 0's metadata) into its own
+    # node's hidden directory; they are that rank's files, replicated like any other.
+    outcome, referenced = write_rank_part(job, token, group)
     gathered: list[RankReport] = all_gather_objects(
         (outcome, job.rank_missing, job.data_restore, job.stream_positions), group=group
     )
     outcomes = {o.rank: o for o, _, _, _ in gathered}
-    error = joined_errors(f"rank {o.rank}: {o.error}" for o in outcomes.values() if o.error)
+    # Rank 0 alone knows what DCP's metadata references: its verdict is every rank's, before the exchanges.
+    error = broadcast_object(written_error(list(outcomes.values()), referenced), group=group)
     hidden = store.hidden_dir(final, token)
     if error is None:
         replicated = _replicate(hidden, outcomes, topology, group)

@@ -62,7 +62,9 @@ def load_from_store(
     verified bytes.
 
     Where the store's local copy is the checkpoint itself (a local disk every rank sees), the ranks
-    split the hashing (:func:`verify_in_parallel`) and Lightning's own load reads it. Elsewhere each
+    split the hashing (:func:`verify_in_parallel`) and Lightning's own load reads it; where the ranks
+    name different folders (each node's copy of a replicated snapshot, which the resolution verified
+    file by file on every node) each rank reads its own. Elsewhere each
     rank downloads every DCP file (see :func:`dcp_files`), ``meta.pt`` and its rank state into a
     directory of its own, verifies them, and loads its own copy (Lightning's load would read rank 0's
     private directory on every rank). Download and verification problems are gathered so every rank
@@ -83,7 +85,9 @@ def load_from_store(
         else:
             own = [error] if local is None else verify_against(manifest, LOCAL_FILES, local, names).problems
             problems = [p for rank_problems in all_gather_objects(own) for p in rank_problems if p]
-
+        if local != checkpoint or len(set(all_gather_objects(str(checkpoint)))) > 1:
+            # Each rank's own copy: a private download, or a node's own snapshot folder (resolved
+            # per node over the replicas); Lightning's load would read rank 0's on every rank.
             def own_copy(path: Path, weights_only: bool | None = None) -> dict[str, Any]:
                 return internals.load_sharded_from(strategy, path, weights_only)
 

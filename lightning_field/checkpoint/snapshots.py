@@ -30,7 +30,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
-from lightning_field.checkpoint import resume_last, sharded
+from lightning_field.checkpoint import resume_last
 from lightning_field.checkpoint.async_controller import AsyncSaves
 from lightning_field.checkpoint.checkpointer import Checkpointer
 from lightning_field.checkpoint.commit import SaveJob, commit_save
@@ -72,8 +72,8 @@ class StepSnapshots:
     """The snapshot tier of one :class:`~lightning_field.checkpoint.manifest_checkpoint.ManifestCheckpoint`.
 
     Raises:
-        ValueError: ``every_n_train_steps`` is below 1; at setup, over several nodes: a sharded
-            strategy, nodes with different numbers of ranks, or one directory shared by two nodes.
+        ValueError: ``every_n_train_steps`` is below 1; at setup, over several nodes: nodes with
+            different numbers of ranks, or one directory shared by two nodes.
         PermissionError: at setup, a snapshot directory another user owns or could write.
     """
 
@@ -265,12 +265,6 @@ class StepSnapshots:
         if not self.enabled:
             return
         topology = self._gather_topology(trainer)
-        if topology.multi_node and sharded.is_sharded(trainer.strategy):
-            raise ValueError(
-                "snapshot_every_n_train_steps over several nodes replicates each rank's files to a partner node;"
-                f" it is not yet supported with the sharded strategy {type(trainer.strategy).__name__} (its DCP"
-                " shards are untested there). Use persistent checkpoints (every_n_train_steps) for this run."
-            )
         dirpath = self._owner.dirpath
         assert dirpath is not None  # ModelCheckpoint.setup resolved it
         checkpointer = self._checkpointer_for(dirpath, trainer)

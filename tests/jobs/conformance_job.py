@@ -269,6 +269,21 @@ class UserClassifier(pl.LightningModule):
         raise ValueError(kind)
 
 
+
+class ShardedClassifier(UserClassifier):
+    """The same classifier with its layers sharded by FSDP2 (torch's ``fully_shard``) over the
+    ``data_parallel`` dimension of Lightning's ``ModelParallelStrategy``, as its docs show."""
+
+    def configure_model(self) -> None:
+        from torch.distributed.fsdp import fully_shard
+
+        assert self.device_mesh is not None, "ModelParallelStrategy sets the device mesh before configure_model"
+        mesh = self.device_mesh["data_parallel"]
+        for layer in self.body:
+            if isinstance(layer, nn.Linear):
+                fully_shard(layer, mesh=mesh)
+        fully_shard(self.body, mesh=mesh)
+
 class TwoOptimizerClassifier(UserClassifier):
     """Manual optimization with two optimizers (a GAN-style alternation)."""
 
@@ -324,7 +339,7 @@ class Config:
     loader: str = "plain"
     workers: int = 0
     dataset: str = "tensor"
-    model: str = "classifier"  # or "boring", "two_optimizers"
+    model: str = "classifier"  # or "boring", "two_optimizers", "sharded" (FSDP2 under ModelParallelStrategy)
     scheduler: str = "none"
     optimizer: str = "sgd"
     every_n_train_steps: int | None = 4
@@ -497,6 +512,16 @@ CONFIGS: dict[str, Config] = {
                                   lose_node=True,
                                   what="torchrun, 2 nodes with snapshots: one node lost, a new one resumes"
                                        " from its partner's replica"),
+    # --- sharded snapshots (issue 45): FSDP2 on 2 ranks, each its own simulated node and snapshot folder
+    "fsdp2-snapshots-sigkill": Config(kill_at=7, max_steps=12, nodes=2, every_n_train_steps=4, snapshot_every=1,
+                                      model="sharded", snapshot_in_line=False,
+                                      what="torchrun, 2 nodes, FSDP2 (ModelParallelStrategy) with snapshots"
+                                           " committed beside training: rank 1 SIGKILLed 3 steps after a"
+                                           " persistent save"),
+    "fsdp2-snapshots-node-lost": Config(kill_at=7, max_steps=12, nodes=2, every_n_train_steps=4, snapshot_every=1,
+                                        model="sharded", lose_node=True,
+                                        what="torchrun, 2 nodes, FSDP2 with snapshots: one node lost, a new one"
+                                             " resumes from its partner's replica of every shard"),
     "snapshots-mid-epoch-validation": Config(kill_at=_EPOCH + 3, max_epochs=3, every_n_train_steps=5, snapshot_every=1,
                                              validate=True, trainer={"val_check_interval": 3},
                                              what="snapshots with a mid-epoch validation (val_check_interval=3)"),
@@ -701,6 +726,8 @@ def _model(config: Config) -> pl.LightningModule:
         return BoringModel()
     if config.model == "two_optimizers":
         return TwoOptimizerClassifier()
+    if config.model == "sharded":
+        return ShardedClassifier(scheduler=config.scheduler, optimizer=config.optimizer)
     return UserClassifier(scheduler=config.scheduler, optimizer=config.optimizer)
 
 
@@ -771,7 +798,7 @@ def run(name: str, root: str, out: str, checkpoint: str, kill: bool, resume: boo
         accelerator="cpu",
         devices=config.devices,
         num_nodes=config.nodes,
-        strategy="ddp" if config.devices * config.nodes > 1 else "auto",
+        strategy=_strategy(config),
         max_steps=config.max_steps,
         max_epochs=config.max_epochs,
         callbacks=callbacks,
@@ -784,6 +811,8 @@ def run(name: str, root: str, out: str, checkpoint: str, kill: bool, resume: boo
         **config.trainer,
     )
     model = _model(config)
+    if config.model == "sharded":
+        report_shard_reads()
     if kill and config.fault == "raise":
         fail_training_step_at(model, config.kill_at)
     data = None
@@ -795,10 +824,47 @@ def run(name: str, root: str, out: str, checkpoint: str, kill: bool, resume: boo
     write_result(trainer, model, record, callbacks[2:], root, out)
 
 
+def _strategy(config: Config) -> Any:
+    if config.model == "sharded":
+        from lightning.pytorch.strategies import ModelParallelStrategy
+
+        return ModelParallelStrategy()  # data parallel over the nodes, tensor parallel over each node's devices
+    return "ddp" if config.devices * config.nodes > 1 else "auto"
+
+
+def report_shard_reads() -> None:
+    """Print the folder each DCP read opens, with this rank's simulated node: a rank must read its own
+    node's copy of a snapshot (another node's folder does not exist on a real machine)."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    original = FileSystemReader.__init__
+
+    def opened(self: FileSystemReader, path: Any, *args: Any, **kwargs: Any) -> None:
+        node = os.environ.get("CONFORMANCE_NODE")
+        print(f"conformance: rank {os.environ.get('RANK')} on {node} reads shards from {path}", flush=True)
+        original(self, path, *args, **kwargs)
+
+    FileSystemReader.__init__ = opened  # type: ignore[method-assign]
+
+
+def _full_state(trainer: pl.Trainer, model: pl.LightningModule) -> tuple[dict[str, Any], list[Any]]:
+    """The weights and optimizer states whole; under FSDP2 gathered from every rank (collective)."""
+    from lightning.pytorch.strategies import ModelParallelStrategy
+
+    if not isinstance(trainer.strategy, ModelParallelStrategy):
+        return model.state_dict(), [opt.state_dict() for opt in trainer.optimizers]
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    weights, optimizer = get_state_dict(model, trainer.optimizers, options=options)
+    return weights, [optimizer]
+
+
 def write_result(
     trainer: pl.Trainer, model: pl.LightningModule, record: RecordRun, others: list[Callback], root: str, out: str
 ) -> None:
     """What the comparison reads (global rank 0): weights, optimizers, schedulers, callback states, metrics."""
+    weights, optimizers = _full_state(trainer, model)
     if not trainer.is_global_zero:
         return
     result = {
@@ -806,8 +872,8 @@ def write_result(
         "batches_trained": record.batches_trained,
         "step": trainer.global_step,
         "epoch": trainer.current_epoch,
-        "state_dict": model.state_dict(),
-        "optimizers": [opt.state_dict() for opt in trainer.optimizers],
+        "state_dict": weights,
+        "optimizers": optimizers,
         "schedulers": [cfg.scheduler.state_dict() for cfg in trainer.lr_scheduler_configs],
         "epoch_metrics": record.epoch_metrics,
         "callbacks": {type(cb).__name__: _comparable(cb.state_dict()) for cb in others},
