@@ -255,6 +255,13 @@ def _torchrun(name: str, root: Path, out: Path, checkpoint: str, kill: bool, sha
     return next((c for c in codes if c != 0), 0), text
 
 
+def _launched_on_nodes(
+    name: str, root: Path, out: Path, checkpoint: str, kill: bool, resume: bool, shards: Path | None
+) -> tuple[int, str]:
+    """A launch of one torchrun agent per simulated node; it resumes by itself (``resume`` is implied)."""
+    return _torchrun(name, root, out, checkpoint, kill=kill, shards=shards)
+
+
 def _lose_a_node(name: str, root: Path, out: Path, checkpoint: str, shards: Path | None) -> tuple[int, str]:
     """Node 1 stops at the kill step (its worker marks it); then its agent and worker are SIGKILLed, its
     snapshot directory deleted, and a new agent with an empty directory joins the restarted group."""
@@ -295,8 +302,9 @@ def _uninterrupted_run(
         return go(name, root, out, checkpoint, kill=False, resume=False, shards=shards)
     cache = shards.parent / "uninterrupted-runs"
     cache.mkdir(parents=True, exist_ok=True)
-    made = cache / f"{name}-{checkpoint}.pt"
-    with open(cache / f"{name}-{checkpoint}.lock", "w") as lock:
+    key = CONFIGS[name].same_training_as or name  # rows that train alike share one run
+    made = cache / f"{key}-{checkpoint}.pt"
+    with open(cache / f"{key}-{checkpoint}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
         if made.is_file():
             shutil.copyfile(made, out)
@@ -374,10 +382,8 @@ def uninterrupted_against_plain(name: str, tmp: Path, shards: Path | None = None
     outputs = {}
     for checkpoint in ("field", "plain"):
         out, root = tmp / f"{checkpoint}-uninterrupted.pt", tmp / f"{checkpoint}-uninterrupted"
-        if config.nodes > 1:  # one torchrun agent per simulated node
-            rc, log = _torchrun(name, root, out, checkpoint, kill=False, shards=shards)
-        else:
-            rc, log = _uninterrupted_run(go, name, root, out, checkpoint, shards)
+        launch = _launched_on_nodes if config.nodes > 1 else go
+        rc, log = _uninterrupted_run(launch, name, root, out, checkpoint, shards)
         if rc != 0:
             return [f"the uninterrupted {checkpoint} run exited {rc}: {_tail(log)}"]
         outputs[checkpoint] = torch.load(out, weights_only=False)
@@ -402,7 +408,8 @@ def _run_elastic_protocol(name: str, checkpoint: str, tmp: Path, shards: Path | 
     empty node in its place, which torchrun's restarted group takes in."""
     outcome = Outcome(name, checkpoint)
     reference, resumed = tmp / f"{checkpoint}-reference.pt", tmp / f"{checkpoint}-resumed.pt"
-    rc, log = _torchrun(name, tmp / f"{checkpoint}-reference", reference, checkpoint, kill=False, shards=shards)
+    where = tmp / f"{checkpoint}-reference"
+    rc, log = _uninterrupted_run(_launched_on_nodes, name, where, reference, checkpoint, shards)
     if rc != 0:
         outcome.error, outcome.log = f"reference launch exited {rc}: {_tail(log)}", log
         return outcome

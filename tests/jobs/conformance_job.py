@@ -376,6 +376,9 @@ class Config:
     # The first attempt stops by itself (``stop``) and the rerun is the same command: a finished run,
     # whose rerun must train no step and hold the stopped state (judged against the first attempt).
     finished_rerun: bool = False
+    # A row whose uninterrupted run is this row's too (the same training: only how it is interrupted or
+    # how its snapshots commit differs); the suite makes that run once for both.
+    same_training_as: str | None = None
     what: str = ""
 
 
@@ -515,6 +518,7 @@ CONFIGS: dict[str, Config] = {
     # --- sharded snapshots (issue 45): FSDP2 on 2 ranks, each its own simulated node and snapshot folder
     "fsdp2-snapshots-sigkill": Config(kill_at=7, max_steps=12, nodes=2, every_n_train_steps=4, snapshot_every=1,
                                       model="sharded", snapshot_in_line=False,
+                                      same_training_as="fsdp2-snapshots-node-lost",
                                       what="torchrun, 2 nodes, FSDP2 (ModelParallelStrategy) with snapshots"
                                            " committed beside training: rank 1 SIGKILLed 3 steps after a"
                                            " persistent save"),
