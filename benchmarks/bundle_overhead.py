@@ -32,7 +32,7 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from lightning_field import CheckpointCadence, ManifestCheckpoint, StragglerMonitor, TimeToQuality
+from lightning_field import CheckpointCadence, ManifestCheckpoint, SnapshotConfig, StragglerMonitor, TimeToQuality
 from lightning_field.workloads.char_gpt import CharGPT
 from lightning_field.workloads.stdlib_text import StdlibTextDataModule
 
@@ -56,7 +56,7 @@ class StepClock(Callback):
 def bundle(root: Path, snapshots: bool) -> list[Callback]:
     return [
         ManifestCheckpoint(dirpath=root / "ckpts", every_n_train_steps=NEVER,
-                           snapshot_every_n_train_steps="auto" if snapshots else None),
+                           snapshots=SnapshotConfig(every_n_train_steps="auto" if snapshots else None)),
         TimeToQuality(monitor="val_loss", target=1.5),
         CheckpointCadence(mtbf_hours=6),
         StragglerMonitor(),

@@ -39,7 +39,7 @@ def train(args: argparse.Namespace) -> int:
     import torch
     from lightning.pytorch.callbacks import Callback
 
-    from lightning_field import ManifestCheckpoint, latest_recoverable
+    from lightning_field import ManifestCheckpoint, StorageConfig, latest_recoverable
     from lightning_field.core.distributed import exit_finished_process
     from lightning_field.workloads.demo import DemoDataModule, DemoRegressor, DemoShardedRegressor
 
@@ -51,7 +51,8 @@ def train(args: argparse.Namespace) -> int:
     pl.seed_everything(1234, workers=False)
     root = Path(args.root)
     checkpoint = ManifestCheckpoint(
-        dirpath=root / "checkpoints", every_n_train_steps=5, save_top_k=-1, async_save=args.async_save
+        dirpath=root / "checkpoints", every_n_train_steps=5, save_top_k=-1,
+        storage=StorageConfig(async_save=args.async_save),
     )
     callbacks: list[Callback] = [checkpoint]
     if args.kill_after_step is not None:
@@ -91,7 +92,7 @@ def blocking(args: argparse.Namespace) -> int:
     import torch
     from torch import nn
 
-    from lightning_field import ManifestCheckpoint
+    from lightning_field import ManifestCheckpoint, StorageConfig
     from lightning_field.core.distributed import exit_finished_process
     from lightning_field.workloads.demo import DemoDataModule
 
@@ -110,7 +111,7 @@ def blocking(args: argparse.Namespace) -> int:
             return torch.optim.Adam(self.parameters(), lr=1e-4)
 
     checkpoint = ManifestCheckpoint(dirpath=Path(args.root) / "checkpoints", every_n_train_steps=2, save_top_k=1,
-                                    async_save=args.async_save)  # fmt: skip
+                                    storage=StorageConfig(async_save=args.async_save))  # fmt: skip
     trainer = pl.Trainer(
         default_root_dir=args.root, accelerator=args.accelerator, devices=1, max_steps=4, callbacks=[checkpoint],
         logger=False, enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,

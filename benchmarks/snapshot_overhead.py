@@ -1,7 +1,7 @@
 """Step snapshots (issue 28): what a snapshot every N steps costs per step, and what a SIGKILL redoes.
 
 1. **Overhead.** The main job's model (``CharGPT`` at its default size on the standard library's
-   bytes) and a 1 GB state (a 256M-float parameter under SGD), each with ``snapshot_every_n_train_steps``
+   bytes) and a 1 GB state (a 256M-float parameter under SGD), each with ``SnapshotConfig(every_n_train_steps=...)``
    off and at N = 1, 2, 5, 10, in interleaved rounds; persistent checkpoints are off (an interval
    longer than the run). Figure: the mean interval between batch ends (warm-up excluded) ÷ the
    same run without snapshots, measured in the same process.
@@ -40,7 +40,7 @@ from lightning.pytorch.callbacks import Callback
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from lightning_field import ManifestCheckpoint
+from lightning_field import ManifestCheckpoint, SnapshotConfig
 from lightning_field.checkpoint.snapshots import snapshot_dir_for
 from lightning_field.planning.intervals import young_interval
 from lightning_field.workloads.char_gpt import CharGPT
@@ -106,7 +106,7 @@ def step_time(workload: str, variant: Variant, steps: int, root: Path) -> float:
     every, in_line = variant
     if every is not None:
         # The default directory: /dev/shm.
-        snapshots = {"snapshot_every_n_train_steps": every, "snapshot_in_line": in_line}
+        snapshots = {"snapshots": SnapshotConfig(every_n_train_steps=every, in_line=in_line)}
     checkpoint = ManifestCheckpoint(dirpath=root / "ckpts", every_n_train_steps=NEVER, **snapshots)
     trainer = pl.Trainer(
         default_root_dir=root, max_steps=steps, accelerator="cpu", logger=False, enable_progress_bar=False,
@@ -164,8 +164,8 @@ class StartStep(Callback):
 def child(root: Path, kill_at: int | None, max_steps: int) -> None:
     warnings.filterwarnings("ignore")
     pl.seed_everything(0, verbose=False)
-    checkpoint = ManifestCheckpoint(dirpath=root / "ckpts", every_n_train_steps=10, snapshot_every_n_train_steps=1,
-                                    snapshot_dir=root / "shm")  # fmt: skip
+    snapshots = SnapshotConfig(every_n_train_steps=1, directory=root / "shm")
+    checkpoint = ManifestCheckpoint(dirpath=root / "ckpts", every_n_train_steps=10, snapshots=snapshots)
     callbacks: list[Callback] = [checkpoint, StartStep(root / "start_step")]
     if kill_at is not None:
         callbacks.append(KillAt(kill_at))

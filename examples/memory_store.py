@@ -1,7 +1,8 @@
 """A checkpoint store of your own: checkpoints kept in a dict (a test double, or the start of a
 backend for storage lightning_field has no store for). It passes the same conformance tests as the
-stores that ship (tests/test_stores.py), and ``ManifestCheckpoint(store=MemoryStore())`` uses it for
-every write and every read. docs/checkpoints.md walks through it.
+stores that ship (tests/test_stores.py), and
+``ManifestCheckpoint(storage=StorageConfig(store=MemoryStore()))`` uses it for every write and every
+read. docs/checkpoints.md walks through it.
 """
 
 from __future__ import annotations

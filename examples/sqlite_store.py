@@ -2,7 +2,8 @@
 
 ``KeyValueStore`` turns four methods into the whole store protocol (the commit, listing,
 verification, the load, retention), and this store passes the same conformance tests as the ones
-that ship (tests/test_stores.py). Use it as ``ManifestCheckpoint(dirpath="runs/a", store=SqliteStore("ckpt.db"))``.
+that ship (tests/test_stores.py). Use it as
+``ManifestCheckpoint(dirpath="runs/a", storage=StorageConfig(store=SqliteStore("ckpt.db")))``.
 """
 
 from __future__ import annotations

@@ -54,6 +54,10 @@ _EXPORTS: dict[str, str] = {
     "ProfiledDDPStrategy": "lightning_field.profiling",
     "StragglerMonitor": "lightning_field.profiling",
     "FailureModel": "lightning_field.planning.intervals",
+    "InterruptConfig": "lightning_field.checkpoint.options",
+    "ResumeConfig": "lightning_field.checkpoint.options",
+    "SnapshotConfig": "lightning_field.checkpoint.options",
+    "StorageConfig": "lightning_field.checkpoint.options",
     "CheckpointCadence": "lightning_field.quality",
     "TimeToQuality": "lightning_field.quality",
     "goodput_ledger": "lightning_field.quality",
@@ -79,6 +83,7 @@ __all__ = [
     "FailureModel",
     "FieldWandbLogger",
     "HangWatchdog",
+    "InterruptConfig",
     "JumpRandomSampler",
     "JumpSequentialSampler",
     "Manifest",
@@ -89,9 +94,12 @@ __all__ = [
     "ProfiledDDPStrategy",
     "RestoreDrill",
     "ResumeCheckFailed",
+    "ResumeConfig",
     "ResumeMismatchError",
+    "SnapshotConfig",
     "StaleCheckpointError",
     "StepTracer",
+    "StorageConfig",
     "StragglerMonitor",
     "StudyConfig",
     "TimeToQuality",
@@ -150,6 +158,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
         load_weights,
         verify_checkpoint,
     )
+    from lightning_field.checkpoint.options import InterruptConfig, ResumeConfig, SnapshotConfig, StorageConfig
     from lightning_field.core.events import EventLog, read_events, select_run
     from lightning_field.core.manifest import Manifest, read_manifest
     from lightning_field.evidence import EvidenceSettings, RestoreDrill, StepTracer, check_bundle

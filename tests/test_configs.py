@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import subprocess
 from pathlib import Path
@@ -26,6 +27,7 @@ from lightning_field import (
     TimeToQuality,
     WandbReview,
 )
+from lightning_field.checkpoint.options import GROUPS as OPTION_GROUPS
 from lightning_field.cli.train_app import instantiable_entries
 from lightning_field.integrations.hydra_configs import CONFIG_PACKAGE, SCHEMAS, register_configs
 
@@ -73,8 +75,17 @@ def test_every_callback_config_mirrors_every_constructor_argument(name: str) -> 
     assert expected - set(cfg) == set(), f"callbacks/{name}.yaml is missing arguments"
 
 
+@pytest.mark.parametrize("group", sorted(OPTION_GROUPS))
+def test_each_checkpoint_option_group_is_mirrored_field_for_field_and_instantiates_its_dataclass(group: str) -> None:
+    cfg = OmegaConf.load(CONF / "callbacks" / "checkpoint.yaml")["checkpoint"][group]
+    kind = OPTION_GROUPS[group]
+    only_code_passes = {"store"}  # a CheckpointStore object: not a YAML value
+    assert {f.name for f in dataclasses.fields(kind)} - only_code_passes == set(cfg) - {"_target_"}
+    assert isinstance(instantiate(cfg), kind) and instantiate(cfg) == kind()  # the YAML's values are the defaults
+
+
 def _constructor_args(cls: type) -> set[str]:
-    return set(inspect.signature(cls.__init__).parameters) - {"self", "args", "kwargs"}
+    return set(inspect.signature(cls.__init__).parameters) - {"self", "args", "kwargs", "deprecated"}
 
 
 @pytest.mark.parametrize(("group", "option"), [(g, o) for g in GROUPS for o in options(g)])
@@ -143,6 +154,8 @@ def test_a_wrong_type_or_a_misspelled_key_fails_at_composition(override: str, me
         ("trainer.max_steps=abc", ["trainer.max_steps", "could not be converted to Integer"]),
         ("callbacks.checkpoint.every_n_train_step=5", ["callbacks.checkpoint.every_n_train_step: no such key",
                                                       "every_n_train_steps"]),  # the keys that exist are listed
+        # 0.x's flat option: the grouped key to write instead
+        ("callbacks.checkpoint.snapshot_dir=/tmp/s", ["callbacks.checkpoint.snapshots.directory=..."]),
     ],
 )
 @pytest.mark.slow

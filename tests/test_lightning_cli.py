@@ -28,8 +28,10 @@ import lightning_field
 # parse reached them (ModelCheckpoint keeps its interval private).
 CALLBACKS: dict[str, tuple[dict[str, object], dict[str, object]]] = {
     "lightning_field.ManifestCheckpoint": (
-        {"every_n_train_steps": 3, "save_top_k": 2, "monitor": "val_loss"},
-        {"_every_n_train_steps": 3, "save_top_k": 2, "monitor": "val_loss", "save_on_stop": True},
+        {"every_n_train_steps": 3, "save_top_k": 2, "monitor": "val_loss", "snapshots.every_n_train_steps": 4,
+         "resume.allow_mismatch": "[config]", "interrupts.save_on_train_end": "true"},
+        {"_every_n_train_steps": 3, "save_top_k": 2, "monitor": "val_loss", "save_on_stop": True,
+         "save_on_train_end": True, "allow_resume_mismatch": ("config",)},
     ),
     "lightning_field.TimeToQuality": ({"monitor": "val_loss", "target": 0.5}, {"monitor": "val_loss", "target": 0.5}),
     "lightning_field.CheckpointCadence": ({"mtbf_hours": 6.0}, {"mtbf_prior_s": 6.0 * 3600}),
@@ -69,6 +71,7 @@ def _assert_configured(cli: LightningCLI) -> None:
     assert isinstance(cli.trainer.logger, lightning_field.FieldWandbLogger)
     checkpoint = built["lightning_field.ManifestCheckpoint"]
     assert isinstance(checkpoint, ModelCheckpoint) and checkpoint._preemption._watcher.signals == (15, 10)
+    assert checkpoint.snapshots.every_n_train_steps == 4  # an option group's field, by its dotted name
 
 
 def test_every_bundle_callback_builds_from_a_lightning_cli_command_line_and_from_its_dumped_yaml(
@@ -80,7 +83,7 @@ def test_every_bundle_callback_builds_from_a_lightning_cli_command_line_and_from
     # What LightningCLI writes beside every run (SaveConfigCallback) and a user edits and reruns.
     config = tmp_path / "config.yaml"
     config.write_text(cli.parser.dump(cli.config, skip_none=False))
-    assert "preemption_signals:\n      - 15\n      - 10" in config.read_text()
+    assert "interrupts:\n" in config.read_text() and "signals:\n        - 15\n        - 10" in config.read_text()
     again = LightningCLI(UserClassifier, UserData, run=False, args=[f"--config={config}"], save_config_callback=None)
     _assert_configured(again)
 

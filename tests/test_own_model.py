@@ -236,7 +236,8 @@ def test_after_the_documented_flow_a_changed_model_key_is_refused_and_the_eviden
     refused = console(flow.project, "field-train", *DOCUMENTED_TRAIN, "model.width=32")
     assert refused.returncode == 2, refused.stdout[-2000:] + refused.stderr[-2000:]
     assert "model.width: 16 (checkpoint) -> 32 (this command)" in refused.stderr
-    assert "run_name=<new name>" in refused.stderr and "allow_resume_mismatch=[model.width]" in refused.stderr
+    assert "run_name=<new name>" in refused.stderr
+    assert "callbacks.checkpoint.resume.allow_mismatch=[model.width]" in refused.stderr
     assert "Traceback" not in refused.stderr
     # ... and the evidence does not cover a checkpoint of the changed model, naming the key.
     wide = console(flow.project, "field-train", *OWN, "model.width=32", "run_name=wide", "trainer.max_steps=10",

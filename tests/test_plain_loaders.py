@@ -101,7 +101,7 @@ def test_resuming_last_from_only_unrecoverable_checkpoints_stops_lists_them_and_
         _trainer(tmp_path, 10).fit(_BoringWithOwnLoader(), ckpt_path="last")
     message = str(refused.value)
     assert "none recoverable" in message and "silently start over" in message
-    assert "epoch=0-step=6: data_position" in message and "resume_inexact=True" in message
+    assert "epoch=0-step=6: data_position" in message and "ResumeConfig(inexact=True)" in message
     assert sorted(p.name for p in (tmp_path / "ckpts").iterdir()) == before
 
 
@@ -131,7 +131,7 @@ def test_the_opt_in_resumes_an_explicit_unrecoverable_checkpoint_as_plain_lightn
                        enable_model_summary=False, limit_val_batches=0)  # fmt: skip
     plain.fit(_BoringWithOwnLoader(), ckpt_path=str(given / "state.pt"))  # Lightning resumes the same state file
     trainer = _trainer(tmp_path, 10, resume_inexact=True)
-    with pytest.warns(UserWarning, match="as resume_inexact=True allows: this continuation is not exact"):
+    with pytest.warns(UserWarning, match=r"as ResumeConfig\(inexact=True\) allows: this continuation is not exact"):
         trainer.fit(_BoringWithOwnLoader(), ckpt_path=str(given))
     assert trainer.global_step == plain.global_step == 10
     newest = committed_checkpoints(tmp_path / "ckpts")[0]

@@ -87,7 +87,7 @@ def made(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]:
         "train": [*py, "lightning_field.cli.train_app", "experiment=demo", "progress_bar=none",
                   "trainer.enable_model_summary=false", f"paths.root_dir={root}", "logger=wandb",
                   "callbacks=[checkpoint,time_to_quality,straggler_monitor,restore_drill]",
-                  "callbacks.checkpoint.save_top_k=-1", "callbacks.checkpoint.save_on_train_end=true",
+                  "callbacks.checkpoint.save_top_k=-1", "callbacks.checkpoint.interrupts.save_on_train_end=true",
                   f"callbacks.checkpoint.code_dir={project}", "callbacks.restore_drill.every_n_checkpoints=5",
                   "callbacks.straggler_monitor.report_interval_s=0.05", "callbacks.time_to_quality.deadline_hours=1",
                   "callbacks.time_to_quality.price_per_device_hour=2.5"],

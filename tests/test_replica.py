@@ -97,7 +97,8 @@ def test_one_folder_seen_by_two_nodes_is_refused_naming_both_but_two_ranks_of_on
     assert shared_folder_problem([(0, "h", 1, 7, "/dev/shm/x"), (0, "h", 1, 7, "/dev/shm/x")]) is None
     assert shared_folder_problem([(0, "a", 1, 7, "/dev/shm/x"), (1, "b", 1, 7, "/dev/shm/x")]) is None  # two hosts
     problem = shared_folder_problem([(0, "h", 1, 7, "/shm/x"), (1, "h", 1, 8, "/shm/y"), (2, "h", 1, 7, "/shm/x")])
-    assert problem is not None and "on nodes 0 and 2" in problem and "node-local snapshot_dir" in problem
+    assert problem is not None and "on nodes 0 and 2" in problem
+    assert "node-local SnapshotConfig(directory=...)" in problem
 
 
 def test_a_replica_that_arrives_with_other_bytes_than_were_sent_is_refused_and_removed(tmp_path: Path) -> None:

@@ -37,7 +37,7 @@ def test_resume_from_two_ranks_on_one_is_refused_by_default_and_when_allowed_res
 
     refused = run_train_job(root, tmp_path / "refused.pt", *RESUMED_ON_ONE, expect_rc=None)
     assert "world_size: 2 (checkpoint) != 1 (this run)" in refused
-    assert "allow_resume_mismatch=['world_size']" in refused
+    assert "ResumeConfig(allow_mismatch=['world_size'])" in refused
     assert not (root / "checkpoints" / "epoch=2-step=15").exists()
 
     loaded = tmp_path / "loaded.pt"

@@ -29,7 +29,7 @@ def test_changed_hyperparameter_is_refused_with_a_diff_naming_it(tmp_path: Path)
         resumed.fit(DemoRegressor(lr=0.05), datamodule=DemoDataModule(size=64), ckpt_path="last")
     message = str(info.value)
     assert "config.resolved.model.lr: 0.01 (checkpoint) != 0.05 (this run)" in message
-    assert "allow_resume_mismatch=['config.resolved.model.lr']" in message
+    assert "ResumeConfig(allow_mismatch=['config.resolved.model.lr'])" in message
 
 
 def test_an_explicitly_allowed_difference_resumes(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""``snapshot_every_n_train_steps="auto"`` (the default): snapshots every step while their cost is
+"""``SnapshotConfig(every_n_train_steps="auto")`` (the default): snapshots every step while their cost is
 measured, then, from the cost model both tiers share, the interval that minimises the predicted waste,
 and only where snapshots pay beside the persistent checkpoints; agreed by every rank from the slowest
 one's cost, said in the log, the event log and the manifests; a user's integer is kept; a failing
@@ -155,7 +155,7 @@ def test_a_users_interval_is_kept_and_its_cost_said_once() -> None:
 @pytest.mark.parametrize(("every", "budget"), [(0, 0.01), (-1, 0.01), ("often", 0.01), (1.5, 0.01), (True, 0.01),
                                                ("auto", 0.0), ("auto", 1.0), ("auto", "1%"), ("auto", math.nan)])
 def test_a_bad_interval_or_budget_is_refused_naming_the_argument(every: object, budget: object) -> None:
-    with pytest.raises(ValueError, match=r"snapshot_every_n_train_steps|snapshot_overhead_budget"):
+    with pytest.raises(ValueError, match=r"snapshots.every_n_train_steps|snapshots.overhead_budget"):
         check_every_n_train_steps(every, budget)
 
 
@@ -223,7 +223,7 @@ def test_a_failing_auto_snapshot_turns_snapshots_off_with_one_warning(
     with pytest.warns(UserWarning) as warned:
         trainer.fit(BoringModel())
     off = [str(w.message) for w in warned if "they are off for the rest of this attempt" in str(w.message)]
-    assert len(off) == 1 and "No space left on device" in off[0] and "snapshot_dir" in off[0]
+    assert len(off) == 1 and "No space left on device" in off[0] and "SnapshotConfig(directory=...)" in off[0]
     assert trainer.checkpoint_callback.snapshots.every_n_train_steps is None
     failed = [e for e in read_events(tmp_path) if e["event"] == "ckpt_save_failed"]
     assert len(failed) == 1  # one failure, not one a step

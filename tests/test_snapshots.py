@@ -177,7 +177,7 @@ def test_a_snapshot_directory_another_user_could_write_is_refused_before_trainin
 
 
 def test_snapshot_every_n_train_steps_below_one_is_refused_at_construction(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match=r"snapshot_every_n_train_steps must be 'auto'.*an integer >= 1"):
+    with pytest.raises(ValueError, match=r"snapshots.every_n_train_steps must be 'auto'.*an integer >= 1"):
         make_trainer(tmp_path, 3, snapshot_every_n_train_steps=0)
 
 

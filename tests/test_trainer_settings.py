@@ -21,7 +21,7 @@ from hydra.utils import instantiate
 from lightning.pytorch.callbacks import Callback, GradientAccumulationScheduler, ModelCheckpoint
 from lightning.pytorch.demos.boring_classes import BoringModel
 
-from lightning_field import ManifestCheckpoint
+from lightning_field import ManifestCheckpoint, ResumeConfig
 from lightning_field.core.errors import ResumeMismatchError
 from lightning_field.core.events import read_events
 from lightning_field.core.manifest import MANIFEST_NAME, Manifest, ManifestError, read_manifest
@@ -75,8 +75,8 @@ def test_a_changed_setting_is_refused_naming_it_and_both_values_unless_allowed(n
     assert f"\n  {line}\n" in message
     assert refused.value.differences == {f"trainer.{name}": (before, after)}
     if name in ALLOWABLE:
-        assert f"ManifestCheckpoint(allow_changed={{'{name}'}})" in message
-        assert refused.value.allowed_by == "allow_changed"
+        assert f"ManifestCheckpoint(resume=ResumeConfig(allow_changed=['{name}']))" in message
+        assert refused.value.allowed_by == "resume.allow_changed"
         assert refuse_changed_settings(saved, now, {name}, "ckpts/step=6") == {name: (before, after)}
     else:  # the number of train loaders: no data position holds for other loaders
         assert "allow_changed" not in message and refused.value.allowed_by is None
@@ -89,7 +89,7 @@ def test_a_refusal_lists_every_change_and_an_allowed_one_does_not_hide_another()
         refuse_changed_settings(RECORDED, now, {"accumulate_grad_batches"}, "x")
     assert "accumulate_grad_batches" not in refused.value.differences
     assert "precision: '32-true' (checkpoint) -> 'bf16-mixed' (now)" in str(refused.value)
-    assert "allow_changed={'accumulate_grad_batches', 'precision'}" in str(refused.value)
+    assert "ResumeConfig(allow_changed=['accumulate_grad_batches', 'precision'])" in str(refused.value)
 
 
 def test_one_batch_and_the_whole_epoch_are_different_settings() -> None:
@@ -115,9 +115,9 @@ def test_a_strategy_change_that_only_follows_a_world_size_change_is_part_of_it()
 
 def test_allow_changed_refuses_a_name_it_does_not_know_naming_it_and_the_valid_ones() -> None:
     with pytest.raises(ValueError, match="'acumulate_grad_batches', not a Trainer setting") as refused:
-        ManifestCheckpoint(allow_changed={"acumulate_grad_batches"})
+        ManifestCheckpoint(resume=ResumeConfig(allow_changed={"acumulate_grad_batches"}))
     assert f"The settings it may name: {', '.join(ALLOWABLE)}." in str(refused.value)
-    with pytest.raises(ValueError, match=r"allow it with allow_resume_mismatch=\['world_size'\]"):
+    with pytest.raises(ValueError, match=r"allow it with ResumeConfig\(allow_mismatch=\['world_size'\]\)"):
         allowed_changes(["world_size"])
     with pytest.raises(ValueError, match="holds only for the train loaders it was saved with"):
         allowed_changes(["train_loaders"])
@@ -260,10 +260,10 @@ def test_a_checkpoint_written_before_settings_were_recorded_still_resumes(tmp_pa
 def test_the_hydra_config_mirrors_allow_changed(tmp_path: Path) -> None:
     from test_configs import compose_train  # the suite's own composition of field-train
 
-    cfg = compose_train("callbacks=field", "callbacks.checkpoint.allow_changed=[accumulate_grad_batches]",
-                        tmp_path=tmp_path)  # fmt: skip
+    allowed = "callbacks.checkpoint.resume.allow_changed=[accumulate_grad_batches]"
+    cfg = compose_train("callbacks=field", allowed, tmp_path=tmp_path)
     checkpoint = instantiate(cfg.callbacks.checkpoint)
     assert checkpoint._guard.allow_changed == {"accumulate_grad_batches"}
-    wrong = compose_train("callbacks=field", "callbacks.checkpoint.allow_changed=[acumulate]", tmp_path=tmp_path)
+    wrong = compose_train("callbacks=field", "callbacks.checkpoint.resume.allow_changed=[acumulate]", tmp_path=tmp_path)
     with pytest.raises(Exception, match="'acumulate', not a Trainer setting"):
         instantiate(wrong.callbacks.checkpoint)

@@ -1,4 +1,4 @@
-"""The lifecycle of ``ManifestCheckpoint(async_save=True)``: one save in flight, and what waits for it.
+"""The lifecycle of ``StorageConfig(async_save=True)``: one save in flight, and what waits for it.
 
 ``async_save.py`` has the mechanisms (the writer thread, the host snapshot, the deferred copy);
 this module decides when training meets them:
@@ -22,7 +22,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal, get_args
+from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
@@ -37,27 +37,13 @@ from lightning_field.checkpoint.async_save import (
     optimizer_written_storages,
 )
 from lightning_field.checkpoint.commit import CheckpointSaveError, SaveJob, commit_save
+from lightning_field.checkpoint.options import SaveErrorPolicy, save_error_policy
 from lightning_field.compat import lightning as internals
 from lightning_field.core.distributed import new_host_group
 from lightning_field.core.events import EventLog
 from lightning_field.core.storage import Location
 
-__all__ = ["SAVE_ERROR_POLICIES", "AsyncSaves", "SaveErrorPolicy", "save_error_policy"]
-
-SaveErrorPolicy = Literal["stop", "warn"]
-SAVE_ERROR_POLICIES: tuple[SaveErrorPolicy, ...] = get_args(SaveErrorPolicy)
-
-
-def save_error_policy(value: object) -> SaveErrorPolicy:
-    """``value`` as a policy for a failed background save; the one place it is checked.
-
-    Raises:
-        ValueError: ``value`` is not ``"stop"`` or ``"warn"``.
-    """
-    for policy in SAVE_ERROR_POLICIES:
-        if value == policy:
-            return policy
-    raise ValueError(f"on_save_error must be one of {SAVE_ERROR_POLICIES}, got {value!r}")
+__all__ = ["AsyncSaves"]
 
 
 @dataclass

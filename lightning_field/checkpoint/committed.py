@@ -13,7 +13,6 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 from weakref import proxy
@@ -25,11 +24,12 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
-from lightning_field.checkpoint.async_controller import AsyncSaves, SaveErrorPolicy
+from lightning_field.checkpoint.async_controller import AsyncSaves
 from lightning_field.checkpoint.async_save import Stager
 from lightning_field.checkpoint.checkpointer import Checkpointer
 from lightning_field.checkpoint.commit import SaveJob
-from lightning_field.checkpoint.stores import DEFAULT_CONCURRENCY, DEFAULT_PART_BYTES, CheckpointStore, CheckpointWriter
+from lightning_field.checkpoint.options import SaveErrorPolicy, StorageConfig
+from lightning_field.checkpoint.stores import CheckpointStore, CheckpointWriter
 from lightning_field.checkpoint.stores.local import name_file
 from lightning_field.core.distributed import broadcast_object
 from lightning_field.core.events import EventLog
@@ -55,31 +55,27 @@ class CommittedCheckpoint(ModelCheckpoint):
     def __init__(
         self,
         *,
-        storage_options: Mapping[str, Any] | None = None,
-        upload_part_bytes: int = DEFAULT_PART_BYTES,
-        upload_concurrency: int = DEFAULT_CONCURRENCY,
-        async_save: bool = False,
-        on_save_error: SaveErrorPolicy = "stop",
-        store: CheckpointStore | None = None,
+        storage: StorageConfig | None = None,
         **model_checkpoint_args: Any,
     ) -> None:
+        storage = storage or StorageConfig()
         # Before ModelCheckpoint's __init__, which sets dirpath on it and whose first filesystem
         # handle already needs the storage options.
         self._checkpointer = Checkpointer(
-            store=store,
-            storage_options=storage_options,
-            upload_part_bytes=upload_part_bytes,
-            upload_concurrency=upload_concurrency,
+            store=storage.store,
+            storage_options=storage.options,
+            upload_part_bytes=storage.upload_part_bytes,
+            upload_concurrency=storage.upload_concurrency,
         )
         self.storage_options = self._checkpointer.storage_options
         super().__init__(**model_checkpoint_args)
         self._configured_every_n_train_steps = self._every_n_train_steps
-        self.async_save = async_save
+        self.async_save = storage.async_save
         self.last_committed: tuple[str, int] | None = None  # (path, step) of the newest commit by this run
         self.last_blocking_seconds: float | None = None  # how long that save held training up
         self._events: EventLog | None = None
         self._saves = AsyncSaves(
-            on_save_error,
+            storage.on_save_error,
             advertise=self._advertise,
             remove=self._remove_checkpoint,
             not_saved_message=self._checkpointer.not_saved_message,

@@ -1,4 +1,4 @@
-"""``ManifestCheckpoint(require_fresh=True)``: a deleted or replaced newer checkpoint is a refusal.
+"""``ResumeConfig(require_fresh=True)``: a deleted or replaced newer checkpoint is a refusal.
 
 A writer of the checkpoint folder without the key cannot forge a checkpoint, but can still send a
 run back: delete the newest checkpoints and point ``LAST`` at an older one, or copy an older folder
@@ -43,7 +43,7 @@ class Freshness:
     """The record of one checkpoint directory: raised at each commit (rank 0), checked at a resume.
 
     Args:
-        required: refuse a resume older than the record (``require_fresh``); off, nothing is written.
+        required: refuse a resume older than the record (``resume.require_fresh``); off, nothing is written.
 
     Raises:
         ValueError: ``required`` without a checkpoint key configured.
@@ -58,7 +58,7 @@ class Freshness:
         keys = keys_from_environment()
         if keys is None:
             raise ValueError(
-                f"ManifestCheckpoint(require_fresh=True) needs a checkpoint key ({KEY_ENV}): an unsigned record"
+                f"ResumeConfig(require_fresh=True) needs a checkpoint key ({KEY_ENV}): an unsigned record"
                 " of the newest step could be rewritten by whoever can delete the checkpoints (docs/security.md)."
             )
         return keys
@@ -81,7 +81,9 @@ class Freshness:
         except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested past the parser's depth
             record = None
         if not isinstance(record, dict) or record.get("format") != FORMAT:
-            raise StaleCheckpointError(f"Refusing to resume: {where} is not a {FORMAT} record (require_fresh=True).")
+            raise StaleCheckpointError(
+                f"Refusing to resume: {where} is not a {FORMAT} record (resume.require_fresh=True)."
+            )
         problem = keys.check(canonical_bytes(record), record.get("signature"))
         step = record.get("newest_step")
         if problem is None and (not isinstance(step, int) or isinstance(step, bool) or step < 0):
@@ -132,10 +134,11 @@ class Freshness:
         resumed = "nothing (training would start at step 0)" if step is None else f"step {step}"
         if newest is None and step is not None:
             raise StaleCheckpointError(
-                f"Refusing to resume {resumed} from {dirpath}: require_fresh=True, and {where}, the signed record"
-                " of the newest step committed, is missing: it was deleted, or these checkpoints were written"
-                " without require_fresh. Check the folder; to start trusting it as it is, delete its checkpoints"
-                " or resume once with require_fresh=False."
+                f"Refusing to resume {resumed} from {dirpath}: resume.require_fresh=True, and {where}, the signed"
+                " record of the newest step committed, is missing: it was deleted, or these checkpoints were written"
+                " without resume.require_fresh. Check the folder; to start trusting it as it is, delete its"
+                " checkpoints"
+                " or resume once with resume.require_fresh=False."
             )
         if newest is not None and (step is None or step < newest):
             raise StaleCheckpointError(

@@ -9,7 +9,7 @@ import datetime
 import logging
 import os
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -21,27 +21,25 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from typing_extensions import override
 
 from lightning_field.checkpoint import sharded, sharded_load
-from lightning_field.checkpoint.async_controller import SaveErrorPolicy
 from lightning_field.checkpoint.commit import CheckpointSaveError, SaveJob
 from lightning_field.checkpoint.committed import CommittedCheckpoint
 from lightning_field.checkpoint.exception_save import ExceptionSave
 from lightning_field.checkpoint.freshness import Freshness
 from lightning_field.checkpoint.io import FIELD_KEY, ManifestCheckpointIO
-from lightning_field.checkpoint.no_progress import DEFAULT_MAX_FAILED_ATTEMPTS, NoProgressGuard
-from lightning_field.checkpoint.preemption import DEFAULT_SIGNALS, PreemptionSave, TrainingPreempted
+from lightning_field.checkpoint.no_progress import NoProgressGuard
+from lightning_field.checkpoint.options import (
+    InterruptConfig,
+    ResumeConfig,
+    SnapshotConfig,
+    StorageConfig,
+    grouped_options,
+)
+from lightning_field.checkpoint.preemption import PreemptionSave, TrainingPreempted
 from lightning_field.checkpoint.resume_last import NoRecoverableCheckpointError
 from lightning_field.checkpoint.resume_policy import ResumeGuard
-from lightning_field.checkpoint.snapshot_interval import DEFAULT_BUDGET
 from lightning_field.checkpoint.snapshots import StepSnapshots
 from lightning_field.checkpoint.stop_points import StopPointSave
-from lightning_field.checkpoint.stores import (
-    DEFAULT_CONCURRENCY,
-    DEFAULT_PART_BYTES,
-    CheckpointStore,
-    CheckpointWriter,
-    LocalStore,
-    ObjectStore,
-)
+from lightning_field.checkpoint.stores import CheckpointWriter, LocalStore, ObjectStore
 from lightning_field.checkpoint.stores.local import named_checkpoint
 from lightning_field.compat import lightning as internals
 from lightning_field.core.distributed import all_gather_objects, broadcast_object, elastic_restart_hazard
@@ -60,54 +58,35 @@ log = logging.getLogger(__name__)
 class ManifestCheckpoint(CommittedCheckpoint):
     """Drop-in replacement for :class:`~lightning.pytorch.callbacks.ModelCheckpoint`.
 
-    Args (beyond ModelCheckpoint's own):
+    Args (beyond ModelCheckpoint's own, which stay as Lightning's users write them):
+        storage: where and how checkpoints are written (:class:`~lightning_field.StorageConfig`:
+            fsspec options for a URL, multipart sizes, ``async_save``, ``on_save_error``, your own ``store``).
+        snapshots: the step-snapshot tier (:class:`~lightning_field.SnapshotConfig`): every
+            ``every_n_train_steps`` into node-local ``directory`` (default ``/dev/shm``, replicated to a
+            partner node), which ``ckpt_path="last"`` takes where newer; ``"auto"`` (default): where they
+            pay, at the interval that minimises the predicted waste (``checkpoint.snapshot_interval``).
+        resume: what a resume accepts (:class:`~lightning_field.ResumeConfig`): provenance differences
+            and Trainer settings allowed to change, an inexact resume, freshness, the failed-attempt limit
+            (exit 77, ``checkpoint.no_progress``), unpickling trusted files.
+        interrupts: how an interrupted attempt ends (:class:`~lightning_field.InterruptConfig`): the
+            preemption signals (a save at the next step boundary, then :class:`TrainingPreempted`, exit
+            status 75), how often ranks agree on them, saves where ``trainer.should_stop`` ends fit
+            before its limits (:mod:`lightning_field.checkpoint.stop_points`) and at the end of training.
+        failures: the :class:`~lightning_field.FailureModel` (MTBF, share of failures a snapshot survives)
+            ``"auto"`` snapshots are weighed against; default ``FailureModel()``: a 6 h MTBF.
         generators: named ``torch.Generator`` objects the run draws from, captured per rank.
         config: the run's resolved configuration (e.g. a Hydra ``DictConfig`` as a dict); defaults to
             the module's and datamodule's hparams. Recorded (secrets redacted) and compared on resume.
-        allow_resume_mismatch: provenance differences to accept on resume, by dotted name or prefix,
-            e.g. ``["world_size", "code.git_commit", "config"]``.
-        allow_changed: Trainer settings a resume may change, e.g. ``{"accumulate_grad_batches"}`` (else refused by
-            name; ``state.trainer_settings.ALLOWABLE``); the lineage is then recorded as inexact.
-        preemption_signals: signals that trigger a save at the next step boundary, then :class:`TrainingPreempted`
-            (exit status 75 uncaught); under SLURM auto-requeue its signal too, and a requeue once committed.
-        preemption_check_every_n_steps: how often ranks agree on a pending signal (an all-reduce): 1 on CPU, else 10.
         code_dir: where the user's code lives, for its git commit (default: the module's, script's or cwd's repository).
-        save_on_train_end: also commit the state training ends with at ``max_steps`` or ``max_epochs``
-            (unless saved): a rerun with larger limits then redoes none of the last steps.
-        save_on_stop: commit a recoverable checkpoint where ``trainer.should_stop`` ends fit before its limits
-            (``max_time``, ``EarlyStopping``, any callback): see :mod:`lightning_field.checkpoint.stop_points`.
-        storage_options: fsspec options for a ``dirpath`` URL such as ``s3://bucket/run/ckpts`` (e.g.
-            ``{"endpoint_url": ..., "key": ...}``); the manifest object is the commit there.
-        upload_part_bytes, upload_concurrency: multipart part size and parts in flight per file (object stores).
-        async_save: a background thread commits from reusable host buffers (copied on CPU while the next step
-            runs; an in-place write before the copy fails that save); one in flight, advertised once committed.
-        on_save_error: after a failed background save is reported (log, ``checkpoint/save_failures``,
-            event log), ``"stop"`` raises :class:`CheckpointSaveError` on every rank, ``"warn"`` trains on.
-        store: a :class:`~lightning_field.checkpoint.stores.CheckpointStore` for every write and read
-            (default: a ``LocalStore`` for a path, an ``ObjectStore`` for a URL), or your own backend.
-        resume_inexact: where ``ckpt_path="last"`` finds no recoverable checkpoint, resume the newest one anyway
-            (not :class:`NoRecoverableCheckpointError`), and an explicit ``ckpt_path`` to an unrecoverable one
-            too; later manifests record ``provenance.inexact_resume``.
-        trust_pickles: fully unpickle files that need it; off, such a file is refused naming its type (``safe_load``).
-        snapshot_every_n_train_steps: also snapshot every this many steps into ``snapshot_dir`` (default
-            ``/dev/shm``, replicated to a partner node), which ``ckpt_path="last"`` takes where newer; ``"auto"``
-            (default): where they pay, at the interval that minimises the predicted waste from their measured
-            cost, the persistent interval and ``failures`` (``checkpoint.snapshot_interval``); ``None``: off.
-        snapshot_overhead_budget: the largest share of step time ``"auto"`` snapshots may take (default 0.01).
-        failures: the :class:`~lightning_field.FailureModel` (MTBF, share of failures a snapshot survives)
-            ``"auto"`` snapshots are weighed against; default ``FailureModel()``: a 6 h MTBF.
-        snapshot_in_line: commit snapshots before the next step (True) or beside it from a host copy
-            (False); default: in line where training computes on the CPU, beside it on an accelerator.
-        max_failed_attempts: after this many attempts failed with nothing committed past the step the next one
-            resumes from, it refuses before its first batch (exit 77, ``checkpoint.no_progress``); None: off.
-        require_fresh: refuse a "last" resume older than the signed record of the newest commit (``freshness``).
+        **deprecated: 0.x's flat names (``snapshot_every_n_train_steps=``, ``allow_resume_mismatch=``,
+            ...; ``checkpoint.options.FLAT_NAMES``), each folded into its group with a ``DeprecationWarning``.
 
     Raises:
-        ValueError: ``on_save_error`` is not ``"stop"``/``"warn"``, ``preemption_check_every_n_steps`` is
-            below 1, ``snapshot_every_n_train_steps`` is not ``"auto"``, ``None`` or an integer >= 1, or
-            ``snapshot_overhead_budget`` is not in (0, 1); at setup (on every rank alike), ``dirpath`` is
-            unusable on any rank (under a file, not writable), or snapshots cannot be replicated.
-        TypeError: ``store`` does not implement :class:`~lightning_field.checkpoint.stores.CheckpointStore`.
+        ValueError: an option its group refuses (``StorageConfig``, ``SnapshotConfig``, ...), or a flat
+            name given beside its group; at setup (on every rank alike), ``dirpath`` is unusable on any
+            rank (under a file, not writable), or snapshots cannot be replicated.
+        TypeError: an unknown keyword argument; ``store`` does not implement
+            :class:`~lightning_field.checkpoint.stores.CheckpointStore`.
         NotImplementedError: at setup, a strategy other than single-device, DDP or ModelParallel.
         ResumeMismatchError: on ``fit(ckpt_path=...)``, before anything is unpickled, the checkpoint is
             not recoverable, written by another run (code, config, data, model, world size) or other Trainer settings.
@@ -140,31 +119,18 @@ class ManifestCheckpoint(CommittedCheckpoint):
         save_on_train_epoch_end: bool | None = None,
         enable_version_counter: bool = True,
         *,
+        storage: StorageConfig | None = None,
+        snapshots: SnapshotConfig | None = None,
+        resume: ResumeConfig | None = None,
+        interrupts: InterruptConfig | None = None,
+        failures: FailureModel | None = None,
         generators: Mapping[str, torch.Generator] | None = None,
         config: Mapping[str, Any] | None = None,
-        allow_resume_mismatch: Iterable[str] = (),
-        allow_changed: Iterable[str] = (),
-        preemption_signals: Sequence[int] = DEFAULT_SIGNALS,
-        preemption_check_every_n_steps: int | None = None,
         code_dir: str | os.PathLike[str] | None = None,
-        save_on_train_end: bool = False,
-        save_on_stop: bool = True,
-        storage_options: Mapping[str, Any] | None = None,
-        upload_part_bytes: int = DEFAULT_PART_BYTES,
-        upload_concurrency: int = DEFAULT_CONCURRENCY,
-        async_save: bool = False,
-        on_save_error: SaveErrorPolicy = "stop",
-        resume_inexact: bool = False,
-        store: CheckpointStore | None = None,
-        trust_pickles: bool = False,
-        snapshot_every_n_train_steps: int | Literal["auto"] | None = "auto",
-        snapshot_dir: str | os.PathLike[str] | None = None,
-        snapshot_in_line: bool | None = None,
-        snapshot_overhead_budget: float = DEFAULT_BUDGET,
-        failures: FailureModel | None = None,
-        max_failed_attempts: int | None = DEFAULT_MAX_FAILED_ATTEMPTS,
-        require_fresh: bool = False,
+        **deprecated: Any,
     ) -> None:
+        groups = {"storage": storage, "snapshots": snapshots, "resume": resume, "interrupts": interrupts}
+        storage, snapshots, resume, interrupts = grouped_options(groups, deprecated)
         super().__init__(
             dirpath=dirpath,
             filename=filename,
@@ -181,31 +147,26 @@ class ManifestCheckpoint(CommittedCheckpoint):
             every_n_epochs=every_n_epochs,
             save_on_train_epoch_end=save_on_train_epoch_end,
             enable_version_counter=enable_version_counter,
-            storage_options=storage_options,
-            upload_part_bytes=upload_part_bytes,
-            upload_concurrency=upload_concurrency,
-            async_save=async_save,
-            on_save_error=on_save_error,
-            store=store,
+            storage=storage,
         )
-        self._preemption = PreemptionSave(self, preemption_signals, preemption_check_every_n_steps)
+        self._preemption = PreemptionSave(self, interrupts.signals, interrupts.check_every_n_steps)
         self.rank_tracker = self.make_rank_tracker(generators)
-        self._guard = ResumeGuard(allow_resume_mismatch, allow_changed, self._current_events, resume_inexact)
-        self._no_progress = NoProgressGuard(self, max_failed_attempts, self._guard.code)
-        self.config, self.code_dir, self.freshness = config, code_dir, Freshness(require_fresh)
-        self.save_on_train_end, self.save_on_stop = save_on_train_end, save_on_stop
+        self._guard = ResumeGuard(resume.allow_mismatch, resume.allow_changed, self._current_events, resume.inexact)
+        self._no_progress = NoProgressGuard(self, resume.max_failed_attempts, self._guard.code)
+        self.config, self.code_dir, self.freshness = config, code_dir, Freshness(resume.require_fresh)
+        self.save_on_train_end, self.save_on_stop = interrupts.save_on_train_end, interrupts.save_on_stop
         self._stops = StopPointSave(self)
         self._exception_save = ExceptionSave(self)
         self.snapshots = StepSnapshots(  # the step-snapshot tier
             self,
-            snapshot_every_n_train_steps,
-            snapshot_dir,
-            snapshot_in_line,
-            snapshot_overhead_budget,
+            snapshots.every_n_train_steps,
+            snapshots.directory,
+            snapshots.in_line,
+            snapshots.overhead_budget,
             failures,
             self.persistent_interval_seconds,
         )
-        self.trust_pickles = trust_pickles
+        self.trust_pickles = resume.trust_pickles
         self._deferred_batch_end: tuple[Any, Any, int] | None = None
         self._deferred_validation_end = False
         self._show_hint_again: Any = None

@@ -37,7 +37,6 @@ from lightning_field.core.hashing import IDENTITY_ALGORITHM, new_hasher
 from lightning_field.core.heartbeat import Phase
 
 __all__ = [
-    "DEFAULT_MAX_FAILED_ATTEMPTS",
     "NO_PROGRESS_EXIT_CODE",
     "RETRY_ENV",
     "FailedAttempt",
@@ -53,7 +52,6 @@ log = logging.getLogger(__name__)
 NO_PROGRESS_EXIT_CODE = 77
 RETRY_ENV = "LIGHTNING_FIELD_RETRY_NO_PROGRESS"
 """Set to 1 for one more attempt despite the count (each further failure refuses again)."""
-DEFAULT_MAX_FAILED_ATTEMPTS = 3
 MESSAGE_CHARS = 200
 COMMITS = ("ckpt_committed", "snapshot_committed")
 REFUSED_STATUS = "refused: no progress"
@@ -206,7 +204,7 @@ def refusal_message(step: int, attempts: list[FailedAttempt], attempt: int | Non
         f" (or started before it) and failed before committing a checkpoint past it, {failures}. Refusing"
         f" to train {this} from step {step}: it would fail the same way (exit status {NO_PROGRESS_EXIT_CODE},"
         f" NO_PROGRESS_EXIT_CODE, final). Fix the cause, then rerun: changed code starts the count over;"
-        f" {RETRY_ENV}=1 allows one more attempt of the same code; ManifestCheckpoint(max_failed_attempts=None)"
+        f" {RETRY_ENV}=1 allows one more attempt of the same code; ResumeConfig(max_failed_attempts=None)"
         " turns this guard off."
     )
 
@@ -230,7 +228,7 @@ class NoProgressGuard:
         if max_failed_attempts is not None and (
             isinstance(max_failed_attempts, bool) or not isinstance(max_failed_attempts, int) or max_failed_attempts < 1
         ):
-            raise ValueError(f"max_failed_attempts must be None or an integer >= 1, got {max_failed_attempts!r}")
+            raise ValueError(f"resume.max_failed_attempts must be None or an integer >= 1, got {max_failed_attempts!r}")
         self.max_failed_attempts = max_failed_attempts
         self._checkpoint = checkpoint
         self._code = code

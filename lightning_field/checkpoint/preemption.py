@@ -28,15 +28,12 @@ import torch
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
+from lightning_field.checkpoint.options import DEFAULT_SIGNALS
 from lightning_field.checkpoint.owner import SavePoint
 from lightning_field.compat import lightning as internals
 from lightning_field.core.manifest import StopRecord
 
 log = logging.getLogger(__name__)
-
-# Plain ints, not signal.Signals members: LightningCLI and OmegaConf must be able to write the default
-# out (jsonargparse dumps the parsed config as YAML, which cannot represent an enum).
-DEFAULT_SIGNALS: tuple[int, ...] = (int(signal.SIGTERM), int(signal.SIGUSR1))
 
 
 #: sysexits.h's EX_TEMPFAIL, "temporary failure; the user is invited to retry": what a preempted
@@ -202,7 +199,7 @@ class PreemptionSave:
 
     def __init__(self, checkpoint: SavePoint, signals: Sequence[int], check_every_n_steps: int | None = None) -> None:
         if check_every_n_steps is not None and check_every_n_steps < 1:
-            raise ValueError(f"preemption_check_every_n_steps must be >= 1, got {check_every_n_steps}")
+            raise ValueError(f"interrupts.check_every_n_steps must be >= 1, got {check_every_n_steps}")
         self.check_every_n_steps = check_every_n_steps
         self.saved: str | None = None
         self._checkpoint = checkpoint

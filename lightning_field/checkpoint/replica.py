@@ -71,7 +71,8 @@ def shared_folder_problem(seen: Sequence[tuple[int, str, int, int, str]]) -> str
         if other[0] != node:
             return (
                 f"the snapshot directory {path} is one and the same directory on nodes {other[0]} and {node} (host"
-                f" {host}): a replica there is no second copy. Give each node a node-local snapshot_dir of its own."
+                f" {host}): a replica there is no second copy. Give each node a node-local"
+                " SnapshotConfig(directory=...) of its own."
             )
     return None
 

@@ -68,7 +68,8 @@ def no_recoverable_message(
     if any(e.manifest is not None and e.manifest.kind == "recovery" and e.path not in skipped for e in entries):
         ways.append(
             "fix what they lack and start a new run (these checkpoints stay as they are); or resume their weights"
-            " and optimizer anyway, knowing the continuation is not exact, with ManifestCheckpoint(resume_inexact=True)"
+            " and optimizer anyway, knowing the continuation is not exact, with"
+            " ManifestCheckpoint(resume=ResumeConfig(inexact=True))"
         )
     ways.append("pass ckpt_path=None to start over on purpose")
     return (

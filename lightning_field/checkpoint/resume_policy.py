@@ -83,7 +83,8 @@ def refuse_on_differences(
         names = ", ".join(repr(k) for k in sorted(blocking))
         raise ResumeMismatchError(
             f"Refusing to resume from {where}: it was written by a different run.\n{lines}\n"
-            f"If this is intended, allow it explicitly: ManifestCheckpoint(allow_resume_mismatch=[{names}]).",
+            "If this is intended, allow it explicitly:"
+            f" ManifestCheckpoint(resume=ResumeConfig(allow_mismatch=[{names}])).",
             differences=blocking,
         )
 
@@ -108,7 +109,7 @@ def refuse_changed_architecture(
             f"Refusing to resume from {path}: the model's architecture changed since it was saved.\n"
             + "\n".join(f"  {change}" for change in changes)
             + "\nStart a new run for the new model, or allow it explicitly:"
-            f" ManifestCheckpoint(allow_resume_mismatch=['{ARCHITECTURE_KEY}']).",
+            f" ManifestCheckpoint(resume=ResumeConfig(allow_mismatch=['{ARCHITECTURE_KEY}'])).",
             differences={ARCHITECTURE_KEY: changes},
         )
 
@@ -232,7 +233,7 @@ class ResumeGuard:
             self.choose_inexact(path, manifest.missing)
             rank_zero_warn(
                 f"lightning_field: resuming from {path}, which is NOT recoverable ({'; '.join(manifest.missing)}),"
-                " as resume_inexact=True allows: this continuation is not exact. Every later manifest records"
+                " as ResumeConfig(inexact=True) allows: this continuation is not exact. Every later manifest records"
                 " provenance.inexact_resume."
             )
         self.resharded_from = check_resume(
@@ -271,7 +272,7 @@ class ResumeGuard:
         changes = refuse_changed_settings(saved or {}, self._settings, self.allow_changed, path)
         if changes:
             rank_zero_warn(
-                f"lightning_field: resuming from {path} with changed Trainer settings, as allow_changed allows"
+                f"lightning_field: resuming from {path} with changed Trainer settings, as resume.allow_changed allows"
                 f" ({'; '.join(change_lines(changes))}): this lineage is no longer exact against an uninterrupted"
                 " run. Every later manifest records provenance.changed_settings."
             )

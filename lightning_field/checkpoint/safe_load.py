@@ -58,7 +58,10 @@ CHECKPOINT_SAFE_TYPES: tuple[Any, ...] = (
 )
 """What a Lightning checkpoint may hold beyond what ``weights_only`` allows by itself."""
 
-TRUST_PICKLES_HINT = "ManifestCheckpoint(trust_pickles=True) (from Hydra: callbacks.checkpoint.trust_pickles=true)"
+TRUST_PICKLES_HINT = (
+    "ManifestCheckpoint(resume=ResumeConfig(trust_pickles=True))"
+    " (from Hydra: callbacks.checkpoint.resume.trust_pickles=true)"
+)
 
 
 class UnsafeCheckpointError(CheckpointError, RuntimeError):

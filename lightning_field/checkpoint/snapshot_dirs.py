@@ -52,7 +52,7 @@ def make_private(root: Path) -> None:
             raise PermissionError(
                 f"snapshot directory {folder} is not a private directory of this user (owner uid {info.st_uid},"
                 f" mode {stat.filemode(info.st_mode)}): a snapshot planted there would be resumed. Remove it, or"
-                " pass ManifestCheckpoint(snapshot_dir=...) a directory of your own."
+                " pass SnapshotConfig(directory=...) a directory of your own."
             )
 
 

@@ -3,7 +3,7 @@ cost model both tiers share (:func:`lightning_field.planning.intervals.choose_in
 
 A snapshot every step redoes at most one step after a crash that it survives, and costs its write
 on every step; persistent checkpoints alone redo half their interval. With
-``snapshot_every_n_train_steps="auto"`` the first snapshots are taken every step and timed (the
+``SnapshotConfig(every_n_train_steps="auto")`` the first snapshots are taken every step and timed (the
 training thread's wait for each, and the steps between them); then the interval that minimises the
 predicted waste is kept, from the failure model (``FailureModel``: the MTBF, the share of failures a
 snapshot survives) and the persistent interval in force:
@@ -64,12 +64,12 @@ def check_every_n_train_steps(every: Any, budget: Any) -> None:
     """
     if not (every is None or every == AUTO or (type(every) is int and every >= 1)):
         raise ValueError(
-            f"snapshot_every_n_train_steps must be 'auto' (the default: chosen from their measured cost),"
+            f"snapshots.every_n_train_steps must be 'auto' (the default: chosen from their measured cost),"
             f" an integer >= 1, or None (off); got {every!r}"
         )
     if not (isinstance(budget, (int, float)) and not isinstance(budget, bool) and 0 < budget < 1):
         raise ValueError(
-            f"snapshot_overhead_budget must be a share of the step time in (0, 1), e.g. 0.01; got {budget!r}"
+            f"snapshots.overhead_budget must be a share of the step time in (0, 1), e.g. 0.01; got {budget!r}"
         )
 
 

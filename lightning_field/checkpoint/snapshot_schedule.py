@@ -117,7 +117,7 @@ class SnapshotSchedule:
             self.off_reason = f"a snapshot failed, so they are off for the rest of this attempt: {failure}"
             rank_zero_warn(
                 f"lightning_field: {self.off_reason}. Give them a node-local folder with room for two of them"
-                " (ManifestCheckpoint(snapshot_dir=...)), or turn them off (snapshot_every_n_train_steps=None)."
+                " (SnapshotConfig(directory=...)), or turn them off (SnapshotConfig(every_n_train_steps=None))."
             )
             if events is not None:
                 events.emit("snapshot_interval", step=trainer.global_step, payload=dict(self.record()))
@@ -176,6 +176,6 @@ def release_superseded(snapshots: Checkpointer, persistent: Checkpointer) -> Non
         return
     rank_zero_info(
         f"lightning_field: kept the snapshots in {root}: step {newest}, the newest resume point, is only there"
-        " (a rerun with larger limits resumes from it; ManifestCheckpoint(save_on_train_end=True) also saves it"
+        " (a rerun with larger limits resumes from it; InterruptConfig(save_on_train_end=True) also saves it"
         " persistently, and the snapshots are then released at the end)."
     )

@@ -1,4 +1,4 @@
-"""Step snapshots: ``ManifestCheckpoint(snapshot_every_n_train_steps=N)``.
+"""Step snapshots: ``ManifestCheckpoint(snapshots=SnapshotConfig(every_n_train_steps=N))``.
 
 A snapshot is a checkpoint like any other (the same state, manifest, hashes and atomic commit), taken every ``N`` steps
 where a step checkpoint would be, and committed into a node-local directory that outlives the process but not the

@@ -167,7 +167,7 @@ def _drill_mark(m: Manifest) -> str:
 
 def _snapshot_tier(root: str, parent: str | None) -> Path | None:
     """The step snapshots of the checkpoints under ``root`` on this machine (where
-    ``ManifestCheckpoint(snapshot_every_n_train_steps=...)`` keeps them), if any are there and they
+    ``ManifestCheckpoint(snapshots=SnapshotConfig(...))`` keeps them), if any are there and they
     are this run's (a deleted run's, left behind, are named and not listed: a resume ignores them)."""
     location = as_location(root)
     if not isinstance(location, Path):
@@ -366,7 +366,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     listing.add_argument(
         "--snapshot-dir",
         metavar="PARENT",
-        help="where the run keeps step snapshots, as given to ManifestCheckpoint(snapshot_dir=...) (default /dev/shm)",
+        help="where the run keeps step snapshots, as given to SnapshotConfig(directory=...) (default /dev/shm)",
     )
     listing.set_defaults(func=cmd_list)
     inspect = sub.add_parser("inspect", help="the manifest in readable form")

@@ -15,6 +15,7 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from lightning_field.checkpoint.options import FLAT_NAMES
 from lightning_field.conf import CONFIG_DIR, compose_config
 from lightning_field.core.fsio import atomic_write_bytes
 from lightning_field.integrations.hydra_configs import (
@@ -122,8 +123,12 @@ def composition_problem(
 
 
 def _unknown_key(config_name: str, arguments: Sequence[str], key: str) -> str:
-    """``model.hiddn: no such key; model has features, hidden, ...``: the keys that do exist there."""
-    parent, _, _ = key.rpartition(".")
+    """``model.hiddn: no such key; model has features, hidden, ...``: the keys that do exist there.
+    A flat checkpoint option of 0.x (``callbacks.checkpoint.snapshot_dir``) is named with its group's key."""
+    parent, _, leaf = key.rpartition(".")
+    if leaf in FLAT_NAMES and parent.endswith("checkpoint"):
+        group, field = FLAT_NAMES[leaf]
+        return f"{key}: ManifestCheckpoint's options are grouped now; write {parent}.{group}.{field}=..."
     others = [a for a in arguments if a.split("=", 1)[0].lstrip("+~") != key]
     try:
         node = compose_config(config_name, others)

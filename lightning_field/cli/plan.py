@@ -44,7 +44,7 @@ def measured_from_run(run_dir: Path) -> tuple[dict[str, float], dict[str, str]]:
     if gaps and isinstance(requested, int) and not isinstance(requested, bool):
         values["snapshot_interval_seconds"] = statistics.median(gaps)
         sources["snapshot_interval_seconds"] = (
-            f"median of {len(gaps)} intervals between step snapshots in {run_dir} (snapshot_every_n_train_steps"
+            f"median of {len(gaps)} intervals between step snapshots in {run_dir} (snapshots.every_n_train_steps"
             f"={requested})"
         )
     if chosen:  # the interval in force at the end, as the run chose it

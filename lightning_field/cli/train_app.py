@@ -288,8 +288,8 @@ def refusal_message(run_dir: Path, refused: Exception) -> str:
             lines.append(f"  {short_key(key)}: {value[0]!r} (checkpoint) -> {value[1]!r} (this command)")
         else:
             lines += [f"  {short_key(key)}: {change}" for change in value]
-    allowed_by = getattr(refused, "allowed_by", "allow_resume_mismatch")  # allow_changed: Trainer settings
-    prefix = "trainer." if allowed_by == "allow_changed" else ""
+    allowed_by = getattr(refused, "allowed_by", "resume.allow_mismatch")  # resume.allow_changed: Trainer settings
+    prefix = "trainer." if allowed_by == "resume.allow_changed" else ""
     names = ",".join(short_key(k).removeprefix(prefix) for k in sorted(differences))
     lines.append("  a new run:        add run_name=<new name>")
     if allowed_by:

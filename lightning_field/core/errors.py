@@ -29,15 +29,15 @@ class ResumeMismatchError(CheckpointError, RuntimeError):
     Attributes:
         differences: dotted name -> (checkpoint's value, this run's), or the list of architecture
             changes under ``model.architecture``: what a command-line front end reports briefly.
-        allowed_by: the ``ManifestCheckpoint`` argument that would accept these differences
-            (``allow_changed`` for Trainer settings), None where none can.
+        allowed_by: the ``ManifestCheckpoint`` option that would accept these differences, as a
+            dotted group field (``resume.allow_changed`` for Trainer settings), None where none can.
     """
 
     def __init__(
         self,
         message: str,
         differences: Mapping[str, Any] | None = None,
-        allowed_by: str | None = "allow_resume_mismatch",
+        allowed_by: str | None = "resume.allow_mismatch",
     ) -> None:
         super().__init__(message)
         self.differences = dict(differences or {})

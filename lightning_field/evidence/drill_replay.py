@@ -23,6 +23,7 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from lightning_field.checkpoint.manifest_checkpoint import ManifestCheckpoint
+from lightning_field.checkpoint.options import ResumeConfig, SnapshotConfig, StorageConfig
 from lightning_field.evidence.digest import parameter_norms, weights_digest
 from lightning_field.evidence.drill_runs import ERROR, MISMATCH, PASSED, STORAGE_OPTIONS_ENV
 from lightning_field.evidence.trace import StepTracer, read_trace
@@ -52,9 +53,9 @@ def run_drill(spec: Mapping[str, Any]) -> dict[str, Any]:
         dirpath=work / "unused",
         save_top_k=0,
         save_last=False,
-        allow_resume_mismatch=["code", "config"],
-        snapshot_every_n_train_steps=None,  # one step, then gone: a snapshot would outlive it in /dev/shm
-        storage_options=json.loads(os.environ.get(STORAGE_OPTIONS_ENV) or "{}"),
+        resume=ResumeConfig(allow_mismatch=["code", "config"]),
+        snapshots=SnapshotConfig(every_n_train_steps=None),  # one step, then gone: a snapshot would outlive it
+        storage=StorageConfig(options=json.loads(os.environ.get(STORAGE_OPTIONS_ENV) or "{}")),
     )
     tracer = StepTracer(work / "trace")
     trainer = pl.Trainer(

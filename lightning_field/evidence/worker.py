@@ -21,6 +21,7 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
+from lightning_field.checkpoint.options import StorageConfig
 from lightning_field.checkpoint.resolver import latest_recoverable
 from lightning_field.checkpoint.stores import LocalStore
 from lightning_field.core.distributed import end_process_groups, exit_finished_process
@@ -66,17 +67,22 @@ def build_checkpoint(config: dict[str, Any], run_dir: Path, store: LocalStore | 
     options = dict(config.get("callbacks", {}).get("checkpoint") or {})
     if not options:
         raise ValueError("the configuration has no callbacks.checkpoint: the protocol tests checkpoints")
-    if store is not None and options.get("store") is not None:
-        raise ValueError(
-            "callbacks.checkpoint.store is set, and a kill inside a save (evidence.kill_mode=save or mixed)"
-            " interrupts the local store: use evidence.kill_mode=step with a store of your own"
-        )
+    extra: dict[str, Any] = {}
+    if store is not None:
+        storage = dict(options.pop("storage", None) or {})
+        if storage.get("store") is not None:
+            raise ValueError(
+                "callbacks.checkpoint.storage.store is set, and a kill inside a save (evidence.kill_mode=save or"
+                " mixed) interrupts the local store: use evidence.kill_mode=step with a store of your own"
+            )
+        # The store is an object, not a config value: the storage group is built here with it.
+        fields = {str(key): value for key, value in storage.items() if key not in ("_target_", "store")}
+        extra["storage"] = StorageConfig(**fields, store=store)
     options["dirpath"] = str(run_dir / CHECKPOINTS)
     # Every checkpoint of an evidence run is kept: the bundle cites the manifests of all of them.
     options["save_top_k"] = -1
     # The same view of the config that field-train records, so evidence and checkpoints compare.
-    # (instantiate() owns the keyword `config`, so it goes through a partial, as does the store: an object.)
-    extra = {"store": store} if store is not None else {}
+    # (instantiate() owns the keyword `config`, so it goes through a partial, as does the storage group.)
     return instantiate(OmegaConf.create(options), _partial_=True)(config=trajectory_config(config), **extra)
 
 

@@ -51,7 +51,7 @@ class Schema:
 # group/option -> the class its YAML mirrors. Model, data and strategy configs have none on purpose:
 # users point them at their own classes (model._target_=my_pkg.MyModule) with their own arguments.
 SCHEMAS: dict[str, Schema] = {
-    "callbacks/checkpoint": Schema("lightning_field.ManifestCheckpoint", frozenset({"generators", "config", "store"})),
+    "callbacks/checkpoint": Schema("lightning_field.ManifestCheckpoint", frozenset({"generators", "config"})),
     "callbacks/time_to_quality": Schema("lightning_field.TimeToQuality"),
     "callbacks/checkpoint_cadence": Schema("lightning_field.CheckpointCadence"),
     "callbacks/straggler_monitor": Schema("lightning_field.StragglerMonitor"),
@@ -64,9 +64,13 @@ SCHEMAS: dict[str, Schema] = {
 
 def omegaconf_type(annotation: Any) -> Any:
     """The closest type OmegaConf can validate: primitives, Optional primitives, lists and dicts of
-    them; everything else (unions of several types, classes, callables) becomes ``Any``."""
+    them, and an option group's dataclass as a structured config of its own (so a misspelled
+    ``callbacks.checkpoint.snapshots.every_n_train_step`` fails at composition); everything else
+    (unions of several types, other classes, callables) becomes ``Any``."""
     if annotation in _PRIMITIVES:
         return annotation
+    if isinstance(annotation, type) and dataclasses.is_dataclass(annotation):
+        return structured_config(annotation, f"{annotation.__module__}.{annotation.__qualname__}")
     origin, args = typing.get_origin(annotation), typing.get_args(annotation)
     if origin is Literal:
         kinds = {type(a) for a in args}
@@ -128,7 +132,8 @@ def _parameters(cls: type) -> dict[str, tuple[Any, Any]]:
 
 
 def structured_config(cls: type, target: str, exclude: frozenset[str] = frozenset()) -> type:
-    """A dataclass with ``_target_`` and one typed field per constructor argument of ``cls``."""
+    """A dataclass with ``_target_`` and one typed field per constructor argument of ``cls`` (its
+    fields, where ``cls`` is a dataclass itself)."""
     fields: list[tuple[str, Any, Any]] = [("_target_", str, dataclasses.field(default=target))]
     for name, (annotation, default) in _parameters(cls).items():
         if name in exclude:

@@ -60,7 +60,7 @@ def inexact_lineage(provenance: Mapping[str, Any]) -> list[str]:
         missing = inexact.get("missing")
         lacking = "; ".join(map(str, missing)) if isinstance(missing, list) and missing else "state it needed"
         where = inexact.get("checkpoint")
-        reasons.append(f"it continues {where!r}, resumed inexactly (resume_inexact) without {lacking}")
+        reasons.append(f"it continues {where!r}, resumed inexactly (resume.inexact) without {lacking}")
     changed = provenance.get("changed_settings")
     for entry in changed if isinstance(changed, list) else []:
         changes = entry.get("changes") if isinstance(entry, Mapping) else None
@@ -73,6 +73,6 @@ def inexact_lineage(provenance: Mapping[str, Any]) -> list[str]:
         )
         reasons.append(
             f"it continues {entry.get('checkpoint')!r} (step {entry.get('step')}) with changed Trainer settings"
-            f" (allow_changed): {listed}"
+            f" (resume.allow_changed): {listed}"
         )
     return reasons

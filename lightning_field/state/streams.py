@@ -97,7 +97,7 @@ def unrestorable_stream(loader: Any) -> str | None:
                 f"datasets' {type(dataset).__name__}.shuffle(buffer_size={size}) keeps a shuffle buffer that its"
                 " state_dict does not hold, so a resume loses the buffered examples (as the datasets documentation"
                 " says); shuffle a map-style Dataset before to_iterable_dataset() instead"
-                " (Dataset.shuffle(seed=...)), or resume inexactly on purpose with resume_inexact=True"
+                " (Dataset.shuffle(seed=...)), or resume inexactly on purpose with ResumeConfig(inexact=True)"
             )
     return None
 

@@ -8,7 +8,7 @@ runs, and with it ``EarlyStopping``, ``ReduceLROnPlateau`` and validation-schedu
 the number of train loaders. Each is recorded in ``provenance.trainer``
 (:class:`~lightning_field.core.manifest_records.TrainerSettings`) and a change is refused before
 anything is unpickled, naming the setting and both values, unless the user allows it
-(``ManifestCheckpoint(allow_changed={"accumulate_grad_batches"})``). An allowed change resumes, and
+(``ManifestCheckpoint(resume=ResumeConfig(allow_changed=["accumulate_grad_batches"]))``). An allowed change resumes, and
 the lineage records it (``provenance.changed_settings``, carried into every later manifest): it is no
 longer exact against an uninterrupted run, and no evidence may call it so.
 
@@ -44,7 +44,9 @@ SETTINGS: tuple[str, ...] = tuple(TRAINER_SETTING_TYPES)
 """Every recorded setting, in the order a refusal lists them."""
 
 COMPARED_ELSEWHERE = {
-    "world_size": "a world size change is a resharded resume: allow it with allow_resume_mismatch=['world_size']",
+    "world_size": (
+        "a world size change is a resharded resume: allow it with ResumeConfig(allow_mismatch=['world_size'])"
+    ),
     "train_loaders": "a saved data position holds only for the train loaders it was saved with",
 }
 """The recorded settings ``allow_changed`` cannot name, and why."""
@@ -68,7 +70,7 @@ def allowed_changes(names: Iterable[str]) -> frozenset[str]:
     if unknown:
         why = "; ".join(f"{name}: {COMPARED_ELSEWHERE[name]}" for name in unknown if name in COMPARED_ELSEWHERE)
         raise ValueError(
-            f"ManifestCheckpoint(allow_changed=...) names {', '.join(repr(n) for n in unknown)}, not a Trainer setting"
+            f"ResumeConfig(allow_changed=...) names {', '.join(repr(n) for n in unknown)}, not a Trainer setting"
             f" a resume may change{f' ({why})' if why else ''}. The settings it may name: {', '.join(ALLOWABLE)}."
         )
     return chosen
@@ -167,7 +169,7 @@ def refuse_changed_settings(
         names = ", ".join(repr(name) for name in sorted({*allowable, *(allowed & set(changes))}))
         ways.append(
             "or resume anyway, knowing the lineage is then no longer exact against an uninterrupted run (every later"
-            f" manifest records it): ManifestCheckpoint(allow_changed={{{names}}})"
+            f" manifest records it): ManifestCheckpoint(resume=ResumeConfig(allow_changed=[{names}]))"
         )
     ways.append("or start a new run on purpose (ckpt_path=None)")
     raise ResumeMismatchError(
@@ -176,5 +178,5 @@ def refuse_changed_settings(
         + "; ".join(ways)
         + ".",
         differences={f"trainer.{name}": values for name, values in blocking.items()},
-        allowed_by="allow_changed" if len(allowable) == len(blocking) else None,
+        allowed_by="resume.allow_changed" if len(allowable) == len(blocking) else None,
     )

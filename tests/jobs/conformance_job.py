@@ -368,11 +368,11 @@ class Config:
     # kill_at and a new, empty one joins the restarted group (tests/conformance.py, node-loss protocol).
     lose_node: bool = False
     damage_newest_snapshot: bool = False  # the rerun first flips a byte in the newest snapshot's state file
-    snapshot_in_line: bool | None = None  # ManifestCheckpoint(snapshot_in_line=...): None in line on CPU
+    snapshot_in_line: bool | None = None  # SnapshotConfig(in_line=...): None in line on CPU
     # "raise": instead of a kill, the module's training_step raises at step kill_at, before it touches
     # anything (a check on the batch); the first attempt ends with the exception (exit status 1).
     fault: str | None = None
-    allow_changed: tuple[str, ...] = ()  # ManifestCheckpoint(allow_changed=...): Trainer settings the rerun may change
+    allow_changed: tuple[str, ...] = ()  # ResumeConfig(allow_changed=...): Trainer settings the rerun may change
     # The first attempt stops by itself (``stop``) and the rerun is the same command: a finished run,
     # whose rerun must train no step and hold the stopped state (judged against the first attempt).
     finished_rerun: bool = False
@@ -501,7 +501,7 @@ CONFIGS: dict[str, Config] = {
                                        what="torchrun --max-restarts=1, 2 nodes (c10d), rank 1 SIGKILLed"),
     # --- step snapshots (issue 28): a kill between persistent checkpoints redoes at most one step
     "snapshots-sigkill": Config(kill_at=7, max_steps=12, every_n_train_steps=4, snapshot_every=1,
-                                what="snapshot_every_n_train_steps=1, killed 3 steps after a persistent save"),
+                                what="snapshots every step, killed 3 steps after a persistent save"),
     "snapshots-accumulate": Config(kill_at=6, max_steps=10, every_n_train_steps=4, snapshot_every=1,
                                    trainer={"accumulate_grad_batches": 3}, scheduler="step_step",
                                    what="snapshots with accumulate_grad_batches=3"),
@@ -561,7 +561,7 @@ CONFIGS: dict[str, Config] = {
     "changed-accumulate-allowed": Config(kill_at=6, max_steps=20, trainer={"accumulate_grad_batches": 2},
                                          resumed_with={"trainer": {"accumulate_grad_batches": 4}},
                                          allow_changed=("accumulate_grad_batches",),
-                                         what="the same, allowed: ManifestCheckpoint(allow_changed=...)"),
+                                         what="the same, allowed: ResumeConfig(allow_changed=...)"),
     "changed-limit-train-batches": Config(kill_at=6, max_epochs=4, every_n_train_steps=2,
                                           trainer={"limit_train_batches": 0.5},
                                           resumed_with={"trainer": {"limit_train_batches": 0.75}},
@@ -751,17 +751,17 @@ def run(name: str, root: str, out: str, checkpoint: str, kill: bool, resume: boo
     pl.seed_everything(1234)
     snapshots: dict[str, Any] = {}
     if checkpoint == "field":
-        from lightning_field import ManifestCheckpoint
+        from lightning_field import ManifestCheckpoint, ResumeConfig, SnapshotConfig
 
         cls: type[ModelCheckpoint] = ManifestCheckpoint
         # Snapshots as configured (by default "auto", as ManifestCheckpoint's own default), each simulated
         # node into its own "node-local" directory, as /dev/shm is on a real machine.
         where = os.path.join(root, "snapshots", os.environ.get("CONFORMANCE_NODE", ""))
-        snapshots = {"snapshot_every_n_train_steps": config.snapshot_every, "snapshot_dir": where,
-                     "snapshot_in_line": config.snapshot_in_line}  # fmt: skip
+        snapshots = {"snapshots": SnapshotConfig(every_n_train_steps=config.snapshot_every, directory=where,
+                                                 in_line=config.snapshot_in_line)}  # fmt: skip
         if config.snapshot_every is not None and resume and config.damage_newest_snapshot:
             print(f"conformance: damaged {damage_newest_snapshot(Path(root, 'checkpoints'), Path(where))}")
-        allowed = {"allow_changed": set(config.allow_changed)} if config.allow_changed else {}
+        allowed = {"resume": ResumeConfig(allow_changed=config.allow_changed)} if config.allow_changed else {}
     else:
         cls = ModelCheckpoint
         allowed = {}

@@ -16,7 +16,7 @@ import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.demos.boring_classes import BoringModel
 
-from lightning_field import ManifestCheckpoint, TimeToQuality
+from lightning_field import ManifestCheckpoint, ResumeConfig, SnapshotConfig, TimeToQuality
 
 
 class FailsAtStep(BoringModel):
@@ -62,7 +62,7 @@ def main() -> None:
     p.add_argument("--no-snapshots", action="store_true")
     p.add_argument("--devices", type=int, default=1, help="CPU ranks (DDP over gloo beyond 1)")
     p.add_argument("--code-dir", default=None, help="ManifestCheckpoint(code_dir); default: no git repository")
-    p.add_argument("--allow-code-change", action="store_true", help="allow_resume_mismatch=['code']")
+    p.add_argument("--allow-code-change", action="store_true", help="ResumeConfig(allow_mismatch=['code'])")
     p.add_argument("--time-to-quality", action="store_true", help="add TimeToQuality (progress events)")
     args = p.parse_args()
 
@@ -74,11 +74,11 @@ def main() -> None:
     if args.checkpoint == "manifest":
         checkpoint = ManifestCheckpoint(
             dirpath=ckpt_dir, every_n_train_steps=args.every, save_top_k=-1, save_last=True,
-            snapshot_every_n_train_steps=None if args.no_snapshots else "auto",
-            max_failed_attempts=args.max_failed_attempts or None,
+            snapshots=SnapshotConfig(every_n_train_steps=None if args.no_snapshots else "auto"),
+            resume=ResumeConfig(max_failed_attempts=args.max_failed_attempts or None,
+                                allow_mismatch=["code"] if args.allow_code_change else []),
             # No git repository: the code identity stays put while the checkout around the test changes.
             code_dir=args.code_dir or tempfile.gettempdir(),
-            allow_resume_mismatch=["code"] if args.allow_code_change else [],
         )  # fmt: skip
         callbacks.append(checkpoint)
     else:

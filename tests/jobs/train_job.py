@@ -18,7 +18,14 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
-from lightning_field import ManifestCheckpoint, TrainingPreempted, latest_recoverable
+from lightning_field import (
+    ManifestCheckpoint,
+    ResumeConfig,
+    SnapshotConfig,
+    StorageConfig,
+    TrainingPreempted,
+    latest_recoverable,
+)
 from lightning_field.checkpoint.stores import LocalStore, ObjectStore
 from lightning_field.core.distributed import exit_finished_process
 from lightning_field.state.rng import capture_rng_state, rng_digest
@@ -173,10 +180,10 @@ def main() -> None:
     p.add_argument("--sharded", action="store_true", help="FSDP2 under ModelParallelStrategy (DCP checkpoints)")
     p.add_argument("--tensor-parallel", type=int, default=1,
                    help="with --sharded: ModelParallelStrategy's tensor-parallel size (data split over the rest)")
-    p.add_argument("--allow-mismatch", action="append", default=[], help="ManifestCheckpoint(allow_resume_mismatch)")
+    p.add_argument("--allow-mismatch", action="append", default=[], help="ResumeConfig(allow_mismatch)")
     p.add_argument("--hold-writer-step", type=int, default=None, help="the async writer of this save never finishes")
     p.add_argument("--dump-loaded", default=None, help="save the full state right after the resume's load here")
-    p.add_argument("--no-snapshots", action="store_true", help="snapshot_every_n_train_steps=None (default: auto)")
+    p.add_argument("--no-snapshots", action="store_true", help="snapshots off (default: auto)")
     args = p.parse_args()
 
     pl.seed_everything(1234, workers=False)
@@ -195,11 +202,9 @@ def main() -> None:
             save_top_k=-1,
             save_last=True,
             save_weights_only=args.weights_only,
-            storage_options=storage_options,
-            async_save=args.async_save,
-            allow_resume_mismatch=args.allow_mismatch,
-            store=store,
-            snapshot_every_n_train_steps=None if args.no_snapshots else "auto",
+            storage=StorageConfig(options=storage_options, async_save=args.async_save, store=store),
+            resume=ResumeConfig(allow_mismatch=args.allow_mismatch),
+            snapshots=SnapshotConfig(every_n_train_steps=None if args.no_snapshots else "auto"),
         )
     else:
         checkpoint = ModelCheckpoint(dirpath=ckpt_dir, every_n_train_steps=args.every, save_top_k=-1, save_last=True)

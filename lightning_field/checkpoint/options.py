@@ -1,0 +1,298 @@
+"""``ManifestCheckpoint``'s own options, grouped by concern: where checkpoints are written
+(:class:`StorageConfig`), the step-snapshot tier (:class:`SnapshotConfig`), what a resume accepts
+(:class:`ResumeConfig`) and how an interrupted attempt ends (:class:`InterruptConfig`).
+
+``ModelCheckpoint``'s own arguments stay flat, as Lightning's users write them; everything this
+package adds sits in one of these groups, each checked in ``__post_init__`` (a bad value is refused
+when it is written, naming the group and the field) and mirrored in Hydra by
+``conf/lightning_field/callbacks/checkpoint.yaml``. The flat names of 0.x (``snapshot_dir=...``,
+``allow_resume_mismatch=...``) keep working through :func:`grouped_options`, with a
+``DeprecationWarning`` naming the new spelling.
+
+Lightning-free: the defaults live here, and the modules that apply the options import them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import signal
+import warnings
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar
+
+from lightning_field.checkpoint.snapshot_interval import DEFAULT_BUDGET, check_every_n_train_steps
+from lightning_field.checkpoint.stores.object import DEFAULT_CONCURRENCY, DEFAULT_PART_BYTES
+
+__all__ = [
+    "DEFAULT_MAX_FAILED_ATTEMPTS",
+    "DEFAULT_SIGNALS",
+    "FLAT_NAMES",
+    "SAVE_ERROR_POLICIES",
+    "InterruptConfig",
+    "ResumeConfig",
+    "SaveErrorPolicy",
+    "SnapshotConfig",
+    "StorageConfig",
+    "grouped_options",
+    "save_error_policy",
+]
+
+SaveErrorPolicy = Literal["stop", "warn"]
+SAVE_ERROR_POLICIES: tuple[SaveErrorPolicy, ...] = ("stop", "warn")
+
+# Plain ints, not signal.Signals members: LightningCLI and OmegaConf must be able to write the default
+# out (jsonargparse dumps the parsed config as YAML, which cannot represent an enum).
+DEFAULT_SIGNALS: tuple[int, ...] = (int(signal.SIGTERM), int(signal.SIGUSR1))
+"""SIGTERM (what schedulers and ``kill`` send) and SIGUSR1 (SLURM's ``--signal`` default)."""
+
+DEFAULT_MAX_FAILED_ATTEMPTS = 3
+"""Attempts that may fail in a row without committing past the step the next one resumes from."""
+
+
+def save_error_policy(value: object) -> SaveErrorPolicy:
+    """``value`` as a policy for a failed background save; the one place it is checked.
+
+    Raises:
+        ValueError: ``value`` is not ``"stop"`` or ``"warn"``.
+    """
+    for policy in SAVE_ERROR_POLICIES:
+        if value == policy:
+            return policy
+    raise ValueError(f"storage.on_save_error must be one of {SAVE_ERROR_POLICIES}, got {value!r}")
+
+
+def _positive_or_none(group: str, name: str, value: Any) -> None:
+    if value is not None and (type(value) is not int or value < 1):
+        raise ValueError(f"{group}.{name} must be None or an integer >= 1, got {value!r}")
+
+
+def _names(value: Iterable[str] | str) -> tuple[str, ...]:
+    # A lone string is one name, not its characters.
+    return (value,) if isinstance(value, str) else tuple(value)
+
+
+@dataclass(frozen=True)
+class StorageConfig:
+    """Where persistent checkpoints are written, and how their commit runs.
+
+    Args:
+        options: fsspec options for a ``dirpath`` URL such as ``s3://bucket/run/ckpts`` (e.g.
+            ``{"endpoint_url": ..., "key": ...}``); the manifest object is the commit there.
+        upload_part_bytes: multipart part size per file in object stores (S3's minimum is 5 MiB).
+        upload_concurrency: parts in flight per file.
+        async_save: a background thread commits from reusable host buffers (copied while the next
+            step runs; an in-place write before the copy fails that save); one in flight.
+        on_save_error: after a failed background save is reported, ``"stop"`` raises
+            ``CheckpointSaveError`` on every rank, ``"warn"`` trains on.
+        store: a :class:`~lightning_field.checkpoint.stores.CheckpointStore` for every write and read
+            (default: a ``LocalStore`` for a path, an ``ObjectStore`` for a URL), or your own backend.
+
+    Raises:
+        ValueError: a part size below 5 MiB, a concurrency below 1, or an unknown ``on_save_error``.
+    """
+
+    options: Mapping[str, Any] | None = None
+    upload_part_bytes: int = DEFAULT_PART_BYTES
+    upload_concurrency: int = DEFAULT_CONCURRENCY
+    async_save: bool = False
+    on_save_error: SaveErrorPolicy = "stop"
+    store: Any = None  # a CheckpointStore; checked against the protocol where the store is first used
+
+    def __post_init__(self) -> None:
+        if type(self.upload_part_bytes) is not int or self.upload_part_bytes < 5 << 20:
+            raise ValueError(f"storage.upload_part_bytes must be an integer >= 5 MiB, got {self.upload_part_bytes!r}")
+        if type(self.upload_concurrency) is not int or self.upload_concurrency < 1:
+            raise ValueError(f"storage.upload_concurrency must be an integer >= 1, got {self.upload_concurrency!r}")
+        object.__setattr__(self, "on_save_error", save_error_policy(self.on_save_error))
+        if self.options is not None:
+            object.__setattr__(self, "options", dict(self.options))
+
+
+@dataclass(frozen=True)
+class SnapshotConfig:
+    """The step-snapshot tier: node-local checkpoints between persistent ones.
+
+    Args:
+        every_n_train_steps: snapshot every this many steps; ``"auto"`` (default): where they pay,
+            at the interval that minimises the predicted waste from their measured cost, the
+            persistent interval and the failure model; ``None``: off.
+        directory: node-local and outliving the process: default ``/dev/shm`` (else the temporary
+            directory); over several machines each node's snapshots are replicated to a partner.
+        in_line: commit before the next step (True) or beside it from a host copy (False); default:
+            in line where training computes on the CPU, beside it on an accelerator.
+        overhead_budget: the largest share of step time ``"auto"`` snapshots may take.
+
+    Raises:
+        ValueError: ``every_n_train_steps`` is not ``"auto"``, ``None`` or an integer >= 1, or
+            ``overhead_budget`` is not in (0, 1).
+    """
+
+    every_n_train_steps: int | Literal["auto"] | None = "auto"
+    directory: str | os.PathLike[str] | None = None
+    in_line: bool | None = None
+    overhead_budget: float = DEFAULT_BUDGET
+
+    def __post_init__(self) -> None:
+        check_every_n_train_steps(self.every_n_train_steps, self.overhead_budget)
+
+
+@dataclass(frozen=True)
+class ResumeConfig:
+    """What a resume accepts, and what it refuses.
+
+    Args:
+        allow_mismatch: provenance differences to accept, by dotted name or prefix, e.g.
+            ``["world_size", "code.git_commit", "config"]``.
+        allow_changed: Trainer settings a resume may change, e.g. ``["accumulate_grad_batches"]``
+            (else refused by name); the lineage is then recorded as inexact.
+        inexact: where ``ckpt_path="last"`` finds no recoverable checkpoint, resume the newest one
+            anyway (and an explicit ``ckpt_path`` to an unrecoverable one); later manifests record it.
+        require_fresh: refuse a ``"last"`` resume older than the signed record of the newest commit.
+        max_failed_attempts: after this many attempts failed with nothing committed past the step the
+            next one resumes from, refuse before the first batch (exit 77); None: off.
+        trust_pickles: fully unpickle files that need it; off, such a file is refused naming its type.
+
+    Raises:
+        ValueError: ``max_failed_attempts`` is not None or an integer >= 1.
+    """
+
+    allow_mismatch: Iterable[str] = ()
+    allow_changed: Iterable[str] = ()
+    inexact: bool = False
+    require_fresh: bool = False
+    max_failed_attempts: int | None = DEFAULT_MAX_FAILED_ATTEMPTS
+    trust_pickles: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "allow_mismatch", _names(self.allow_mismatch))
+        object.__setattr__(self, "allow_changed", _names(self.allow_changed))
+        _positive_or_none("resume", "max_failed_attempts", self.max_failed_attempts)
+
+
+@dataclass(frozen=True)
+class InterruptConfig:
+    """How an attempt that is told to stop, or stops by itself, leaves a resume point.
+
+    Args:
+        signals: signals that trigger a save at the next step boundary, then ``TrainingPreempted``
+            (exit status 75 uncaught); under SLURM auto-requeue its signal too.
+        check_every_n_steps: how often ranks agree on a pending signal (an all-reduce); default 1 on
+            CPU, else 10.
+        save_on_stop: commit a recoverable checkpoint where ``trainer.should_stop`` ends fit before
+            its limits (``max_time``, ``EarlyStopping``, any callback).
+        save_on_train_end: also commit the state training ends with at ``max_steps`` or
+            ``max_epochs`` (unless saved): a rerun with larger limits then redoes none of the last steps.
+
+    Raises:
+        ValueError: ``check_every_n_steps`` is not None or an integer >= 1.
+    """
+
+    signals: Sequence[int] = DEFAULT_SIGNALS
+    check_every_n_steps: int | None = None
+    save_on_stop: bool = True
+    save_on_train_end: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "signals", tuple(int(s) for s in self.signals))
+        _positive_or_none("interrupts", "check_every_n_steps", self.check_every_n_steps)
+
+
+FLAT_NAMES: dict[str, tuple[str, str]] = {
+    "storage_options": ("storage", "options"),
+    "upload_part_bytes": ("storage", "upload_part_bytes"),
+    "upload_concurrency": ("storage", "upload_concurrency"),
+    "async_save": ("storage", "async_save"),
+    "on_save_error": ("storage", "on_save_error"),
+    "store": ("storage", "store"),
+    "snapshot_every_n_train_steps": ("snapshots", "every_n_train_steps"),
+    "snapshot_dir": ("snapshots", "directory"),
+    "snapshot_in_line": ("snapshots", "in_line"),
+    "snapshot_overhead_budget": ("snapshots", "overhead_budget"),
+    "allow_resume_mismatch": ("resume", "allow_mismatch"),
+    "allow_changed": ("resume", "allow_changed"),
+    "resume_inexact": ("resume", "inexact"),
+    "require_fresh": ("resume", "require_fresh"),
+    "max_failed_attempts": ("resume", "max_failed_attempts"),
+    "trust_pickles": ("resume", "trust_pickles"),
+    "preemption_signals": ("interrupts", "signals"),
+    "preemption_check_every_n_steps": ("interrupts", "check_every_n_steps"),
+    "save_on_stop": ("interrupts", "save_on_stop"),
+    "save_on_train_end": ("interrupts", "save_on_train_end"),
+}
+"""0.x's flat keyword -> (group, field): each still accepted, with a ``DeprecationWarning``."""
+
+GROUPS: dict[str, type] = {
+    "storage": StorageConfig,
+    "snapshots": SnapshotConfig,
+    "resume": ResumeConfig,
+    "interrupts": InterruptConfig,
+}
+
+_Group = TypeVar("_Group", StorageConfig, SnapshotConfig, ResumeConfig, InterruptConfig)
+
+
+def _as_group(kind: type[_Group], name: str, value: Any) -> _Group:
+    """``value`` as the group: the dataclass itself, None (its defaults), or a mapping of its fields
+    (a Hydra ``DictConfig``, a LightningCLI dict)."""
+    if value is None:
+        return kind()
+    if isinstance(value, kind):
+        return value
+    if isinstance(value, Mapping):
+        fields = {f.name for f in dataclasses.fields(kind)}
+        unknown = sorted(str(key) for key in value if key not in fields and key != "_target_")
+        if unknown:
+            raise TypeError(
+                f"{name}: {kind.__name__} has no field {', '.join(map(repr, unknown))}; it has {sorted(fields)}"
+            )
+        return kind(**{str(key): item for key, item in value.items() if key != "_target_"})
+    raise TypeError(f"{name} must be a {kind.__name__}, a mapping of its fields or None, got {type(value).__name__}")
+
+
+def _new_spelling(owner: str, flat_name: str) -> str:
+    group, field = FLAT_NAMES[flat_name]
+    return f"{owner}({group}={GROUPS[group].__name__}({field}=...))"
+
+
+def grouped_options(
+    groups: Mapping[str, Any], flat: Mapping[str, Any], owner: str = "ManifestCheckpoint"
+) -> tuple[StorageConfig, SnapshotConfig, ResumeConfig, InterruptConfig]:
+    """The four groups from ``groups`` (name -> a dataclass, a mapping or None) with 0.x's flat
+    keywords ``flat`` folded in, each with a ``DeprecationWarning`` naming its new spelling.
+
+    Raises:
+        TypeError: a keyword that is neither an argument nor a flat name of 0.x (the nearest names
+            suggested), or a group of the wrong type.
+        ValueError: a flat name given beside its group, which sets the same field twice, or a value
+            its group refuses.
+    """
+    unknown = sorted(set(flat) - set(FLAT_NAMES))
+    if unknown:
+        hints = []
+        for name in unknown:
+            near = difflib.get_close_matches(name, list(FLAT_NAMES), n=1)
+            if near:
+                hints.append(f"did you mean {_new_spelling(owner, near[0])} for {name!r}?")
+        raise TypeError(
+            f"{owner}.__init__() got an unexpected keyword argument {', '.join(map(repr, unknown))}"
+            + (f" ({'; '.join(hints)})" if hints else "")
+        )
+    moved: dict[str, dict[str, Any]] = {}
+    for name, value in flat.items():
+        group, field = FLAT_NAMES[name]
+        if groups.get(group) is not None:
+            raise ValueError(
+                f"{owner}: {name}= and {group}= both set {group}.{field}; give it once, as {group}.{field}"
+            )
+        moved.setdefault(group, {})[field] = value
+        warnings.warn(
+            f"{owner}({name}=...) is deprecated; use {_new_spelling(owner, name)}", DeprecationWarning, stacklevel=3
+        )
+    built = [_as_group(kind, name, moved.get(name, groups.get(name))) for name, kind in GROUPS.items()]
+    storage, snapshots, resume, interrupts = built
+    assert isinstance(storage, StorageConfig) and isinstance(snapshots, SnapshotConfig)
+    assert isinstance(resume, ResumeConfig) and isinstance(interrupts, InterruptConfig)
+    return storage, snapshots, resume, interrupts
