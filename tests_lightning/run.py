@@ -19,7 +19,7 @@ Runs (``--runs``; default ``control,control-adapt,swap,swap-adapt``):
 - ``control-adapt``: the same with the format-only adaptations installed, which must change nothing;
 - ``swap``: ``ModelCheckpoint`` replaced by ``ManifestCheckpoint`` at its defaults (raw counts);
 - ``swap-adapt``: the same with the format-only adaptations (``tests_lightning/format_adaptations.py``);
-- ``swap-nosnap``, ``swap-nosnap-adapt``: as above with ``snapshot_every_n_train_steps=None``
+- ``swap-nosnap``, ``swap-nosnap-adapt``: as above with ``SnapshotConfig(every_n_train_steps=None)``
   (added by ``--snapshots-off``);
 - ``swap-adapt-count``: a diagnostic (``--diagnose-save-count``), not an adaptation: ``swap-adapt`` where each
   persistent save also calls ``torch.save`` once, so tests that count a mocked ``torch.save`` compare the

@@ -17,8 +17,8 @@ Not swapped: ``lightning.pytorch.callbacks.model_checkpoint.ModelCheckpoint`` (i
 own base class, and Lightning's internal ``isinstance`` checks against it hold for the subclass).
 
 ``ManifestCheckpoint`` runs at its defaults, unless ``--tl-snapshots=off`` changes the one default
-``snapshot_every_n_train_steps`` to ``None`` (through ``__init__.__kwdefaults__``, so the class, its
-name and its state key stay the same). ``--tl-format-adapt`` turns on the format-only adaptations of
+``snapshots`` to ``SnapshotConfig(every_n_train_steps=None)`` (through ``__init__.__kwdefaults__``, so the
+class, its name and its state key stay the same). ``--tl-format-adapt`` turns on the format-only adaptations of
 :mod:`tests_lightning.format_adaptations` (each listed there, with why). Without ``--tl-swap`` the
 plugin swaps nothing: with ``--tl-format-adapt`` that is the check that the adaptations leave plain
 ``ModelCheckpoint`` runs unchanged.
@@ -58,7 +58,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--tl-snapshots",
         choices=("default", "off"),
         default="default",
-        help="ManifestCheckpoint's snapshot_every_n_train_steps: its default ('auto'), or off (None)",
+        help="ManifestCheckpoint's step snapshots: its default ('auto'), or off (None)",
     )
     group.addoption("--tl-format-adapt", action="store_true", help="apply the format-only adaptations")
     group.addoption(
@@ -143,9 +143,10 @@ def _swap(snapshots: str) -> None:
     import lightning.pytorch.trainer.connectors.callback_connector as callback_connector
 
     from lightning_field.checkpoint.manifest_checkpoint import ManifestCheckpoint
+    from lightning_field.checkpoint.options import SnapshotConfig
 
     if snapshots == "off":
-        ManifestCheckpoint.__init__.__kwdefaults__["snapshot_every_n_train_steps"] = None
+        ManifestCheckpoint.__init__.__kwdefaults__["snapshots"] = SnapshotConfig(every_n_train_steps=None)
     callbacks.ModelCheckpoint = ManifestCheckpoint
     callback_connector.ModelCheckpoint = ManifestCheckpoint
     _STATE.update(swapped=True, snapshots=snapshots, cls=ManifestCheckpoint)
@@ -171,11 +172,8 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 
     lines = [f"tests_lightning: lightning {lightning.__version__}"]
     if _STATE["swapped"]:
-        default = _STATE["cls"].__init__.__kwdefaults__["snapshot_every_n_train_steps"]
-        lines.append(
-            "tests_lightning: ModelCheckpoint -> lightning_field ManifestCheckpoint "
-            f"(snapshot_every_n_train_steps default: {default!r})"
-        )
+        default = _STATE["cls"].__init__.__kwdefaults__["snapshots"] or "SnapshotConfig()"
+        lines.append(f"tests_lightning: ModelCheckpoint -> lightning_field ManifestCheckpoint (snapshots: {default})")
     else:
         lines.append("tests_lightning: no swap (plain ModelCheckpoint)")
     names = ", ".join(a for a in _STATE["adaptations"]) or "none"

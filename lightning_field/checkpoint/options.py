@@ -291,8 +291,13 @@ def grouped_options(
         warnings.warn(
             f"{owner}({name}=...) is deprecated; use {_new_spelling(owner, name)}", DeprecationWarning, stacklevel=3
         )
-    built = [_as_group(kind, name, moved.get(name, groups.get(name))) for name, kind in GROUPS.items()]
-    storage, snapshots, resume, interrupts = built
-    assert isinstance(storage, StorageConfig) and isinstance(snapshots, SnapshotConfig)
-    assert isinstance(resume, ResumeConfig) and isinstance(interrupts, InterruptConfig)
-    return storage, snapshots, resume, interrupts
+
+    def given(kind: type[_Group], name: str) -> _Group:
+        return _as_group(kind, name, moved.get(name, groups.get(name)))
+
+    return (
+        given(StorageConfig, "storage"),
+        given(SnapshotConfig, "snapshots"),
+        given(ResumeConfig, "resume"),
+        given(InterruptConfig, "interrupts"),
+    )
