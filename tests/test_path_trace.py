@@ -18,7 +18,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.demos.boring_classes import BoringModel
 
-from lightning_field import ManifestCheckpoint
+from lightning_field import ManifestCheckpoint, SnapshotConfig
 
 SAVE_CEILING = 46  # 2026-12-07, d341c8e: the step's end from the checkpoint hook to the commit
 RESUME_CEILING = 47  # fit(ckpt_path="last") up to the first batch
@@ -70,7 +70,8 @@ class StopAtFirstBatch(Callback):
 
 
 def trainer(root: Path, steps: int, *callbacks: Callback) -> pl.Trainer:
-    checkpoint = ManifestCheckpoint(dirpath=root / "ckpts", every_n_train_steps=2, snapshot_every_n_train_steps=None)
+    off = SnapshotConfig(every_n_train_steps=None)
+    checkpoint = ManifestCheckpoint(dirpath=root / "ckpts", every_n_train_steps=2, snapshots=off)
     return pl.Trainer(
         default_root_dir=root, max_steps=steps, accelerator="cpu", logger=False, enable_progress_bar=False,
         enable_model_summary=False, limit_val_batches=0,
