@@ -88,7 +88,7 @@ def one_gigabyte_data() -> DataLoader:
 
 
 Variant = tuple[int | None, bool | None]
-"""(snapshot every N steps or None: off, snapshot_in_line: None is the default, in line on CPU)."""
+"""(snapshot every N steps or None: off, SnapshotConfig.in_line: None is the default, in line on CPU)."""
 
 
 def label(variant: Variant) -> str:

@@ -14,6 +14,7 @@ agents and workers start from the suite's warm python (``warm_python.py``) where
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import multiprocessing
 import os
@@ -302,7 +303,7 @@ def _uninterrupted_run(
         return go(name, root, out, checkpoint, kill=False, resume=False, shards=shards)
     cache = shards.parent / "uninterrupted-runs"
     cache.mkdir(parents=True, exist_ok=True)
-    key = CONFIGS[name].same_training_as or name  # rows that train alike share one run
+    key = _training_key(name)
     made = cache / f"{key}-{checkpoint}.pt"
     with open(cache / f"{key}-{checkpoint}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
@@ -315,6 +316,24 @@ def _uninterrupted_run(
             shutil.copyfile(out, partial)
             os.replace(partial, made)
         return rc, log
+
+
+HOW_INTERRUPTED = ("kill_at", "kill_after_micro_batches", "interrupt", "lose_node", "damage_newest_snapshot",
+                   "snapshot_in_line", "same_training_as", "what")  # fmt: skip
+"""Fields that say how a row is interrupted or how its snapshots commit, not what it trains."""
+
+
+def _training_key(name: str) -> str:
+    """The name a row's uninterrupted run is made under: its own, or the row it trains alike with
+    (``same_training_as``), which must then differ from it only in how it is interrupted."""
+    other = CONFIGS[name].same_training_as
+    if other is None:
+        return name
+    blank = {field: getattr(conformance_job.Config, field, None) for field in HOW_INTERRUPTED}
+    mine, theirs = (dataclasses.replace(CONFIGS[n], **blank) for n in (name, other))
+    if mine != theirs:
+        raise AssertionError(f"{name} is marked same_training_as={other!r}, but trains differently: {mine} != {theirs}")
+    return other
 
 
 def has_plain_control(name: str) -> bool:

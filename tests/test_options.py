@@ -104,15 +104,29 @@ def test_the_grouped_form_warns_about_nothing() -> None:
         )
 
 
-def test_a_flat_name_beside_its_own_group_is_refused_naming_both() -> None:
-    with pytest.raises(ValueError, match=r"snapshot_dir= and snapshots= both set snapshots.directory"):
-        ManifestCheckpoint(snapshots=SnapshotConfig(every_n_train_steps=3), snapshot_dir="/tmp/x")
+def test_a_flat_name_and_its_group_setting_one_option_two_ways_is_refused_naming_both() -> None:
+    with pytest.raises(ValueError, match=r"snapshot_dir='/tmp/b' and snapshots.directory='/tmp/a' set the same"):
+        ManifestCheckpoint(snapshots=SnapshotConfig(directory="/tmp/a"), snapshot_dir="/tmp/b")
 
 
-def test_an_unknown_keyword_is_a_type_error_that_suggests_the_new_spelling() -> None:
-    with pytest.raises(TypeError, match=r"unexpected keyword argument 'snapshot_every_n_train_step'") as refused:
-        ManifestCheckpoint(snapshot_every_n_train_step=3)
+def test_a_flat_name_fills_a_field_its_group_leaves_at_the_default_as_a_shipped_hydra_config_does() -> None:
+    # field-train's YAML fills every group; a 0.x `+callbacks.checkpoint.snapshot_dir=...` arrives beside it.
+    with pytest.warns(DeprecationWarning, match=r"snapshot_dir=\.\.\.\) is deprecated"):
+        checkpoint = ManifestCheckpoint(snapshots=SnapshotConfig(every_n_train_steps=3), snapshot_dir="/tmp/x")
+    assert checkpoint.snapshots.directory == "/tmp/x" and checkpoint.snapshots.requested == 3
+
+
+@pytest.mark.parametrize("typo", ["snapshot_every_n_train_step", "snapshot_every"])
+def test_an_unknown_keyword_is_a_type_error_that_suggests_the_new_spelling(typo: str) -> None:
+    with pytest.raises(TypeError, match=rf"unexpected keyword argument '{typo}'") as refused:
+        ManifestCheckpoint(**{typo: 3})
     assert "ManifestCheckpoint(snapshots=SnapshotConfig(every_n_train_steps=...))" in str(refused.value)
+
+
+def test_storage_options_stay_out_of_the_repr_where_their_credentials_would_show() -> None:
+    options = StorageConfig(options={"key": "AKIA-EXAMPLE", "secret": "hunter2"})
+    assert "hunter2" not in repr(options) and "AKIA" not in repr(options)
+    assert hash(options) == hash(StorageConfig(options={"other": 1}))  # hashable, options aside
 
 
 def test_a_group_may_be_a_mapping_of_its_fields_as_hydra_and_lightning_cli_pass_it() -> None:
@@ -134,6 +148,7 @@ def test_a_group_may_be_a_mapping_of_its_fields_as_hydra_and_lightning_cli_pass_
         (lambda: StorageConfig(upload_concurrency=0), r"storage.upload_concurrency must be an integer >= 1"),
         (lambda: StorageConfig(on_save_error="later"), r"storage.on_save_error must be one of"),
         (lambda: ResumeConfig(max_failed_attempts=0), r"resume.max_failed_attempts must be None or an integer"),
+        (lambda: ResumeConfig(allow_changed=["acumulate_grad_batches"]), r"'acumulate_grad_batches', not a Trainer"),
         (lambda: InterruptConfig(check_every_n_steps=0), r"interrupts.check_every_n_steps must be None or an"),
     ],
 )

@@ -214,10 +214,14 @@ def write_rank_part(job: SaveJob, token: str, group: Any) -> tuple[RankOutcome, 
     """Step 1 of the commit on this rank: its files written into the save's hidden place, with, on
     rank 0 of a sharded save, every file DCP's metadata references. Collective over ``group`` for a
     sharded save (DCP plans across the ranks); a rank whose capture failed writes nothing."""
+    if job.shards is not None:
+        # DCP's save is collective: where any rank's capture failed, no rank enters it (one that did
+        # would wait for the others forever); the failed rank's outcome carries the error.
+        if any(all_gather_objects(job.snapshot_error is not None, group=group)):
+            return RankOutcome(job.rank, [], job.snapshot_error), []
+        return _write_sharded(job, token, group)
     if job.snapshot_error is not None:  # this rank has nothing to write; the exchange still runs
         return RankOutcome(job.rank, [], job.snapshot_error), []
-    if job.shards is not None:
-        return _write_sharded(job, token, group)
     return job.store.write(job.final, token, job.rank, job.files), []
 
 

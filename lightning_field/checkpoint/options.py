@@ -6,8 +6,9 @@
 package adds sits in one of these groups, each checked in ``__post_init__`` (a bad value is refused
 when it is written, naming the group and the field) and mirrored in Hydra by
 ``conf/lightning_field/callbacks/checkpoint.yaml``. The flat names of 0.x (``snapshot_dir=...``,
-``allow_resume_mismatch=...``) keep working through :func:`grouped_options`, with a
-``DeprecationWarning`` naming the new spelling.
+``allow_resume_mismatch=...``) keep working in Python calls through :func:`grouped_options`, with a
+``DeprecationWarning`` naming the new spelling; LightningCLI and Hydra read the signature and the
+schema, so there only the grouped keys exist.
 
 Lightning-free: the defaults live here, and the modules that apply the options import them.
 """
@@ -25,6 +26,7 @@ from typing import Any, Literal, TypeVar
 
 from lightning_field.checkpoint.snapshot_interval import DEFAULT_BUDGET, check_every_n_train_steps
 from lightning_field.checkpoint.stores.object import DEFAULT_CONCURRENCY, DEFAULT_PART_BYTES
+from lightning_field.state.trainer_settings import allowed_changes
 
 __all__ = [
     "DEFAULT_MAX_FAILED_ATTEMPTS",
@@ -94,7 +96,8 @@ class StorageConfig:
         ValueError: a part size below 5 MiB, a concurrency below 1, or an unknown ``on_save_error``.
     """
 
-    options: Mapping[str, Any] | None = None
+    # Out of repr and hash: fsspec options carry credentials (key, secret), and a dict has no hash.
+    options: Mapping[str, Any] | None = dataclasses.field(default=None, repr=False, hash=False)
     upload_part_bytes: int = DEFAULT_PART_BYTES
     upload_concurrency: int = DEFAULT_CONCURRENCY
     async_save: bool = False
@@ -156,7 +159,8 @@ class ResumeConfig:
         trust_pickles: fully unpickle files that need it; off, such a file is refused naming its type.
 
     Raises:
-        ValueError: ``max_failed_attempts`` is not None or an integer >= 1.
+        ValueError: ``max_failed_attempts`` is not None or an integer >= 1, or ``allow_changed`` names
+            something other than a Trainer setting a resume may change.
     """
 
     allow_mismatch: Iterable[str] = ()
@@ -169,6 +173,7 @@ class ResumeConfig:
     def __post_init__(self) -> None:
         object.__setattr__(self, "allow_mismatch", _names(self.allow_mismatch))
         object.__setattr__(self, "allow_changed", _names(self.allow_changed))
+        allowed_changes(self.allow_changed)  # an unknown name is refused here, naming the valid ones
         _positive_or_none("resume", "max_failed_attempts", self.max_failed_attempts)
 
 
@@ -252,6 +257,16 @@ def _as_group(kind: type[_Group], name: str, value: Any) -> _Group:
     raise TypeError(f"{name} must be a {kind.__name__}, a mapping of its fields or None, got {type(value).__name__}")
 
 
+def _nearest(name: str) -> str | None:
+    """The flat name of 0.x a misspelled keyword most likely meant: one it begins (``snapshot_every``),
+    else the closest by spelling."""
+    started = [flat for flat in FLAT_NAMES if flat.startswith(name) or name.startswith(flat)]
+    if started:
+        return min(started, key=len)
+    near = difflib.get_close_matches(name, list(FLAT_NAMES), n=1)
+    return near[0] if near else None
+
+
 def _new_spelling(owner: str, flat_name: str) -> str:
     group, field = FLAT_NAMES[flat_name]
     return f"{owner}({group}={GROUPS[group].__name__}({field}=...))"
@@ -266,38 +281,34 @@ def grouped_options(
     Raises:
         TypeError: a keyword that is neither an argument nor a flat name of 0.x (the nearest names
             suggested), or a group of the wrong type.
-        ValueError: a flat name given beside its group, which sets the same field twice, or a value
-            its group refuses.
+        ValueError: a flat name given beside its group where the group sets that field to another
+            value, or a value its group refuses.
     """
     unknown = sorted(set(flat) - set(FLAT_NAMES))
     if unknown:
-        hints = []
-        for name in unknown:
-            near = difflib.get_close_matches(name, list(FLAT_NAMES), n=1)
-            if near:
-                hints.append(f"did you mean {_new_spelling(owner, near[0])} for {name!r}?")
+        hints = [
+            f"did you mean {_new_spelling(owner, near)} for {name!r}?" for name in unknown if (near := _nearest(name))
+        ]
         raise TypeError(
             f"{owner}.__init__() got an unexpected keyword argument {', '.join(map(repr, unknown))}"
             + (f" ({'; '.join(hints)})" if hints else "")
         )
+    built: dict[str, Any] = {name: _as_group(kind, name, groups.get(name)) for name, kind in GROUPS.items()}
     moved: dict[str, dict[str, Any]] = {}
     for name, value in flat.items():
         group, field = FLAT_NAMES[name]
-        if groups.get(group) is not None:
+        # The group given (a shipped Hydra config fills every group) may leave the field at its default:
+        # then the flat name sets it; a field the group sets to another value would be set twice.
+        current, default = getattr(built[group], field), getattr(GROUPS[group](), field)
+        if current != default and current != value:
             raise ValueError(
-                f"{owner}: {name}= and {group}= both set {group}.{field}; give it once, as {group}.{field}"
+                f"{owner}: {name}={value!r} and {group}.{field}={current!r} set the same option;"
+                f" give it once, as {group}.{field}"
             )
         moved.setdefault(group, {})[field] = value
         warnings.warn(
             f"{owner}({name}=...) is deprecated; use {_new_spelling(owner, name)}", DeprecationWarning, stacklevel=3
         )
-
-    def given(kind: type[_Group], name: str) -> _Group:
-        return _as_group(kind, name, moved.get(name, groups.get(name)))
-
-    return (
-        given(StorageConfig, "storage"),
-        given(SnapshotConfig, "snapshots"),
-        given(ResumeConfig, "resume"),
-        given(InterruptConfig, "interrupts"),
-    )
+    for group, fields in moved.items():
+        built[group] = dataclasses.replace(built[group], **fields)  # checked again in __post_init__
+    return built["storage"], built["snapshots"], built["resume"], built["interrupts"]

@@ -1,6 +1,6 @@
 """Which checkpoint ``ckpt_path="last"`` resumes, and the refusal when none may be.
 
-The newest recoverable checkpoint (or a newer step snapshot that verifies); with ``resume_inexact``
+The newest recoverable checkpoint (or a newer step snapshot that verifies); with ``ResumeConfig.inexact``
 the newest unrecoverable one, recorded by the :class:`~lightning_field.checkpoint.resume_policy.ResumeGuard`;
 none at all starts at step 0 and says so. Checkpoints that exist but none of which may be resumed
 are refused (:class:`NoRecoverableCheckpointError`) rather than silently starting over.
@@ -92,7 +92,7 @@ def resolve_last(
     step snapshot that verifies, and its step, taken instead where it is newer (one resume rule
     over the tiers: the newest verified step wins, a persistent checkpoint on a tie).
 
-    With ``inexact_guard`` (``resume_inexact=True``), the newest unrecoverable recovery checkpoint
+    With ``inexact_guard`` (``ResumeConfig(inexact=True)``), the newest unrecoverable recovery checkpoint
     is chosen when no recoverable one exists, and the guard records it for every later manifest.
 
     Raises:

@@ -44,7 +44,7 @@ def short_key(key: str) -> str:
 
 
 def is_allowed(key: str, allowed: Iterable[str]) -> bool:
-    """Whether ``allow_resume_mismatch`` covers ``key``: named as the user wrote it (``model.hidden``)
+    """Whether ``ResumeConfig.allow_mismatch`` covers ``key``: named as the user wrote it (``model.hidden``)
     or in full (``config.resolved.model.hidden``), or by a prefix (``model``)."""
     names = (key, key.removeprefix(CONFIG_KEY_PREFIX)) if key.startswith(CONFIG_KEY_PREFIX) else (key,)
     return any(name == a or name.startswith(a + ".") for name in names for a in allowed)
@@ -57,7 +57,7 @@ def identity_view(code: Mapping[str, Any], resolved_config: Any, world_size: int
 
 def refuse_unrecoverable(manifest: Manifest, path: Location, inexact_allowed: bool) -> None:
     """Raises:
-    ResumeMismatchError: the checkpoint is not recoverable and ``resume_inexact`` did not choose it."""
+    ResumeMismatchError: the checkpoint is not recoverable and ``ResumeConfig.inexact`` did not choose it."""
     if not manifest.recoverable and not inexact_allowed:
         raise ResumeMismatchError(
             f"Checkpoint {path} is not recoverable, it lacks: {'; '.join(manifest.missing)}. Load its weights"
@@ -162,7 +162,7 @@ class ResumeGuard:
     the train loaders, which exist only then), and :meth:`manifest_provenance` at every save.
 
     Args:
-        allowed: provenance differences to accept on resume (``allow_resume_mismatch``).
+        allowed: provenance differences to accept on resume (``ResumeConfig.allow_mismatch``).
         allow_changed: Trainer settings a resume may change (``state.trainer_settings.ALLOWABLE``).
         events: the run's event log, where there is one (rank 0, while fitting).
 
@@ -215,7 +215,7 @@ class ResumeGuard:
         return self._static.get("code", {})
 
     def choose_inexact(self, checkpoint: Location, missing: Sequence[str]) -> None:
-        """``resume_inexact``: this unrecoverable checkpoint may be resumed, and every later
+        """``ResumeConfig.inexact``: this unrecoverable checkpoint may be resumed, and every later
         manifest says so."""
         self.inexact = {"checkpoint": str(checkpoint), "missing": list(missing)}
 

@@ -36,8 +36,9 @@ __all__ = ["dcp_files", "load_from_store", "load_through_strategy", "load_verifi
 def verify_in_parallel(
     store: CheckpointReader, path: Location, names: list[str], rank: int, world_size: int
 ) -> list[str]:
-    """Collective: each rank hashes every ``world_size``-th file, and all ranks get all problems, so
-    a sharded checkpoint is read once in total, not once per rank, and every rank decides alike."""
+    """Collective: of the ``world_size`` ranks reading ``path``, the ``rank``-th hashes every
+    ``world_size``-th file, and all ranks get all problems, so a sharded checkpoint is read once in
+    total, not once per rank, and every rank decides alike."""
     mine = sorted(names)[rank::world_size]
     report = verify_checkpoint(path, mine, store=store)
     return [p for problems in all_gather_objects(report.problems) for p in problems]
@@ -63,8 +64,8 @@ def load_from_store(
 
     Where the store's local copy is the checkpoint itself (a local disk every rank sees), the ranks
     split the hashing (:func:`verify_in_parallel`) and Lightning's own load reads it; where the ranks
-    name different folders (each node's copy of a replicated snapshot, which the resolution verified
-    file by file on every node) each rank reads its own. Elsewhere each
+    name different folders (each node's copy of a replicated snapshot), the ranks of each folder split
+    its hashing and each rank reads its own. Elsewhere each
     rank downloads every DCP file (see :func:`dcp_files`), ``meta.pt`` and its rank state into a
     directory of its own, verifies them, and loads its own copy (Lightning's load would read rank 0's
     private directory on every rank). Download and verification problems are gathered so every rank
@@ -78,14 +79,17 @@ def load_from_store(
             local = stack.enter_context(store.local_copy(checkpoint, names))
         except Exception as err:  # maybe on one rank alone: gathered below, never raised alone
             error = f"download from {checkpoint} failed: {describe_error(err)}"
+        folders = all_gather_objects(str(checkpoint))  # each rank's: one, or each node's copy of a snapshot
         if local == checkpoint:  # the same on every rank: the store's kind decides it
+            # The ranks that name one folder split its hashing: every copy is hashed whole, once.
+            sharing = [rank for rank, folder in enumerate(folders) if folder == str(checkpoint)]
             problems = verify_in_parallel(
-                store, checkpoint, list(manifest.files), strategy.global_rank, strategy.world_size
+                store, checkpoint, list(manifest.files), sharing.index(strategy.global_rank), len(sharing)
             )
         else:
             own = [error] if local is None else verify_against(manifest, LOCAL_FILES, local, names).problems
             problems = [p for rank_problems in all_gather_objects(own) for p in rank_problems if p]
-        if local != checkpoint or len(set(all_gather_objects(str(checkpoint)))) > 1:
+        if local != checkpoint or len(set(folders)) > 1:
             # Each rank's own copy: a private download, or a node's own snapshot folder (resolved
             # per node over the replicas); Lightning's load would read rank 0's on every rank.
             def own_copy(path: Path, weights_only: bool | None = None) -> dict[str, Any]:

@@ -340,7 +340,7 @@ class StepSnapshots:
 
     def in_line(self, trainer: pl.Trainer) -> bool:
         """Whether snapshots commit on the training thread, before the next step, instead of beside it
-        (``snapshot_in_line``; by default where training computes on the CPU).
+        (``SnapshotConfig.in_line``; by default where training computes on the CPU).
 
         There training already keeps the cores busy: a writer thread beside it takes a core from
         torch's intra-op threads, whose parallel regions then wait for the one descheduled, so it

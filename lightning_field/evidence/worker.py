@@ -18,7 +18,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from hydra.utils import instantiate
+from hydra.utils import get_class, instantiate
 from omegaconf import OmegaConf
 
 from lightning_field.checkpoint.options import StorageConfig
@@ -76,8 +76,9 @@ def build_checkpoint(config: dict[str, Any], run_dir: Path, store: LocalStore | 
                 " mixed) interrupts the local store: use evidence.kill_mode=step with a store of your own"
             )
         # The store is an object, not a config value: the storage group is built here with it.
+        kind = get_class(storage["_target_"]) if storage.get("_target_") else StorageConfig
         fields = {str(key): value for key, value in storage.items() if key not in ("_target_", "store")}
-        extra["storage"] = StorageConfig(**fields, store=store)
+        extra["storage"] = kind(**fields, store=store)
     options["dirpath"] = str(run_dir / CHECKPOINTS)
     # Every checkpoint of an evidence run is kept: the bundle cites the manifests of all of them.
     options["save_top_k"] = -1

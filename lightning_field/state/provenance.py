@@ -195,7 +195,7 @@ def data_provenance(datamodule: Any, train_loader: Any) -> DataProvenance:
     stream = stream_manifest(train_loader)
     if stream is not None:
         # Compared shard by shard on resume; outside the fingerprint, so that an allowed shard
-        # change (allow_resume_mismatch=["data.stream..."]) is not refused again through it.
+        # change (ResumeConfig(allow_mismatch=["data.stream..."])) is not refused again through it.
         info["stream"] = stream
     return info
 

@@ -8,12 +8,12 @@ runs, and with it ``EarlyStopping``, ``ReduceLROnPlateau`` and validation-schedu
 the number of train loaders. Each is recorded in ``provenance.trainer``
 (:class:`~lightning_field.core.manifest_records.TrainerSettings`) and a change is refused before
 anything is unpickled, naming the setting and both values, unless the user allows it
-(``ManifestCheckpoint(resume=ResumeConfig(allow_changed=["accumulate_grad_batches"]))``). An allowed change resumes, and
-the lineage records it (``provenance.changed_settings``, carried into every later manifest): it is no
-longer exact against an uninterrupted run, and no evidence may call it so.
+(``ManifestCheckpoint(resume=ResumeConfig(allow_changed=["accumulate_grad_batches"]))``). An allowed
+change resumes, and the lineage records it (``provenance.changed_settings``, carried into every later
+manifest): it is no longer exact against an uninterrupted run, and no evidence may call it so.
 
 Two settings are compared where they already were, so that each has one refusal and one way out:
-the world size by the resume policy's identity check (allowed by ``allow_resume_mismatch=["world_size"]``,
+the world size by the resume policy's identity check (allowed by ``ResumeConfig(allow_mismatch=["world_size"])``,
 a resharded resume), and the number of train loaders by the loader-settings check
 (:func:`~lightning_field.state.loaders.changed_loader_settings`), which sees the loaders first.
 A strategy change that only follows a world-size change (Lightning's ``"auto"`` picks
@@ -52,7 +52,7 @@ COMPARED_ELSEWHERE = {
 """The recorded settings ``allow_changed`` cannot name, and why."""
 
 ALLOWABLE: tuple[str, ...] = tuple(name for name in SETTINGS if name not in COMPARED_ELSEWHERE)
-"""The names ``ManifestCheckpoint(allow_changed=...)`` accepts."""
+"""The names ``ResumeConfig(allow_changed=...)`` accepts."""
 
 _AUTO_STRATEGIES = frozenset({"SingleDeviceStrategy", "DDPStrategy"})
 

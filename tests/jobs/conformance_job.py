@@ -362,7 +362,7 @@ class Config:
     shuffle: bool = True
     resumed_with: dict[str, Any] = field(default_factory=dict)  # Config fields the rerun changes
     cli: bool = False  # a user's LightningCLI script (jobs/cli_job.py), killed and rerun with --ckpt_path last
-    # ManifestCheckpoint(snapshot_every_n_train_steps=...), into the run's folder
+    # SnapshotConfig(every_n_train_steps=...), into the run's folder
     snapshot_every: int | str | None = "auto"
     # Under torchrun: the second simulated node (its agent, its worker, its snapshot directory) is lost at
     # kill_at and a new, empty one joins the restarted group (tests/conformance.py, node-loss protocol).

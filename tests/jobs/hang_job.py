@@ -26,7 +26,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.demos.boring_classes import BoringModel, RandomDataset
 from torch.utils.data import DataLoader
 
-from lightning_field import ManifestCheckpoint, StragglerMonitor
+from lightning_field import ManifestCheckpoint, SnapshotConfig, StragglerMonitor
 from lightning_field.core.distributed import end_process_groups, exit_finished_process
 
 
@@ -124,7 +124,7 @@ def main() -> None:
     # would otherwise change the code identity between the hung attempt and its restart, and refuse the resume.
     checkpoint = ManifestCheckpoint(
         dirpath=os.path.join(args.root, "checkpoints"), every_n_train_steps=10, code_dir=tempfile.gettempdir(),
-        **({"snapshot_every_n_train_steps": None} if args.no_snapshots else {}),
+        **({"snapshots": SnapshotConfig(every_n_train_steps=None)} if args.no_snapshots else {}),
     )
     clock = ValidationClock()
     callbacks: list[Callback] = [monitor, checkpoint, clock]

@@ -2,7 +2,7 @@
 
 :func:`store_for` is the one place that tells a local directory from an object-store URL; every
 reader (:func:`read_manifest`, the resolver, verification, the load, ``field ckpt``) and the commit
-go through the store it returns, or through the one a user gave ``ManifestCheckpoint(store=...)``.
+go through the store it returns, or through the one a user gave ``StorageConfig(store=...)``.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ each: :class:`~lightning_field.checkpoint.stores.local.LocalStore` (a POSIX file
 directory, fsync, atomic rename) and :class:`~lightning_field.checkpoint.stores.object.ObjectStore`
 (an fsspec URL: local staging, multipart upload, the manifest PUT as the commit).
 :func:`~lightning_field.checkpoint.stores.store_for` picks one from a ``dirpath``, once; pass your
-own as ``ManifestCheckpoint(store=...)``.
+own as ``StorageConfig(store=...)``.
 
 The receipts a rank's write returns live here too, with the protocol that returns them, so that
 the sharded writer can report in them without importing the commit that drives it.
@@ -145,7 +145,7 @@ class CheckpointReader(Protocol):
 @runtime_checkable
 class CheckpointStore(CheckpointWriter, CheckpointReader, Protocol):
     """A reader and a writer of one kind of storage: what :func:`~lightning_field.checkpoint.stores.store_for`
-    returns, and what ``ManifestCheckpoint(store=...)`` takes. A store that only writes (this
+    returns, and what ``StorageConfig(store=...)`` takes. A store that only writes (this
     protocol's writing half, as earlier versions defined it) is still taken, and read through the
     default store of its ``dirpath``.
 

@@ -1,5 +1,5 @@
 """``KeyValueStore``: a whole checkpoint store over any storage that gets, sets, lists and deletes
-objects by key. Subclass it, write those four methods, and ``ManifestCheckpoint(store=...)`` or
+objects by key. Subclass it, write those four methods, and ``StorageConfig(store=...)`` or
 ``Checkpointer(store=...)`` uses it for every write and read, with the same commit rule as the
 object store: a checkpoint's files go up first, and its manifest, set last, is the commit.
 
