@@ -6,6 +6,7 @@ in the manifest with its hash, per-rank RNG and data position, bitwise-exact res
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import fsspec
@@ -75,6 +76,20 @@ def test_sharded_resume_after_sigkill_is_bitwise_identical_and_every_shard_is_in
     assert "__1_0.distcp: content hash" in capsys.readouterr().out
     assert not verify_checkpoint(newest).intact
     assert latest_recoverable(checkpoints) == checkpoints / "epoch=2-step=15"
+
+
+def test_a_sigkill_among_the_first_steps_resumes_from_the_default_snapshot_of_every_shard_bitwise(
+    tmp_path: Path, reference: Path
+) -> None:
+    """The default ("auto") snapshots are taken every step while their cost is measured: under FSDP2 a
+    kill there, before any persistent checkpoint, resumes from the step it interrupted, each rank's DCP
+    shards read back from the snapshot folder."""
+    root, out = tmp_path / "interrupted", tmp_path / "r.pt"
+    run_train_job(root, out, *SHARDED, "--kill-after-step", "4", expect_rc=-9)
+    assert latest_recoverable(root / "checkpoints") is None, "a persistent checkpoint (every 5) would hold it"
+    log = run_train_job(root, out, *SHARDED, "--resume")
+    assert re.search(r"resuming from the snapshot \S+epoch=0-step=4 \(step 4\)", log), log[-3000:]
+    _assert_same_final_state(reference, out)
 
 
 def test_async_sharded_save_blocks_only_for_the_snapshot_and_a_sigkill_mid_write_resumes_bitwise_identically(
