@@ -17,6 +17,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from lightning_field import ManifestCheckpoint, verify_checkpoint
 from lightning_field.checkpoint.manifest_checkpoint import NoRecoverableCheckpointError
 from lightning_field.checkpoint.resolver import committed_checkpoints
+from lightning_field.checkpoint.resume_last import resolve_last
 from lightning_field.core.errors import ResumeMismatchError
 from lightning_field.state.loaders import adopt_loader
 
@@ -118,6 +119,19 @@ def test_the_opt_in_resumes_the_newest_unrecoverable_checkpoint_and_marks_the_co
     assert newest.manifest is not None and newest.manifest.step == 10
     inexact = newest.manifest.provenance["inexact_resume"]
     assert inexact["checkpoint"].endswith("epoch=0-step=6") and inexact["missing"]
+
+
+def test_the_resolution_of_last_names_the_unrecoverable_pick_and_what_it_lacks_only_where_it_is_allowed(
+    tmp_path: Path,
+) -> None:
+    _trainer(tmp_path, 6).fit(_BoringWithOwnLoader())
+    with pytest.warns(UserWarning, match="NOT recoverable"):
+        resolution = resolve_last(tmp_path / "ckpts", allow_inexact=True)
+    assert resolution.path is not None and resolution.path.endswith("epoch=0-step=6")
+    assert resolution.tier == "persistent" and resolution.inexact is not None
+    assert resolution.inexact.checkpoint == resolution.path and "data_position" in resolution.inexact.missing[0]
+    with pytest.raises(NoRecoverableCheckpointError):
+        resolve_last(tmp_path / "ckpts")  # not allowed: refused, as the callback refuses it
 
 
 def test_the_opt_in_resumes_an_explicit_unrecoverable_checkpoint_as_plain_lightning_resumes_it_marked_inexact(

@@ -147,7 +147,7 @@ def test_each_way_the_checkpoint_last_names_can_be_lost_warns_naming_it_why_and_
         for checkpoint in ("epoch=0-step=6", "epoch=0-step=4", "epoch=0-step=2"):
             shutil.rmtree(ckpts / checkpoint)
     with caplog.at_level(logging.WARNING):
-        found = resolve_last(ckpts)
+        found = resolve_last(ckpts).path
     assert found == (str(ckpts / resumed) if resumed else None)
     (warning,) = _rollback_warnings(caplog)
     assert "names epoch=0-step=6 (step 6), " in warning and why in warning
@@ -166,11 +166,11 @@ def test_a_resume_of_what_last_names_or_of_a_newer_commit_than_it_says_nothing(
     ckpts: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     with caplog.at_level(logging.WARNING):
-        assert resolve_last(ckpts) == str(ckpts / "epoch=0-step=6")
+        assert resolve_last(ckpts).path == str(ckpts / "epoch=0-step=6")
         (ckpts / "LAST").write_text("epoch=0-step=4\n")  # a crash between the commit and LAST's update
-        assert resolve_last(ckpts) == str(ckpts / "epoch=0-step=6")
+        assert resolve_last(ckpts).path == str(ckpts / "epoch=0-step=6")
         shutil.rmtree(ckpts / "epoch=0-step=4")  # LAST names an older, deleted one: nothing newer was lost
-        assert resolve_last(ckpts) == str(ckpts / "epoch=0-step=6")
+        assert resolve_last(ckpts).path == str(ckpts / "epoch=0-step=6")
     assert not _rollback_warnings(caplog)
 
 
@@ -200,7 +200,7 @@ def test_a_checkpoint_named_for_another_step_than_its_manifest_is_refused_naming
     report = verify_checkpoint(ckpts / "epoch=0-step=6")
     assert not report.intact and report.problems[0].startswith(refusal)
     with caplog.at_level(logging.WARNING):
-        assert resolve_last(ckpts) == str(ckpts / "epoch=0-step=4")
+        assert resolve_last(ckpts).path == str(ckpts / "epoch=0-step=4")
     (warning,) = _rollback_warnings(caplog)
     said = "which was refused: its name says step 6, but its manifest is of step 2 (renamed, or another checkpoint"
     assert f"names epoch=0-step=6 (step 6), {said}" in warning
@@ -217,7 +217,7 @@ def test_a_checkpoint_named_for_another_step_than_its_manifest_is_refused_naming
     shutil.rmtree(ckpts / "epoch=0-step=4")
     caplog.clear()
     with caplog.at_level(logging.WARNING):
-        assert resolve_last(ckpts) == str(ckpts / "epoch=0-step=2")
+        assert resolve_last(ckpts).path == str(ckpts / "epoch=0-step=2")
     (warning,) = _rollback_warnings(caplog)
     assert "resuming from the older epoch=0-step=2 (step 2) instead" in warning and said in warning
     # Named explicitly (ckpt_path=...), it is refused the same way, before anything is loaded.
@@ -261,7 +261,7 @@ def test_a_version_suffix_and_names_without_a_step_keep_verifying_and_resuming(
     (ckpts / "epoch=0-step=4").rename(ckpts / "best")
     assert verify_checkpoint(ckpts / "epoch=0-step=6-v1").intact and verify_checkpoint(ckpts / "best").intact
     with caplog.at_level(logging.WARNING):
-        assert resolve_last(ckpts) == str(ckpts / "epoch=0-step=6-v1")
+        assert resolve_last(ckpts).path == str(ckpts / "epoch=0-step=6-v1")
     assert not _rollback_warnings(caplog)  # LAST's epoch=0-step=6 is gone, but nothing newer than step 6 was lost
 
     # A filename template that states no step: every save verifies and resumes.

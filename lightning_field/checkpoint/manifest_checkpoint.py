@@ -442,9 +442,10 @@ class ManifestCheckpoint(CommittedCheckpoint):
     @override
     def _find_last_checkpoints(self, trainer: pl.Trainer) -> set[str]:
         where = internals.checkpoint_dir(self, trainer)
-        guard = self._guard if self.resume_inexact else None
         verified = self.checkpointer.verifications  # handed to the load: no second hash
-        found = self.snapshots.resolve_last(trainer, where, guard, self.store_at(where), verified)
+        resolution = self.snapshots.resolve_last(trainer, where, self.resume_inexact, self.store_at(where), verified)
+        self._guard.resolved(resolution)  # an unrecoverable pick on purpose is recorded; any other clears it
+        found = resolution.path
         self.freshness.check_resume(self.store_at, where, found)  # every rank alike: the same record and pick
         if found is None:
             plain = self._model_checkpoint_lasts(where)

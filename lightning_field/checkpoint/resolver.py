@@ -20,12 +20,38 @@ __all__ = [
     "LAST_POINTER",
     "TEMP_PREFIXES",
     "CheckpointEntry",
+    "InexactChoice",
+    "Resolution",
     "committed_checkpoints",
     "last_pointer_rollback",
     "latest_recoverable",
     "read_last_pointer",
     "steps_in_name",
 ]
+
+
+@dataclass(frozen=True)
+class InexactChoice:
+    """An unrecoverable checkpoint resumed on purpose (``ResumeConfig(inexact=True)``), and what it lacks:
+    every later manifest records it as ``provenance.inexact_resume``."""
+
+    checkpoint: str
+    missing: tuple[str, ...]
+
+    def record(self) -> dict[str, object]:
+        return {"checkpoint": self.checkpoint, "missing": list(self.missing)}
+
+
+@dataclass(frozen=True)
+class Resolution:
+    """What ``ckpt_path="last"`` resolved to, decided once over the tiers: the path every rank loads
+    (None: nothing committed, training starts at step 0), the tier it came from, and whether it is an
+    unrecoverable checkpoint chosen on purpose. The callback hands it to its resume guard; nothing that
+    resolves writes the guard."""
+
+    path: str | None
+    tier: str = "persistent"  # "persistent", "snapshot" (this node held it) or "replica" (received from a node)
+    inexact: InexactChoice | None = None
 
 
 @dataclass

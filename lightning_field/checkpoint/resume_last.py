@@ -1,7 +1,7 @@
 """Which checkpoint ``ckpt_path="last"`` resumes, and the refusal when none may be.
 
 The newest recoverable checkpoint (or a newer step snapshot that verifies); with ``ResumeConfig.inexact``
-the newest unrecoverable one, recorded by the :class:`~lightning_field.checkpoint.resume_policy.ResumeGuard`;
+the newest unrecoverable one, said so in the :class:`~lightning_field.checkpoint.resolver.Resolution`;
 none at all starts at step 0 and says so. Checkpoints that exist but none of which may be resumed
 are refused (:class:`NoRecoverableCheckpointError`) rather than silently starting over.
 """
@@ -12,19 +12,22 @@ import logging
 import os
 from collections.abc import Mapping, MutableMapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
-from lightning_field.checkpoint.resolver import committed_checkpoints, last_pointer_rollback, latest_recoverable
+from lightning_field.checkpoint.resolver import (
+    InexactChoice,
+    Resolution,
+    committed_checkpoints,
+    last_pointer_rollback,
+    latest_recoverable,
+)
 from lightning_field.checkpoint.stores import CheckpointReader, read_manifest
 from lightning_field.checkpoint.verify import VerifyReport
 from lightning_field.core.errors import CheckpointError
 from lightning_field.core.launcher_env import env_global_rank, restart_of
 from lightning_field.core.storage import Location, basename
-
-if TYPE_CHECKING:
-    from lightning_field.checkpoint.resume_policy import ResumeGuard
 
 log = logging.getLogger(__name__)
 
@@ -81,19 +84,19 @@ def no_recoverable_message(
 
 def resolve_last(
     where: Location,
-    inexact_guard: ResumeGuard | None = None,
+    allow_inexact: bool = False,
     store: CheckpointReader | None = None,
     reports: MutableMapping[Location, VerifyReport] | None = None,
     snapshot: tuple[Location, int] | None = None,
-) -> str | None:
-    """``ckpt_path="last"``: the newest recoverable checkpoint under a local ``where``, or None when
-    there is no committed checkpoint at all (training starts at step 0, and says so).
+) -> Resolution:
+    """``ckpt_path="last"``: the newest recoverable checkpoint under a local ``where``, or a path of
+    None when there is no committed checkpoint at all (training starts at step 0, and says so).
     ``reports`` receives the verifications made, for the load to hand on. ``snapshot``: the newest
     step snapshot that verifies, and its step, taken instead where it is newer (one resume rule
     over the tiers: the newest verified step wins, a persistent checkpoint on a tie).
 
-    With ``inexact_guard`` (``ResumeConfig(inexact=True)``), the newest unrecoverable recovery checkpoint
-    is chosen when no recoverable one exists, and the guard records it for every later manifest.
+    With ``allow_inexact`` (``ResumeConfig(inexact=True)``), the newest unrecoverable recovery checkpoint
+    is chosen when no recoverable one exists, and the resolution says what it lacks.
 
     Raises:
         ValueError: ``where`` is a URL, which ``ckpt_path="last"`` cannot resolve through Lightning.
@@ -108,25 +111,23 @@ def resolve_last(
         )
     skipped: dict[Location, str] = {}
     if snapshot is None:
-        found = _resolve_persistent(where, inexact_guard, store, reports, skipped)
-        _warn_rollback(where, found, store, skipped)
+        found = _resolve_persistent(where, allow_inexact, store, reports, skipped)
+        _warn_rollback(where, found.path, store, skipped)
         return found
     snapshot_path, snapshot_step = snapshot
     try:
-        persistent = _resolve_persistent(where, inexact_guard, store, reports, skipped)
+        persistent = _resolve_persistent(where, allow_inexact, store, reports, skipped)
     except NoRecoverableCheckpointError:
-        persistent = None  # none of them may be resumed; the snapshot, which verified, may
-    if persistent is not None and read_manifest(persistent, store=store).step >= snapshot_step:
-        _warn_rollback(where, persistent, store, skipped)
+        persistent = Resolution(None)  # none of them may be resumed; the snapshot, which verified, may
+    if persistent.path is not None and read_manifest(persistent.path, store=store).step >= snapshot_step:
+        _warn_rollback(where, persistent.path, store, skipped)
         return persistent
-    if inexact_guard is not None:
-        inexact_guard.inexact = None  # the snapshot is recoverable: this continuation is exact
     rank_zero_info(
         f"lightning_field: resuming from the snapshot {snapshot_path} (step {snapshot_step}),"
         f" newer than every recoverable checkpoint under {where}."
     )
     _warn_rollback(where, str(snapshot_path), store, skipped, snapshot_step)
-    return str(snapshot_path)
+    return Resolution(str(snapshot_path), tier="snapshot")  # recoverable: this continuation is exact
 
 
 def no_checkpoint_on_restart_message(where: Path, restart: str) -> str:
@@ -158,11 +159,11 @@ def _warn_rollback(
 
 def _resolve_persistent(
     where: Path,
-    inexact_guard: ResumeGuard | None,
+    allow_inexact: bool,
     store: CheckpointReader | None,
     reports: MutableMapping[Location, VerifyReport] | None,
     skipped: dict[Location, str],
-) -> str | None:
+) -> Resolution:
     found = latest_recoverable(where, reports=reports, skipped=skipped, log_skips=env_global_rank() == 0, store=store)
     if found is not None and not Path(found).exists():
         # Lightning drops a "last" it cannot see on the filesystem and starts over: never silently.
@@ -172,7 +173,7 @@ def _resolve_persistent(
             " store=store) instead."
         )
     if found is not None:
-        return str(found)
+        return Resolution(str(found))
     entries = committed_checkpoints(where, store=store)
     if not entries:
         restart = restart_of(os.environ)
@@ -180,19 +181,18 @@ def _resolve_persistent(
             rank_zero_info(f"lightning_field: no committed checkpoint under {where} yet: training starts at step 0.")
         elif env_global_rank() == 0:
             log.warning(no_checkpoint_on_restart_message(where, restart))
-        return None
+        return Resolution(None)
     # A damaged checkpoint cannot be resumed inexactly either: its bytes are not what was saved.
     resumable = [
         e for e in entries if e.manifest is not None and e.manifest.kind == "recovery" and e.path not in skipped
     ]
-    if inexact_guard is not None and resumable:
+    if allow_inexact and resumable:
         chosen = resumable[0]
         assert chosen.manifest is not None
-        inexact_guard.choose_inexact(chosen.path, chosen.manifest.missing)
         rank_zero_warn(
             f"lightning_field: resuming from {chosen.path}, which is NOT recoverable"
             f" ({'; '.join(chosen.manifest.missing)}): weights, optimizer and loop state are restored, but"
             " this continuation is not exact. Every later manifest records provenance.inexact_resume."
         )
-        return str(chosen.path)
+        return Resolution(str(chosen.path), inexact=InexactChoice(str(chosen.path), tuple(chosen.manifest.missing)))
     raise NoRecoverableCheckpointError(no_recoverable_message(where, entries, skipped))

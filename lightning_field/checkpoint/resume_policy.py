@@ -18,6 +18,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
 from lightning_field.checkpoint import stop_points
+from lightning_field.checkpoint.resolver import Resolution
 from lightning_field.compat import lightning as internals
 from lightning_field.core.distributed import all_gather_objects, broadcast_object
 from lightning_field.core.errors import ResumeMismatchError
@@ -213,6 +214,11 @@ class ResumeGuard:
     def code(self) -> Mapping[str, Any]:
         """This run's code identity (versions, git commit and diff hash) as :meth:`record` found it; {} before."""
         return self._static.get("code", {})
+
+    def resolved(self, resolution: Resolution) -> None:
+        """What ``ckpt_path="last"`` chose (the one place a resolution reaches the guard): an
+        unrecoverable checkpoint chosen on purpose marks every later manifest; any other pick is exact."""
+        self.inexact = resolution.inexact.record() if resolution.inexact is not None else None
 
     def choose_inexact(self, checkpoint: Location, missing: Sequence[str]) -> None:
         """``ResumeConfig.inexact``: this unrecoverable checkpoint may be resumed, and every later

@@ -37,7 +37,7 @@ from lightning_field.checkpoint.commit import SaveJob, commit_save
 from lightning_field.checkpoint.owner import SnapshotOwner
 from lightning_field.checkpoint.replica import NodeTopology, commit_replicated, node_key, shared_between_nodes
 from lightning_field.checkpoint.replica_resume import agree_across_nodes
-from lightning_field.checkpoint.resume_policy import ResumeGuard
+from lightning_field.checkpoint.resolver import Resolution
 from lightning_field.checkpoint.snapshot_dirs import private_folder_problem, snapshot_dir_for
 from lightning_field.checkpoint.snapshot_interval import DEFAULT_BUDGET, IntervalChoice, check_every_n_train_steps
 from lightning_field.checkpoint.snapshot_lineage import join_run, prepared_for_run, same_run
@@ -202,22 +202,26 @@ class StepSnapshots:
         self,
         trainer: pl.Trainer,
         where: Location,
-        inexact_guard: ResumeGuard | None,
+        allow_inexact: bool,
         store: CheckpointStore,
         verified: dict[Location, VerifyReport],
-    ) -> str | None:
+    ) -> Resolution:
         """``ckpt_path="last"`` over the tiers: the newest step that verifies, a persistent checkpoint
         on a tie (:func:`~lightning_field.checkpoint.resume_last.resolve_last`), agreed on across
         the nodes of a multi-node run (:meth:`resolve_across_nodes`)."""
         if not self.spans_nodes(trainer):
             snapshot = self.latest(where, trainer)
-            return resume_last.resolve_last(where, inexact_guard, store, verified, snapshot)
-        found = self.resolve_across_nodes(
-            trainer, where, lambda: resume_last.resolve_last(where, inexact_guard, store, verified)
-        )
-        if found is not None and inexact_guard is not None and self.holds(found):
-            inexact_guard.inexact = None  # a snapshot is recoverable: this continuation is exact
-        return found
+            return resume_last.resolve_last(where, allow_inexact, store, verified, snapshot)
+        persistent: list[Resolution] = []  # the persistent tier's resolution, where the nodes asked for it
+
+        def resolve_persistent() -> str | None:
+            persistent.append(resume_last.resolve_last(where, allow_inexact, store, verified))
+            return persistent[-1].path
+
+        found = self.resolve_across_nodes(trainer, where, resolve_persistent)
+        if found is not None and self.holds(found):  # a snapshot is recoverable: this continuation is exact
+            return Resolution(found, tier=self.resumed_tier or "snapshot")
+        return persistent[-1] if persistent else Resolution(found)
 
     def resolve_across_nodes(
         self, trainer: pl.Trainer, checkpoint_dir: Location, persistent: Callable[[], str | None]
