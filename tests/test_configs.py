@@ -139,6 +139,9 @@ def test_every_callback_parameter_can_be_overridden_on_the_command_line(tmp_path
         ("trainer.max_steps=1e3x", "max_steps"),
         ("callbacks.checkpoint.every_n_train_step=5", "every_n_train_step"),
         ("trainer.max_step=5", "max_step"),
+        # inside an option group: its schema is the dataclass's
+        ("callbacks.checkpoint.snapshots.every_n_train_step=5", "every_n_train_step"),
+        ("callbacks.checkpoint.resume.max_failed_attempts=many", "max_failed_attempts"),
     ],
 )
 def test_a_wrong_type_or_a_misspelled_key_fails_at_composition(override: str, message: str, tmp_path: Path) -> None:

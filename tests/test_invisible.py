@@ -224,9 +224,11 @@ def test_the_callback_pickles_so_ddp_spawn_can_send_it(tmp_path: Path) -> None:
 # The conformance column "uninterrupted, ours against plain Lightning": a row's run with no kill, with
 # ManifestCheckpoint at the row's settings and with ModelCheckpoint (tests/conformance.py). The whole
 # column is in docs/conformance.md; these rows are its kinds: one process, loader workers, DDP, a
-# Hugging Face stream and a stream of the user's own with workers, bf16, a mid-epoch validation.
+# Hugging Face stream and a stream of the user's own with workers, bf16, a mid-epoch validation, and
+# FSDP2 on two torchrun nodes with a snapshot (DCP shards, replicated) at every step.
 UNINTERRUPTED_ROWS = ["plain-loader", "plain-loader-2-workers", "ddp-plain-loader", "hf-iterable-dataset",
-                      "stream-2-workers", "bf16-mixed", "val-check-interval-half"]  # fmt: skip
+                      "stream-2-workers", "bf16-mixed", "val-check-interval-half",
+                      "fsdp2-snapshots-node-lost"]  # fmt: skip
 
 
 @pytest.mark.slow

@@ -157,6 +157,17 @@ def test_each_group_refuses_a_bad_value_when_it_is_written_naming_group_and_fiel
         build()
 
 
+def test_a_count_of_any_integer_type_is_taken_as_a_plain_int_and_a_bool_or_a_float_is_not() -> None:
+    import numpy as np
+
+    assert ResumeConfig(max_failed_attempts=np.int64(4)).max_failed_attempts == 4
+    assert type(InterruptConfig(check_every_n_steps=np.int32(2)).check_every_n_steps) is int
+    assert StorageConfig(upload_part_bytes=np.int64(8 << 20)).upload_part_bytes == 8 << 20
+    for bad in (True, 2.0):
+        with pytest.raises(ValueError, match=r"interrupts\.check_every_n_steps must be None or an integer >= 1"):
+            InterruptConfig(check_every_n_steps=bad)
+
+
 def test_the_groups_are_frozen_and_their_defaults_are_the_callbacks_defaults() -> None:
     options = SnapshotConfig()
     with pytest.raises(dataclasses.FrozenInstanceError):

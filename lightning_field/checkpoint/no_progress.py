@@ -30,6 +30,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 
+from lightning_field.checkpoint.options import positive_or_none
 from lightning_field.checkpoint.owner import EventSource
 from lightning_field.checkpoint.preemption import TrainingPreempted
 from lightning_field.core.events import EventLog, read_events
@@ -225,11 +226,7 @@ class NoProgressGuard:
     def __init__(
         self, checkpoint: EventSource, max_failed_attempts: int | None, code: Callable[[], Mapping[str, Any]]
     ) -> None:
-        if max_failed_attempts is not None and (
-            isinstance(max_failed_attempts, bool) or not isinstance(max_failed_attempts, int) or max_failed_attempts < 1
-        ):
-            raise ValueError(f"resume.max_failed_attempts must be None or an integer >= 1, got {max_failed_attempts!r}")
-        self.max_failed_attempts = max_failed_attempts
+        self.max_failed_attempts = positive_or_none("resume.max_failed_attempts", max_failed_attempts)
         self._checkpoint = checkpoint
         self._code = code
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import numbers
 import os
 import signal
 import warnings
@@ -39,6 +40,7 @@ __all__ = [
     "SnapshotConfig",
     "StorageConfig",
     "grouped_options",
+    "positive_or_none",
     "save_error_policy",
 ]
 
@@ -66,9 +68,22 @@ def save_error_policy(value: object) -> SaveErrorPolicy:
     raise ValueError(f"storage.on_save_error must be one of {SAVE_ERROR_POLICIES}, got {value!r}")
 
 
-def _positive_or_none(group: str, name: str, value: Any) -> None:
-    if value is not None and (type(value) is not int or value < 1):
-        raise ValueError(f"{group}.{name} must be None or an integer >= 1, got {value!r}")
+def _is_count(value: Any) -> bool:
+    # Any integer type (numpy's too), never a bool.
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def positive_or_none(where: str, value: Any) -> int | None:
+    """``value`` as a count of at least 1, or None; the one check for such options.
+
+    Raises:
+        ValueError: anything else, naming ``where`` (``resume.max_failed_attempts``).
+    """
+    if value is None:
+        return None
+    if not _is_count(value) or value < 1:
+        raise ValueError(f"{where} must be None or an integer >= 1, got {value!r}")
+    return int(value)
 
 
 def _names(value: Iterable[str] | str) -> tuple[str, ...]:
@@ -105,9 +120,9 @@ class StorageConfig:
     store: Any = None  # a CheckpointStore; checked against the protocol where the store is first used
 
     def __post_init__(self) -> None:
-        if type(self.upload_part_bytes) is not int or self.upload_part_bytes < 5 << 20:
+        if not _is_count(self.upload_part_bytes) or self.upload_part_bytes < 5 << 20:
             raise ValueError(f"storage.upload_part_bytes must be an integer >= 5 MiB, got {self.upload_part_bytes!r}")
-        if type(self.upload_concurrency) is not int or self.upload_concurrency < 1:
+        if not _is_count(self.upload_concurrency) or self.upload_concurrency < 1:
             raise ValueError(f"storage.upload_concurrency must be an integer >= 1, got {self.upload_concurrency!r}")
         object.__setattr__(self, "on_save_error", save_error_policy(self.on_save_error))
         if self.options is not None:
@@ -174,7 +189,9 @@ class ResumeConfig:
         object.__setattr__(self, "allow_mismatch", _names(self.allow_mismatch))
         object.__setattr__(self, "allow_changed", _names(self.allow_changed))
         allowed_changes(self.allow_changed)  # an unknown name is refused here, naming the valid ones
-        _positive_or_none("resume", "max_failed_attempts", self.max_failed_attempts)
+        object.__setattr__(
+            self, "max_failed_attempts", positive_or_none("resume.max_failed_attempts", self.max_failed_attempts)
+        )
 
 
 @dataclass(frozen=True)
@@ -202,7 +219,9 @@ class InterruptConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "signals", tuple(int(s) for s in self.signals))
-        _positive_or_none("interrupts", "check_every_n_steps", self.check_every_n_steps)
+        object.__setattr__(
+            self, "check_every_n_steps", positive_or_none("interrupts.check_every_n_steps", self.check_every_n_steps)
+        )
 
 
 FLAT_NAMES: dict[str, tuple[str, str]] = {

@@ -28,7 +28,7 @@ import torch
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
-from lightning_field.checkpoint.options import DEFAULT_SIGNALS
+from lightning_field.checkpoint.options import DEFAULT_SIGNALS, positive_or_none
 from lightning_field.checkpoint.owner import SavePoint
 from lightning_field.compat import lightning as internals
 from lightning_field.core.manifest import StopRecord
@@ -198,9 +198,7 @@ class PreemptionSave:
     """
 
     def __init__(self, checkpoint: SavePoint, signals: Sequence[int], check_every_n_steps: int | None = None) -> None:
-        if check_every_n_steps is not None and check_every_n_steps < 1:
-            raise ValueError(f"interrupts.check_every_n_steps must be >= 1, got {check_every_n_steps}")
-        self.check_every_n_steps = check_every_n_steps
+        self.check_every_n_steps = positive_or_none("interrupts.check_every_n_steps", check_every_n_steps)
         self.saved: str | None = None
         self._checkpoint = checkpoint
         self._trainer: pl.Trainer | None = None
