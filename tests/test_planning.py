@@ -203,6 +203,11 @@ def test_field_plan_shows_lost_work_and_waste_with_snapshots_beside_the_persiste
          "--snapshot-commit-seconds must be >= 0"),
         (["--snapshot-seconds", "2", "--snapshot-interval", "1"],
          "--snapshot-seconds (2 s) must be shorter than --snapshot-interval (1 s)"),
+        # The run's own interval, whose saves take longer than its training between them: named as such,
+        # not blamed on the snapshots (and never a negative time to the budget).
+        (["--snapshot-seconds", "0.002", "--step-seconds", "0.05", "--checkpoint-every-steps", "1000"],
+         "expected waste 120.25% >= 100% at the run's interval: saves of 60 s every 1000 steps of 0.05 s"
+         " (50 s of training) leave no time to train"),
         (["--snapshot-seconds", "0.97", "--snapshot-interval", "1"],
          "expected waste with snapshots 104% >= 100%: snapshots of 0.97 s every 1 s beside saves of 60 s leave no"
          " time to train (check --snapshot-seconds and --snapshot-interval)"),

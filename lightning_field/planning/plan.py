@@ -292,6 +292,8 @@ def _interval_figures(inp: PlanInputs, figures: dict[str, dict[str, Any]], ideal
             "round(τ / step), the interval a run takes" if held is None else "given: the interval the run keeps",
         )
     waste = tiers.waste_alone or 0.0
+    if waste >= 1 and persistent_steps is not None and inp.step_seconds is not None:
+        _refuse_interval_in_steps(inp, persistent_steps, waste)
     inputs = [*basis, "restart_seconds", *(["step_seconds"] if inp.step_seconds is not None else [])]
     inputs += ["checkpoint_every_steps"] if inp.checkpoint_every_steps is not None else []
     at = "at Daly's τ" if inp.step_seconds is None else "at τ in whole steps"
@@ -416,6 +418,27 @@ def _refuse_meaningless(inp: PlanInputs, interval_s: float, waste: float) -> Non
             " leave no time to train, so no time or cost to the budget exists (check --save-seconds,"
             " --restart-seconds and --mtbf-hours)"
         )
+
+
+def _refuse_interval_in_steps(inp: PlanInputs, steps: int, waste: float) -> None:
+    """Refuse the persistent interval a plan prices in whole steps (the run's own, or Daly's rounded)
+    where its first-order waste reaches 100%: saves that take about as long as the training between
+    them. ``time_to_budget`` would be negative, and the snapshots' figures would be blamed for it.
+
+    Raises:
+        PlanInputError: naming the interval, the save and the waste (to the hundredth of a percent,
+            as ``CheckpointCadence`` prints it for the same run).
+    """
+    assert inp.save_seconds is not None and inp.step_seconds is not None
+    given = inp.checkpoint_every_steps is not None
+    where = "at the run's interval" if given else "in whole steps"
+    fix = ": raise --checkpoint-every-steps or the run's every_n_train_steps" if given else ""
+    every = f"every {steps} steps of {inp.step_seconds:g} s ({steps * inp.step_seconds:g} s of training)"
+    raise PlanInputError(
+        f"expected waste {waste:.2%} >= 100% {where}: saves of {inp.save_seconds:g} s {every} leave no time to"
+        " train; the first-order waste does not describe a run that saves about as long as it trains between"
+        f" saves (save less often{fix})"
+    )
 
 
 def _layout(inp: PlanInputs, shares: dict[str, float]) -> dict[str, Any]:
