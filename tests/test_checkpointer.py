@@ -3,7 +3,9 @@ restores a plain PyTorch loop, and the resolver's verification is the load's (no
 
 from __future__ import annotations
 
+import subprocess
 import sys
+import textwrap
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -16,9 +18,9 @@ from lightning.pytorch.demos.boring_classes import BoringModel
 from torch import nn
 
 from lightning_field import Checkpointer, verify_checkpoint
-from lightning_field.checkpoint import CheckpointCorruptError, NothingToRestoreError, components
+from lightning_field.checkpoint import CheckpointCorruptError, NothingToRestoreError, capture
 from lightning_field.checkpoint.stores import LocalStore
-from lightning_field.core.manifest import SHARED_STATE_FILE, read_manifest, write_drill_record
+from lightning_field.core.manifest import RANK_COMPONENTS, SHARED_STATE_FILE, read_manifest, write_drill_record
 from lightning_field.core.storage import Location, same_location
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
@@ -248,7 +250,7 @@ def test_a_lightning_resume_from_last_hashes_each_file_of_the_checkpoint_once(
 def test_a_manifests_components_and_missing_lists_follow_the_one_registry_of_components(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    class StreamCursor(components.Component):  # a component this Lightning checkpoint never holds
+    class StreamCursor(capture.Component):  # a component this Lightning checkpoint never holds
         name = "stream_cursor"
 
         def present(self, checkpoint: dict[str, Any], trainer: Any) -> bool:
@@ -263,11 +265,11 @@ def test_a_manifests_components_and_missing_lists_follow_the_one_registry_of_com
         return read_manifest(root / "ckpts" / "epoch=0-step=2")
 
     plain = manifest_of(tmp_path / "plain")
-    assert set(plain.components) <= {c.name for c in components.COMPONENTS}
+    assert set(plain.components) <= {c.name for c in capture.COMPONENTS}
     expected = {"model", "optimizer", "lr_schedulers", "loops", "callbacks", "rng", "data_position"}
     assert expected <= set(plain.components)
     assert plain.recoverable and plain.missing == []
-    monkeypatch.setattr(components, "COMPONENTS", (*components.COMPONENTS, StreamCursor()))
+    monkeypatch.setattr(capture, "COMPONENTS", (*capture.COMPONENTS, StreamCursor()))
     extended = manifest_of(tmp_path / "extended")
     assert extended.missing == ["stream_cursor"] and not extended.recoverable
 
@@ -280,3 +282,47 @@ def test_the_plain_loop_example_run_twice_ends_bitwise_where_one_uninterrupted_r
     assert started == 12  # it continued: it did not start over
     assert bitwise_equal(twice, train(str(tmp_path / "once"), 23)[1])
     assert [e.manifest.step for e in Checkpointer(tmp_path / "twice").committed() if e.manifest] == [23, 20]
+
+
+def test_the_registrys_per_rank_components_are_what_the_lightning_free_commit_writes_to_rank_files() -> None:
+    assert tuple(c.name for c in capture.COMPONENTS if c.per_rank) == RANK_COMPONENTS
+
+
+WITHOUT_LIGHTNING = textwrap.dedent(
+    """
+    import importlib.abc, sys
+
+    class NoLightning(importlib.abc.MetaPathFinder):  # as if Lightning were not installed
+        def find_spec(self, name, path=None, target=None):
+            if name.partition(".")[0] in ("lightning", "pytorch_lightning"):
+                raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+            return None
+
+    sys.meta_path.insert(0, NoLightning())
+    sys.path.insert(0, sys.argv[1])
+    import torch
+    from plain_loop import train
+
+    train(sys.argv[2] + "/twice", 12)
+    started, twice = train(sys.argv[2] + "/twice", 23)
+    _, once = train(sys.argv[2] + "/once", 23)
+    same = twice.keys() == once.keys() and all(torch.equal(twice[k], once[k]) for k in twice)
+    print("started", started, "bitwise", same)
+    lightning = [m for m in sys.modules if m.partition(".")[0] in ("lightning", "pytorch_lightning")]
+    print("lightning modules", sorted(lightning))
+    """
+)
+
+
+@pytest.mark.slow  # a fresh interpreter: the suite's own has Lightning imported already
+def test_the_checkpoint_core_saves_and_restores_a_plain_loop_bitwise_where_lightning_cannot_be_imported(
+    tmp_path: Path,
+) -> None:
+    examples = Path(__file__).resolve().parents[1] / "examples"
+    result = subprocess.run(
+        [sys.executable, "-c", WITHOUT_LIGHTNING, str(examples), str(tmp_path)],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "started 12 bitwise True" in result.stdout, result.stdout
+    assert "lightning modules []" in result.stdout, result.stdout

@@ -8,6 +8,7 @@ events) included."""
 
 from __future__ import annotations
 
+import inspect
 import sys
 from pathlib import Path
 from types import FrameType
@@ -32,7 +33,10 @@ class ModuleTrace:
         self._previous: Any = None
 
     def _profile(self, frame: FrameType, event: str, arg: Any) -> None:
-        if event == "call":
+        # Functions only (optimized frames, named by ``def``): a module's or class's body running as it is
+        # imported is none, and would count in a fresh process only, not where the suite imported it earlier.
+        code = frame.f_code
+        if event == "call" and code.co_flags & inspect.CO_OPTIMIZED and not code.co_name.startswith("<"):
             name = frame.f_globals.get("__name__", "")
             if name.startswith("lightning_field"):
                 self.modules.add(name)

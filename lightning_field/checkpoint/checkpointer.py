@@ -21,7 +21,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 from lightning_field.checkpoint.commit import CheckpointSaveError, SaveJob, commit_save, not_saved_message
-from lightning_field.checkpoint.io import load_from_store
+from lightning_field.checkpoint.load import FIELD_KEY, load_from_store, load_on_every_rank
 from lightning_field.checkpoint.resolver import CheckpointEntry, committed_checkpoints, latest_recoverable
 from lightning_field.checkpoint.stores import (
     DEFAULT_CONCURRENCY,
@@ -252,7 +252,7 @@ class Checkpointer:
 
         Raises:
             NothingToRestoreError: no recoverable checkpoint exists (unless ``missing_ok``: None).
-            CheckpointCorruptError: the checkpoint fails verification.
+            CheckpointCorruptError: the checkpoint fails verification (on any rank: raised on every rank).
             ValueError: it was written by another world size, or lacks a component of ``states``.
         """
         location = as_location(checkpoint) if checkpoint is not None else self.latest_recoverable()
@@ -268,12 +268,15 @@ class Checkpointer:
             if absent:
                 raise ValueError(f"{path} holds no {', '.join(absent)} (it holds {', '.join(manifest.components)})")
 
-        loaded = load_from_store(
-            self.store_at(location), location, "cpu", check, self.trust_pickles, self.verified(location)
+        store, earlier = self.store_at(location), self.verified(location)
+        # Collective: a rank whose own file fails raises on every rank, not alone (one rank's exit
+        # would leave the others waiting in their next collective).
+        loaded = load_on_every_rank(
+            location, lambda: load_from_store(store, location, "cpu", check, self.trust_pickles, earlier)
         )
         for key, state in states.items():
             state.load_state_dict(loaded[key])
-        field = loaded["lightning_field"]
+        field = loaded[FIELD_KEY]
         rank_state = field["rank_state"] or {}
         unrestored = restore_rng_state(rank_state["rng"], generators) if "rng" in rank_state else ["rng"]
         return Restored(location, field["manifest"], unrestored)

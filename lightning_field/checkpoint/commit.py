@@ -25,10 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import lightning.pytorch as pl
-
 from lightning_field.checkpoint import sharded
-from lightning_field.checkpoint.components import RANK_COMPONENTS, missing_components, present_components
 from lightning_field.checkpoint.resolver import committed_checkpoints
 from lightning_field.checkpoint.stores.base import (
     CheckpointReader,
@@ -43,13 +40,13 @@ from lightning_field.checkpoint.stores.local import (
 from lightning_field.core.distributed import all_gather_objects, broadcast_object
 from lightning_field.core.errors import CheckpointError
 from lightning_field.core.manifest import (
+    RANK_COMPONENTS,
     SHARED_STATE_FILE,
     FileEntry,
     Manifest,
     Provenance,
     SnapshotIntervalRecord,
     StopRecord,
-    rank_state_file,
 )
 from lightning_field.core.signing import keys_from_environment
 from lightning_field.core.storage import Location, StorageOptions, basename, parent
@@ -68,7 +65,10 @@ class CheckpointSaveError(CheckpointError, RuntimeError):
 
 @dataclass
 class SaveJob:
-    """One save, captured on the training thread: the commit needs nothing else."""
+    """One save, captured on the training thread: the commit needs nothing else. Lightning's state
+    is captured into one by :func:`~lightning_field.checkpoint.capture.capture_job`; a loop without
+    a Trainer has :meth:`~lightning_field.checkpoint.checkpointer.Checkpointer.save` build it from
+    named ``Stateful`` objects."""
 
     final: Location
     store: CheckpointWriter
@@ -94,63 +94,6 @@ class SaveJob:
     stopped: StopRecord | None = None  # why training stopped at this save (``save_now(stopped=...)``)
     snapshot_interval: SnapshotIntervalRecord | None = None  # the run's step snapshots then
     advertised_suffix: str | None = None  # name state.pt <name><suffix> beside the folder (stores.local.advertise)
-
-    @classmethod
-    def capture(
-        cls,
-        trainer: pl.Trainer,
-        final: Location,
-        start: float,
-        *,
-        store: CheckpointWriter,
-        checkpoint: dict[str, Any],
-        rank_state: dict[str, Any],
-        rank_missing: list[str],
-        weights_only: bool,
-        provenance: Provenance,
-        snapshot_interval: SnapshotIntervalRecord | None = None,
-    ) -> SaveJob:
-        """This rank's part of a save, from Lightning's dumped ``checkpoint`` and its own
-        ``rank_state``: every rank writes its rank file; rank 0 also the shared state, whose
-        components it lists; under a sharding strategy the model and optimizer go through DCP."""
-        rank = trainer.global_rank
-        files: dict[str, tuple[Any, list[str]]] = {rank_state_file(rank): (rank_state, list(RANK_COMPONENTS))}
-        shared_components: list[str] = []
-        shared_missing: list[str] = []
-        if trainer.is_global_zero:
-            shared_components = present_components(checkpoint, trainer)
-            shared_missing = missing_components(checkpoint, trainer, shared_components, weights_only)
-        shards = None
-        shared_file = SHARED_STATE_FILE
-        if sharded.is_sharded(trainer.strategy):
-            # Every rank holds its own shards of the model and optimizer: they go through DCP.
-            shards = sharded.split_state(checkpoint)
-            shared_file = sharded.SHARDED_SHARED_FILE
-            shared_components = [c for c in shared_components if c not in sharded.DCP_COMPONENTS]
-        if trainer.is_global_zero:
-            files[shared_file] = (checkpoint, shared_components)
-        return cls(
-            final=final,
-            store=store,
-            rank=rank,
-            is_global_zero=trainer.is_global_zero,
-            step=trainer.global_step,
-            epoch=trainer.current_epoch,
-            world_size=trainer.world_size,
-            files=files,
-            rank_missing=rank_missing,
-            data_restore=list(rank_state["data_position"]["restore"]),
-            stream_positions=list(rank_state["data_position"].get("stream_positions", [])),
-            shared_components=shared_components,
-            shared_missing=shared_missing,
-            start=start,
-            kind="export" if weights_only else "recovery",
-            provenance=provenance,
-            shared_file=shared_file,
-            shards=shards,
-            model_state=shards["state_dict"] if shards is not None else checkpoint.get("state_dict", {}),
-            snapshot_interval=snapshot_interval,
-        )
 
     @property
     def shared_components_all(self) -> list[str]:

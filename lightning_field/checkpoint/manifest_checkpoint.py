@@ -20,12 +20,14 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from typing_extensions import override
 
-from lightning_field.checkpoint import sharded, sharded_load
+from lightning_field.checkpoint import sharded_load
+from lightning_field.checkpoint.capture import capture_job, check_strategy
 from lightning_field.checkpoint.commit import CheckpointSaveError, SaveJob
 from lightning_field.checkpoint.committed import CommittedCheckpoint
 from lightning_field.checkpoint.exception_save import ExceptionSave
 from lightning_field.checkpoint.freshness import Freshness
-from lightning_field.checkpoint.io import FIELD_KEY, ManifestCheckpointIO
+from lightning_field.checkpoint.io import ManifestCheckpointIO
+from lightning_field.checkpoint.load import FIELD_KEY
 from lightning_field.checkpoint.no_progress import NoProgressGuard
 from lightning_field.checkpoint.options import (
     InterruptConfig,
@@ -226,7 +228,7 @@ class ManifestCheckpoint(CommittedCheckpoint):
         hazard = elastic_restart_hazard(os.environ)
         if hazard is not None:
             rank_zero_warn(f"lightning_field: {hazard}")
-        is_sharded = sharded.check_strategy(trainer.strategy)  # refuses a strategy it cannot save for
+        is_sharded = check_strategy(trainer.strategy)  # refuses a strategy it cannot save for
         store = self.store_at(self.dirpath)
         self.names_files_twice = not is_sharded and isinstance(store, LocalStore)
         if not is_sharded and isinstance(store, ObjectStore):
@@ -426,7 +428,7 @@ class ManifestCheckpoint(CommittedCheckpoint):
         rank_state, rank_missing = self.rank_tracker.capture(trainer, checkpoint, self.save_weights_only, rewound)
         if self._between_steps is not None:
             rank_missing = [*rank_missing, self._between_steps]
-        return SaveJob.capture(
+        return capture_job(
             trainer,
             final,
             start,

@@ -14,16 +14,17 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import importlib
 import logging
 import os
 import pickle
 import re
+import sys
 import typing
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
-from lightning.fabric.utilities.data import AttributeDict
 from omegaconf import DictConfig, ListConfig, base, nodes
 
 from lightning_field.core.errors import CheckpointError
@@ -32,7 +33,6 @@ from lightning_field.core.member_paths import member_name_problem
 log = logging.getLogger(__name__)
 
 CHECKPOINT_SAFE_TYPES: tuple[Any, ...] = (
-    AttributeDict,
     DictConfig,
     ListConfig,
     base.ContainerMetadata,
@@ -56,7 +56,16 @@ CHECKPOINT_SAFE_TYPES: tuple[Any, ...] = (
     bytes,
     collections.defaultdict,
 )
-"""What a Lightning checkpoint may hold beyond what ``weights_only`` allows by itself."""
+"""What a Lightning checkpoint may hold beyond what ``weights_only`` allows by itself (Lightning's own
+types too: :data:`LIGHTNING_SAFE_TYPES`)."""
+
+ATTRIBUTE_DICT = "lightning.fabric.utilities.data.AttributeDict"
+"""Lightning's container of ``save_hyperparameters``' values."""
+
+LIGHTNING_SAFE_TYPES: tuple[str, ...] = (ATTRIBUTE_DICT,)
+"""Lightning's types a checkpoint may hold (``save_hyperparameters``' container), by name: allowed from
+Lightning itself where this process imported it, else imported when a file names one, so the core's
+loads never import Lightning for files that hold none of them."""
 
 TRUST_PICKLES_HINT = (
     "ManifestCheckpoint(resume=ResumeConfig(trust_pickles=True))"
@@ -68,11 +77,27 @@ class UnsafeCheckpointError(CheckpointError, RuntimeError):
     """A checkpoint file needs full unpickling, which could run code that whoever wrote it chose."""
 
 
+def lightning_type(qualified: str, import_it: bool) -> Any:
+    """One of Lightning's types, by its qualified name: from its module where this process imported it
+    (or ``import_it``, where Lightning is installed), else None. Only a process that imported Lightning
+    can hold one, so a writer asks without importing; a reader imports it when a file names it."""
+    module_name, _, name = qualified.rpartition(".")
+    module = sys.modules.get(module_name)
+    if module is None and import_it:
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:  # Lightning is not installed: the file stays refused, naming the type
+            return None
+    return getattr(module, name, None)
+
+
 @contextlib.contextmanager
-def allowed_types() -> Iterator[None]:
+def allowed_types(named: str = "") -> Iterator[None]:
     """:data:`CHECKPOINT_SAFE_TYPES` allowed for a weights-only load, only while the context lasts
-    (types the user registered with ``torch.serialization.add_safe_globals`` stay allowed too)."""
-    with torch.serialization.safe_globals(list(CHECKPOINT_SAFE_TYPES)):
+    (types the user registered with ``torch.serialization.add_safe_globals`` stay allowed too), and
+    those of :data:`LIGHTNING_SAFE_TYPES` already imported or ``named`` (an earlier refusal's text)."""
+    lightning = [lightning_type(qualified, qualified in named) for qualified in LIGHTNING_SAFE_TYPES]
+    with torch.serialization.safe_globals([*CHECKPOINT_SAFE_TYPES, *(t for t in lightning if t is not None)]):
         yield
 
 
@@ -85,8 +110,14 @@ def load_untrusted(load: Callable[..., Any], shown: str | os.PathLike[str], trus
             ``trust_pickles`` is off. Nothing of the file was executed.
     """
     try:
-        with allowed_types():
-            return load(weights_only=True, **kwargs)
+        try:
+            with allowed_types():
+                return load(weights_only=True, **kwargs)
+        except pickle.UnpicklingError as err:
+            if not any(qualified in str(err) for qualified in LIGHTNING_SAFE_TYPES):
+                raise
+            with allowed_types(named=str(err)):  # a type of Lightning's, not imported yet
+                return load(weights_only=True, **kwargs)
     except pickle.UnpicklingError as err:
         if not trust_pickles:
             raise UnsafeCheckpointError(refusal(shown, err)) from None

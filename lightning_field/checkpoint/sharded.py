@@ -25,8 +25,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy, SingleDeviceStrategy
-
 from lightning_field.checkpoint.stores.base import RankOutcome, Receipt, describe_error
 from lightning_field.core.hashing import hash_file
 
@@ -35,40 +33,6 @@ SHARDED_SHARED_FILE = "meta.pt"
 
 DCP_METADATA = ".metadata"
 DCP_COMPONENTS = ["model", "optimizer"]
-
-
-def is_sharded(strategy: Any) -> bool:
-    """Whether ``strategy`` holds DTensor-sharded model and optimizer state that DCP must write."""
-    return isinstance(strategy, ModelParallelStrategy)
-
-
-def check_strategy(strategy: Any) -> bool:
-    """Whether ``strategy`` is sharded (its saves go through DCP), once it is known to be supported.
-
-    Raises:
-        NotImplementedError: a strategy other than single-device, DDP or ModelParallel, or a
-            sharded configuration this path does not handle.
-    """
-    if is_sharded(strategy):
-        check_supported(strategy)
-        return True
-    if not isinstance(strategy, (SingleDeviceStrategy, DDPStrategy)):
-        raise NotImplementedError(
-            f"ManifestCheckpoint supports single-device, DDP and ModelParallel strategies;"
-            f" {type(strategy).__name__} (FSDP, DeepSpeed) is not supported yet. For sharded state"
-            " use ModelParallelStrategy with torch's fully_shard, whose checkpoints go through DCP."
-        )
-    return False
-
-
-def check_supported(strategy: Any) -> None:
-    """Refuse, by name, the sharded configurations this path does not handle."""
-    name = type(strategy).__name__
-    if not getattr(strategy, "_save_distributed_checkpoint", True):
-        raise NotImplementedError(
-            f"ManifestCheckpoint with {name}(save_distributed_checkpoint=False) is not supported: it gathers the"
-            " full state on rank 0. Keep the default save_distributed_checkpoint=True (sharded DCP checkpoints)."
-        )
 
 
 def split_state(checkpoint: dict[str, Any]) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from lightning_field.checkpoint.io import LOCAL_FILES, attach_rank_state, rank_files_to_load
+from lightning_field.checkpoint.load import LOCAL_FILES, attach_rank_state, rank_files_to_load
 from lightning_field.checkpoint.safe_load import check_dcp_metadata, load_untrusted
 from lightning_field.checkpoint.sharded import DCP_METADATA, SHARDED_SHARED_FILE
 from lightning_field.checkpoint.stores import (

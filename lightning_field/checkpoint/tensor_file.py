@@ -33,8 +33,8 @@ from typing import Any
 
 import numpy as np
 import torch
-from lightning.fabric.utilities.data import AttributeDict
 
+from lightning_field.checkpoint.safe_load import ATTRIBUTE_DICT, lightning_type
 from lightning_field.checkpoint.verify import CheckpointCorruptError
 from lightning_field.core.hashing import new_hasher, write_hash_threads
 from lightning_field.core.workers import HASHING
@@ -74,7 +74,6 @@ _NUMPY_DTYPES = frozenset(
 
 
 _SCALARS = frozenset({int, str, bool, type(None)})  # written as JSON as they are (floats may not be finite)
-_MAPPING_TAGS = {dict: "d", OrderedDict: "od", AttributeDict: "ad"}
 _HASH_BESIDE = 1024 * 1024  # files at least this large are hashed on a thread beside their write
 
 
@@ -87,10 +86,21 @@ class _Unencodable(Exception):
 
 
 # ---------------------------------------------------------------------------------------- writing
+def _mapping_tags() -> dict[type, str]:
+    """The mappings this format carries, by type: Lightning's ``AttributeDict`` only where this process
+    imported Lightning, as no other process can hold one."""
+    tags: dict[type, str] = {dict: "d", OrderedDict: "od"}
+    attribute_dict = lightning_type(ATTRIBUTE_DICT, import_it=False)
+    if attribute_dict is not None:
+        tags[attribute_dict] = "ad"
+    return tags
+
+
 class _Encoder:
     def __init__(self) -> None:
         self.tensors: list[torch.Tensor] = []
         self._seen: dict[int, int] = {}
+        self._mappings = _mapping_tags()
 
     def node(self, value: Any, depth: int = 0) -> Any:
         if depth > _MAX_DEPTH:
@@ -102,14 +112,15 @@ class _Encoder:
             return value if math.isfinite(value) else ["f", repr(value)]
         if kind is torch.Tensor:
             return ["T", self._tensor(value)]
-        if kind is dict or kind is OrderedDict or kind is AttributeDict:
+        tag = self._mappings.get(kind)
+        if tag is not None:
             # Scalars inline, without a call each: a checkpoint is mostly such leaves and tensors.
             node, deeper = self.node, depth + 1
             pairs = [
                 [k if type(k) in _SCALARS else node(k, deeper), v if type(v) in _SCALARS else node(v, deeper)]
                 for k, v in value.items()
             ]
-            return [_MAPPING_TAGS[kind], pairs]
+            return [tag, pairs]
         if kind is list or kind is tuple:
             items = [item if type(item) in _SCALARS else self.node(item, depth + 1) for item in value]
             return ["l" if kind is list else "t", items]

@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 import torch
-from lightning.fabric.utilities.data import AttributeDict
 
+from lightning_field.checkpoint.safe_load import ATTRIBUTE_DICT, lightning_type
 from lightning_field.checkpoint.tensor_file import (
     _DTYPES,
     _MAX_DEPTH,
@@ -195,6 +195,13 @@ def _numpy_scalar(decoder: _Decoder, value: Any, depth: int) -> Any:
     return np.dtype(dtype).type(item)
 
 
+def _attribute_dict(decoder: _Decoder, value: Any, depth: int) -> Any:
+    kind = lightning_type(ATTRIBUTE_DICT, import_it=True)
+    if kind is None:
+        raise ValueError("holds Lightning's AttributeDict, and Lightning is not installed here")
+    return kind(_pairs(decoder, value, depth))
+
+
 def _dtype(decoder: _Decoder, value: Any, depth: int) -> torch.dtype:
     if value not in _DTYPES:
         raise ValueError("not a dtype this format carries")
@@ -205,7 +212,7 @@ _BUILDERS: dict[str, Callable[[_Decoder, Any, int], Any]] = {
     "T": lambda decoder, value, depth: decoder.tensor(value),
     "d": lambda decoder, value, depth: dict(_pairs(decoder, value, depth)),
     "od": lambda decoder, value, depth: OrderedDict(_pairs(decoder, value, depth)),
-    "ad": lambda decoder, value, depth: AttributeDict(_pairs(decoder, value, depth)),
+    "ad": _attribute_dict,
     "l": _items,
     "t": lambda decoder, value, depth: tuple(_items(decoder, value, depth)),
     "f": _special_float,

@@ -25,7 +25,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata, TensorStorageMetadata
 from torch.distributed.checkpoint.planner import ReadItem
 
-from lightning_field.checkpoint.io import LOCAL_FILES
+from lightning_field.checkpoint.load import LOCAL_FILES
 from lightning_field.checkpoint.safe_load import (
     UnsafeCheckpointError,
     check_dcp_metadata,

@@ -121,6 +121,11 @@ def rank_state_file(rank: int) -> str:
     return f"rank-{rank:05d}.pt"
 
 
+RANK_COMPONENTS: tuple[str, ...] = ("rng", "data_position")
+"""The components every rank holds its own of, in its rank file (:func:`rank_state_file`): the state
+no ``state_dict`` holds, never deduplicated across ranks."""
+
+
 class ManifestError(CheckpointError, ValueError):
     """A manifest is missing, unreadable, or of a format this version cannot read."""
 

@@ -6,6 +6,7 @@ of silently continuing somebody else's experiment. Secrets never enter it.
 
 from __future__ import annotations
 
+import importlib.metadata
 import inspect
 import os
 import platform
@@ -17,7 +18,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import lightning
 import numpy as np
 import torch
 
@@ -63,6 +63,18 @@ def source_dir(obj: Any) -> str | None:
         return None
 
 
+def lightning_version() -> str | None:
+    """Lightning's version: the imported package's own where this process runs it, else the installed
+    distribution's (a loop without a Trainer records it without importing Lightning), else None."""
+    module = sys.modules.get("lightning")
+    if module is not None:
+        return str(module.__version__)
+    try:
+        return importlib.metadata.version("lightning")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
 def code_provenance(source: str | os.PathLike[str] | None = None, model: Any = None) -> CodeProvenance:
     """Versions of the stack and, when the user's code is in git, the commit and a hash of its diff.
 
@@ -75,9 +87,11 @@ def code_provenance(source: str | os.PathLike[str] | None = None, model: Any = N
     info: CodeProvenance = {
         "python": platform.python_version(),
         "torch": torch.__version__,
-        "lightning": lightning.__version__,
         "lightning_field": __version__,
     }
+    lightning = lightning_version()
+    if lightning is not None:
+        info["lightning"] = lightning
     if source is not None:
         candidates = [source]
     else:
