@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +62,25 @@ def test_a_rerun_resumes_from_the_newest_snapshot_past_the_persistent_checkpoint
     assert_bitwise_equal(once.state_dict(), resumed.state_dict(), "weights")
     # Step 10 ended the fit on a persistent checkpoint: no snapshot is newer, so their memory is released.
     assert not snapshot_dir_for(tmp_path / "run" / "ckpts", tmp_path / "run" / "shm").exists()
+
+
+def test_a_resume_from_a_snapshot_hashes_each_file_once_as_its_resolution_hands_its_verification_to_the_load(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fit(tmp_path, 8)
+    hashed: Counter[tuple[str, str]] = Counter()
+    real = LocalStore.digest
+
+    def digest(self: LocalStore, checkpoint: Path, name: str, *args: Any) -> str:
+        hashed[Path(checkpoint).name, name] += 1
+        return real(self, checkpoint, name, *args)
+
+    monkeypatch.setattr(LocalStore, "digest", digest)
+    _, trainer = fit(tmp_path, 9, resume=True)
+    assert Path(trainer.ckpt_path).name == "epoch=0-step=8"
+    snapshot_files = {name for folder, name in hashed if folder == "epoch=0-step=8"}
+    assert {SHARED_STATE_FILE, "rank-00000.pt"} <= snapshot_files
+    assert all(count == 1 for count in hashed.values()), hashed  # the persistent step 5 verified once too
 
 
 def test_a_damaged_newest_snapshot_is_skipped_for_the_one_before_it(tmp_path: Path) -> None:

@@ -226,11 +226,6 @@ class Checkpointer:
             root, reports=self._verified, skipped=skipped, log_skips=log_skips, store=self.store_at(root)
         )
 
-    @property
-    def verifications(self) -> dict[Location, VerifyReport]:
-        """The verifications this checkpointer made, by checkpoint (filled by :meth:`latest_recoverable`)."""
-        return self._verified
-
     def verify(self, checkpoint: str | os.PathLike[str]) -> VerifyReport:
         """Every byte of ``checkpoint`` against its manifest (and its signature, when keys are set)."""
         return verify_checkpoint(checkpoint, store=self.store_at(checkpoint))

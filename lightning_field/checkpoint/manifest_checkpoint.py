@@ -37,12 +37,14 @@ from lightning_field.checkpoint.options import (
     grouped_options,
 )
 from lightning_field.checkpoint.preemption import PreemptionSave, TrainingPreempted
+from lightning_field.checkpoint.resolver import Resolution
 from lightning_field.checkpoint.resume_last import NoRecoverableCheckpointError
 from lightning_field.checkpoint.resume_policy import ResumeGuard
 from lightning_field.checkpoint.snapshots import StepSnapshots
 from lightning_field.checkpoint.stop_points import StopPointSave
 from lightning_field.checkpoint.stores import CheckpointWriter, LocalStore, ObjectStore
 from lightning_field.checkpoint.stores.local import named_checkpoint
+from lightning_field.checkpoint.verify import VerifyReport
 from lightning_field.compat import lightning as internals
 from lightning_field.core.distributed import all_gather_objects, broadcast_object, elastic_restart_hazard
 from lightning_field.core.events import EventLog
@@ -154,6 +156,7 @@ class ManifestCheckpoint(CommittedCheckpoint):
         self._preemption = PreemptionSave(self, interrupts.signals, interrupts.check_every_n_steps)
         self.rank_tracker = self.make_rank_tracker(generators)
         self._guard = ResumeGuard(resume.allow_mismatch, resume.allow_changed, self._current_events, resume.inexact)
+        self._resolution: Resolution | None = None  # what ckpt_path="last" resolved to, for its load
         self._no_progress = NoProgressGuard(self, resume.max_failed_attempts, self._guard.code)
         self.config, self.code_dir, self.freshness = config, code_dir, Freshness(resume.require_fresh)
         self.save_on_train_end, self.save_on_stop = interrupts.save_on_train_end, interrupts.save_on_stop
@@ -254,13 +257,12 @@ class ManifestCheckpoint(CommittedCheckpoint):
         if self.async_save:
             self._saves.setup(trainer, self.state_key)
         if not isinstance(trainer.strategy.checkpoint_io, ManifestCheckpointIO):
-            verified = self.snapshots.verified_here_or(self.checkpointer)  # by either tier's resolution
             trainer.strategy.checkpoint_io = ManifestCheckpointIO(
                 trainer.strategy.checkpoint_io,
                 self._guard.check,
                 self.store_at,
                 self.trust_pickles,
-                verified,
+                self._resolved_verification,
                 on_loaded=take_own_state,
             )
         self._guard.record(trainer, pl_module, self.config, self.code_dir)
@@ -444,8 +446,8 @@ class ManifestCheckpoint(CommittedCheckpoint):
     @override
     def _find_last_checkpoints(self, trainer: pl.Trainer) -> set[str]:
         where = internals.checkpoint_dir(self, trainer)
-        verified = self.checkpointer.verifications  # handed to the load: no second hash
-        resolution = self.snapshots.resolve_last(trainer, where, self.resume_inexact, self.store_at(where), verified)
+        resolution = self.snapshots.resolve_last(trainer, where, self.resume_inexact, self.store_at(where))
+        self._resolution = resolution  # its verification is handed to the load: no second hash
         self._guard.resolved(resolution)  # an unrecoverable pick on purpose is recorded; any other clears it
         found = resolution.path
         self.freshness.check_resume(self.store_at, where, found)  # every rank alike: the same record and pick
@@ -456,6 +458,10 @@ class ManifestCheckpoint(CommittedCheckpoint):
             self._show_hint_again = internals.hide_no_last_checkpoint_hint()
             return set()
         return {found}
+
+    def _resolved_verification(self, checkpoint: Location) -> VerifyReport | None:
+        """The verification ``ckpt_path="last"``'s resolution made of ``checkpoint``, which its load hands on."""
+        return self._resolution.verification_of(checkpoint) if self._resolution is not None else None
 
     def _model_checkpoint_lasts(self, where: Any) -> set[str]:
         """With no checkpoint of ours under ``where``, ModelCheckpoint's ``last*.ckpt`` files there, which plain

@@ -45,13 +45,23 @@ class InexactChoice:
 @dataclass(frozen=True)
 class Resolution:
     """What ``ckpt_path="last"`` resolved to, decided once over the tiers: the path every rank loads
-    (None: nothing committed, training starts at step 0), the tier it came from, and whether it is an
-    unrecoverable checkpoint chosen on purpose. The callback hands it to its resume guard; nothing that
-    resolves writes the guard."""
+    (None: nothing committed, training starts at step 0), the tier it came from, this process's
+    verification of it, and whether it is an unrecoverable checkpoint chosen on purpose. The callback
+    hands it to its resume guard and its load; nothing that resolves writes either."""
 
     path: str | None
     tier: str = "persistent"  # "persistent", "snapshot" (this node held it) or "replica" (received from a node)
     inexact: InexactChoice | None = None
+    verification: VerifyReport | None = None
+    """The pick's verification made here, which the load hands on instead of hashing the files again
+    (a file changed since is hashed again: :func:`~lightning_field.checkpoint.verify.verify_against`);
+    None where nothing here verified it (an inexact pick, a copy received from another node)."""
+
+    def verification_of(self, checkpoint: Location) -> VerifyReport | None:
+        """:attr:`verification`, where ``checkpoint`` is the one resolved; else None."""
+        if self.path is None or not same_location(self.path, checkpoint):
+            return None
+        return self.verification
 
 
 @dataclass

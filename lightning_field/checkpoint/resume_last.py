@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping, MutableMapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -86,14 +86,13 @@ def resolve_last(
     where: Location,
     allow_inexact: bool = False,
     store: CheckpointReader | None = None,
-    reports: MutableMapping[Location, VerifyReport] | None = None,
-    snapshot: tuple[Location, int] | None = None,
+    snapshot: Resolution | None = None,
 ) -> Resolution:
-    """``ckpt_path="last"``: the newest recoverable checkpoint under a local ``where``, or a path of
-    None when there is no committed checkpoint at all (training starts at step 0, and says so).
-    ``reports`` receives the verifications made, for the load to hand on. ``snapshot``: the newest
-    step snapshot that verifies, and its step, taken instead where it is newer (one resume rule
-    over the tiers: the newest verified step wins, a persistent checkpoint on a tie).
+    """``ckpt_path="last"``: the newest recoverable checkpoint under a local ``where``, with its
+    verification for the load to hand on, or a path of None when there is no committed checkpoint at
+    all (training starts at step 0, and says so). ``snapshot``: the newest step snapshot that
+    verified, taken instead where it is newer (one resume rule over the tiers: the newest verified
+    step wins, a persistent checkpoint on a tie).
 
     With ``allow_inexact`` (``ResumeConfig(inexact=True)``), the newest unrecoverable recovery checkpoint
     is chosen when no recoverable one exists, and the resolution says what it lacks.
@@ -111,23 +110,25 @@ def resolve_last(
         )
     skipped: dict[Location, str] = {}
     if snapshot is None:
-        found = _resolve_persistent(where, allow_inexact, store, reports, skipped)
+        found = _resolve_persistent(where, allow_inexact, store, skipped)
         _warn_rollback(where, found.path, store, skipped)
         return found
-    snapshot_path, snapshot_step = snapshot
+    verified = snapshot.verification
+    assert snapshot.path is not None and verified is not None and verified.manifest is not None  # it verified
+    snapshot_step = verified.manifest.step
     try:
-        persistent = _resolve_persistent(where, allow_inexact, store, reports, skipped)
+        persistent = _resolve_persistent(where, allow_inexact, store, skipped)
     except NoRecoverableCheckpointError:
         persistent = Resolution(None)  # none of them may be resumed; the snapshot, which verified, may
     if persistent.path is not None and read_manifest(persistent.path, store=store).step >= snapshot_step:
         _warn_rollback(where, persistent.path, store, skipped)
         return persistent
     rank_zero_info(
-        f"lightning_field: resuming from the snapshot {snapshot_path} (step {snapshot_step}),"
+        f"lightning_field: resuming from the snapshot {snapshot.path} (step {snapshot_step}),"
         f" newer than every recoverable checkpoint under {where}."
     )
-    _warn_rollback(where, str(snapshot_path), store, skipped, snapshot_step)
-    return Resolution(str(snapshot_path), tier="snapshot")  # recoverable: this continuation is exact
+    _warn_rollback(where, snapshot.path, store, skipped, snapshot_step)
+    return snapshot  # recoverable: this continuation is exact
 
 
 def no_checkpoint_on_restart_message(where: Path, restart: str) -> str:
@@ -161,9 +162,9 @@ def _resolve_persistent(
     where: Path,
     allow_inexact: bool,
     store: CheckpointReader | None,
-    reports: MutableMapping[Location, VerifyReport] | None,
     skipped: dict[Location, str],
 ) -> Resolution:
+    reports: dict[Location, VerifyReport] = {}
     found = latest_recoverable(where, reports=reports, skipped=skipped, log_skips=env_global_rank() == 0, store=store)
     if found is not None and not Path(found).exists():
         # Lightning drops a "last" it cannot see on the filesystem and starts over: never silently.
@@ -173,7 +174,7 @@ def _resolve_persistent(
             " store=store) instead."
         )
     if found is not None:
-        return Resolution(str(found))
+        return Resolution(str(found), verification=reports.get(found))
     entries = committed_checkpoints(where, store=store)
     if not entries:
         restart = restart_of(os.environ)

@@ -44,7 +44,6 @@ from lightning_field.checkpoint.snapshot_lineage import join_run, prepared_for_r
 from lightning_field.checkpoint.snapshot_schedule import SnapshotSchedule, describe_tier, release_superseded
 from lightning_field.checkpoint.stores import CheckpointStore, read_manifest
 from lightning_field.checkpoint.stores.snapshot import SnapshotStore
-from lightning_field.checkpoint.verify import VerifyReport
 from lightning_field.compat import lightning as internals
 from lightning_field.core.distributed import all_gather_objects, global_rank, new_host_group
 from lightning_field.core.manifest_records import SnapshotIntervalRecord
@@ -173,8 +172,8 @@ class StepSnapshots:
         return self._checkpointer
 
     # ------------------------------------------------------------------ resume
-    def latest(self, checkpoint_dir: Location, trainer: pl.Trainer) -> tuple[Location, int] | None:
-        """The newest snapshot of ``checkpoint_dir``'s run that is recoverable and verifies, with its step."""
+    def latest(self, checkpoint_dir: Location, trainer: pl.Trainer) -> Resolution | None:
+        """The newest snapshot of ``checkpoint_dir``'s run that is recoverable and verifies, with its verification."""
         if not self.enabled:
             return None
         log_skips = trainer.is_global_zero
@@ -185,18 +184,7 @@ class StepSnapshots:
         found = checkpointer.latest_recoverable(log_skips=log_skips)
         if found is None:
             return None
-        report = checkpointer.verified(found)
-        assert report is not None and report.manifest is not None  # it was just verified
-        return found, report.manifest.step
-
-    def verified_here_or(self, other: Checkpointer) -> Callable[[Location], VerifyReport | None]:
-        """The verification a resume's load hands on: ``other``'s (the persistent tier's) or this tier's."""
-
-        def verified(path: Location) -> VerifyReport | None:
-            found = other.verified(path)
-            return found if found is not None or self._checkpointer is None else self._checkpointer.verified(path)
-
-        return verified
+        return Resolution(str(found), tier="snapshot", verification=checkpointer.verified(found))
 
     def resolve_last(
         self,
@@ -204,23 +192,23 @@ class StepSnapshots:
         where: Location,
         allow_inexact: bool,
         store: CheckpointStore,
-        verified: dict[Location, VerifyReport],
     ) -> Resolution:
         """``ckpt_path="last"`` over the tiers: the newest step that verifies, a persistent checkpoint
         on a tie (:func:`~lightning_field.checkpoint.resume_last.resolve_last`), agreed on across
         the nodes of a multi-node run (:meth:`resolve_across_nodes`)."""
         if not self.spans_nodes(trainer):
             snapshot = self.latest(where, trainer)
-            return resume_last.resolve_last(where, allow_inexact, store, verified, snapshot)
+            return resume_last.resolve_last(where, allow_inexact, store, snapshot)
         persistent: list[Resolution] = []  # the persistent tier's resolution, where the nodes asked for it
 
         def resolve_persistent() -> str | None:
-            persistent.append(resume_last.resolve_last(where, allow_inexact, store, verified))
+            persistent.append(resume_last.resolve_last(where, allow_inexact, store))
             return persistent[-1].path
 
         found = self.resolve_across_nodes(trainer, where, resolve_persistent)
         if found is not None and self.holds(found):  # a snapshot is recoverable: this continuation is exact
-            return Resolution(found, tier=self.resumed_tier or "snapshot")
+            verification = self._checkpointer.verified(found) if self._checkpointer is not None else None
+            return Resolution(found, tier=self.resumed_tier or "snapshot", verification=verification)
         return persistent[-1] if persistent else Resolution(found)
 
     def resolve_across_nodes(
