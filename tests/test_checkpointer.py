@@ -14,13 +14,20 @@ from typing import Any
 import pytest
 import torch
 from conftest import make_trainer
+from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.demos.boring_classes import BoringModel
 from torch import nn
 
 from lightning_field import Checkpointer, verify_checkpoint
 from lightning_field.checkpoint import CheckpointCorruptError, NothingToRestoreError, capture
 from lightning_field.checkpoint.stores import LocalStore
-from lightning_field.core.manifest import RANK_COMPONENTS, SHARED_STATE_FILE, read_manifest, write_drill_record
+from lightning_field.core.manifest import (
+    MANIFEST_NAME,
+    RANK_COMPONENTS,
+    SHARED_STATE_FILE,
+    read_manifest,
+    write_drill_record,
+)
 from lightning_field.core.storage import Location, same_location
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
@@ -245,6 +252,35 @@ def test_a_lightning_resume_from_last_hashes_each_file_of_the_checkpoint_once(
     resumed.fit(BoringModel(), ckpt_path="last")
     assert resumed.global_step == 6
     assert hashed == {SHARED_STATE_FILE: 1, "rank-00000.pt": 1}
+
+
+def test_a_lightning_resume_from_last_reads_each_manifest_once_up_to_its_first_batch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    torch.manual_seed(0)
+    make_trainer(tmp_path, max_steps=4).fit(BoringModel())
+    reads: Counter[str] = Counter()
+    real = LocalStore.read
+
+    def read(self: LocalStore, checkpoint: Path, name: str) -> bytes | None:
+        if name == MANIFEST_NAME:
+            reads[Path(checkpoint).name] += 1
+        return real(self, checkpoint, name)
+
+    class FirstBatch(Callback):
+        seen: Counter[str] | None = None
+
+        def on_train_batch_start(self, *args: Any) -> None:
+            self.seen = self.seen if self.seen is not None else Counter(reads)
+
+    monkeypatch.setattr(LocalStore, "read", read)
+    resumed, first_batch = make_trainer(tmp_path, max_steps=5), FirstBatch()
+    resumed.callbacks.append(first_batch)
+    torch.manual_seed(0)
+    resumed.fit(BoringModel(), ckpt_path="last")
+    assert resumed.global_step == 5
+    # Listed once by the resolver; the load reuses the manifest the picked one was verified against.
+    assert first_batch.seen == {"epoch=0-step=2": 1, "epoch=0-step=4": 1}
 
 
 def test_a_manifests_components_and_missing_lists_follow_the_one_registry_of_components(

@@ -110,6 +110,7 @@ def latest_recoverable(
     skipped: dict[Location, str] | None = None,
     log_skips: bool = True,
     store: CheckpointReader | None = None,
+    entries: list[CheckpointEntry] | None = None,
 ) -> Location | None:
     """The newest checkpoint under ``dirpath`` that is recoverable and passes full verification.
 
@@ -123,10 +124,12 @@ def latest_recoverable(
     ``skipped``, when given, is filled with each recoverable-marked checkpoint passed over and why;
     ``log_skips=False`` keeps the warnings out of the log (every rank resolves ``ckpt_path="last"``,
     and only one should say it). ``store``: what reads them (see :func:`committed_checkpoints`).
+    ``entries``: that listing, where the caller made it already (each manifest is read once).
     """
     warn = log.warning if log_skips else log.debug
     reader = store or store_for(as_location(dirpath), storage_options)
-    entries = committed_checkpoints(dirpath, store=reader)
+    if entries is None:
+        entries = committed_checkpoints(dirpath, store=reader)
     for index, entry in enumerate(entries):
         if entry.manifest is None:
             warn("Skipping %s: %s", entry.path, entry.error)
@@ -139,7 +142,9 @@ def latest_recoverable(
             # recovery point, like a corrupt one. An explicit ckpt_path can still load it.
             why = f"its restore drill failed ({(entry.manifest.restore_drill or {}).get('log')})"
         else:
-            report = (reports or {}).get(entry.path) or verify_checkpoint(entry.path, store=reader)
+            report = (reports or {}).get(entry.path) or verify_checkpoint(
+                entry.path, store=reader, manifest=entry.manifest
+            )
             if reports is not None:
                 reports[entry.path] = report  # the load hands it on and hashes none of it again
             if report.recoverable:

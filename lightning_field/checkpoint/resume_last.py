@@ -17,17 +17,18 @@ from typing import Any
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
 from lightning_field.checkpoint.resolver import (
+    CheckpointEntry,
     InexactChoice,
     Resolution,
     committed_checkpoints,
     last_pointer_rollback,
     latest_recoverable,
 )
-from lightning_field.checkpoint.stores import CheckpointReader, read_manifest
+from lightning_field.checkpoint.stores import CheckpointReader
 from lightning_field.checkpoint.verify import VerifyReport
 from lightning_field.core.errors import CheckpointError
 from lightning_field.core.launcher_env import env_global_rank, restart_of
-from lightning_field.core.storage import Location, basename
+from lightning_field.core.storage import Location, basename, same_location
 
 log = logging.getLogger(__name__)
 
@@ -109,25 +110,26 @@ def resolve_last(
             f" ckpt_path=lightning_field.latest_recoverable({str(where)!r}, storage_options) instead."
         )
     skipped: dict[Location, str] = {}
+    entries = committed_checkpoints(where, store=store)  # each manifest read once, here
     if snapshot is None:
-        found = _resolve_persistent(where, allow_inexact, store, skipped)
-        _warn_rollback(where, found.path, store, skipped)
+        found = _resolve_persistent(where, allow_inexact, store, skipped, entries)
+        _warn_rollback(where, found, store, skipped, entries)
         return found
     verified = snapshot.verification
     assert snapshot.path is not None and verified is not None and verified.manifest is not None  # it verified
     snapshot_step = verified.manifest.step
     try:
-        persistent = _resolve_persistent(where, allow_inexact, store, skipped)
+        persistent = _resolve_persistent(where, allow_inexact, store, skipped, entries)
     except NoRecoverableCheckpointError:
         persistent = Resolution(None)  # none of them may be resumed; the snapshot, which verified, may
-    if persistent.path is not None and read_manifest(persistent.path, store=store).step >= snapshot_step:
-        _warn_rollback(where, persistent.path, store, skipped)
+    if persistent.path is not None and _step_of(persistent, entries) >= snapshot_step:
+        _warn_rollback(where, persistent, store, skipped, entries)
         return persistent
     rank_zero_info(
         f"lightning_field: resuming from the snapshot {snapshot.path} (step {snapshot_step}),"
         f" newer than every recoverable checkpoint under {where}."
     )
-    _warn_rollback(where, snapshot.path, store, skipped, snapshot_step)
+    _warn_rollback(where, snapshot, store, skipped, entries)
     return snapshot  # recoverable: this continuation is exact
 
 
@@ -142,17 +144,28 @@ def no_checkpoint_on_restart_message(where: Path, restart: str) -> str:
     )
 
 
+def _step_of(resolution: Resolution, entries: list[CheckpointEntry]) -> int:
+    """The step of a resolution's pick, from its verification's manifest or the listing's (read once)."""
+    verified = resolution.verification
+    if verified is not None and verified.manifest is not None:
+        return verified.manifest.step
+    entry = next(e for e in entries if e.manifest is not None and same_location(e.path, str(resolution.path)))
+    assert entry.manifest is not None
+    return entry.manifest.step
+
+
 def _warn_rollback(
-    where: Path, resumed: str | None, store: CheckpointReader | None, skipped: dict[Location, str], step: int = -1
+    where: Path,
+    resumed: Resolution,
+    store: CheckpointReader | None,
+    skipped: dict[Location, str],
+    entries: list[CheckpointEntry],
 ) -> None:
     """Warn (rank 0) where ``LAST`` names a newer checkpoint than the one resumed that is gone or was
     refused (:func:`~lightning_field.checkpoint.resolver.last_pointer_rollback`): a rollback is never silent."""
     if env_global_rank() != 0:
         return
-    if resumed is not None and step < 0:
-        step = read_manifest(resumed, store=store).step
-    entries = committed_checkpoints(where, store=store)
-    pick = (Path(resumed), step) if resumed is not None else None
+    pick = (Path(resumed.path), _step_of(resumed, entries)) if resumed.path is not None else None
     message = last_pointer_rollback(where, pick, entries, skipped, store)
     if message is not None:
         log.warning(message)
@@ -163,9 +176,12 @@ def _resolve_persistent(
     allow_inexact: bool,
     store: CheckpointReader | None,
     skipped: dict[Location, str],
+    entries: list[CheckpointEntry],
 ) -> Resolution:
     reports: dict[Location, VerifyReport] = {}
-    found = latest_recoverable(where, reports=reports, skipped=skipped, log_skips=env_global_rank() == 0, store=store)
+    found = latest_recoverable(
+        where, reports=reports, skipped=skipped, log_skips=env_global_rank() == 0, store=store, entries=entries
+    )
     if found is not None and not Path(found).exists():
         # Lightning drops a "last" it cannot see on the filesystem and starts over: never silently.
         raise ValueError(
@@ -175,7 +191,6 @@ def _resolve_persistent(
         )
     if found is not None:
         return Resolution(str(found), verification=reports.get(found))
-    entries = committed_checkpoints(where, store=store)
     if not entries:
         restart = restart_of(os.environ)
         if restart is None:

@@ -93,6 +93,7 @@ def verify_checkpoint(
     progress: ProgressFn | None = None,
     storage_options: StorageOptions | None = None,
     store: CheckpointReader | None = None,
+    manifest: Manifest | None = None,
 ) -> VerifyReport:
     """Check sizes, then hashes, of ``files`` (default: every file in the manifest), once the
     checkpoint's name agrees with its manifest's step (:func:`name_step_problem`).
@@ -100,13 +101,16 @@ def verify_checkpoint(
     Sizes are compared before any hashing so a truncated file is reported without reading it.
     ``path`` may be an fsspec URL; its objects are then streamed through the hash. ``store``: the
     store that reads it (default: the one :func:`~lightning_field.checkpoint.stores.store_for` picks).
+    ``manifest``: the checkpoint's manifest where the caller has read it already (a resolver listing
+    the checkpoints), so that each is read once.
     """
     location = checkpoint_location(path)  # an advertised <name>.ckpt: its folder
     reader = store or store_for(location, storage_options)
-    try:
-        manifest = read_manifest(location, store=reader)
-    except ManifestError as err:
-        return VerifyReport(location, None, [str(err)])
+    if manifest is None:
+        try:
+            manifest = read_manifest(location, store=reader)
+        except ManifestError as err:
+            return VerifyReport(location, None, [str(err)])
     if (misnamed := name_step_problem(location, manifest)) is not None:
         return VerifyReport(location, manifest, [misnamed])  # refused by its name: no byte needs hashing
     return verify_against(manifest, reader, location, files, progress)
