@@ -21,8 +21,31 @@ from lightning.pytorch.demos.boring_classes import BoringModel
 
 from lightning_field import ManifestCheckpoint, SnapshotConfig
 
-SAVE_CEILING = 46  # 2026-12-07, d341c8e: the step's end from the checkpoint hook to the commit
+SAVE_CEILING = 45  # 2026-12-07: the step's end from the checkpoint hook to the commit
 RESUME_CEILING = 47  # fit(ckpt_path="last") up to the first batch
+
+ADAPTER = ("checkpoint.manifest_checkpoint", "checkpoint.committed", "checkpoint.capture", "checkpoint.io")
+POLICIES = (
+    "checkpoint.exception_save", "checkpoint.preemption", "checkpoint.stop_points", "checkpoint.no_progress",
+    "checkpoint.freshness", "checkpoint.resume_policy", "checkpoint.async_controller", "checkpoint.snapshots",
+)  # fmt: skip
+
+
+def layers(modules: set[str]) -> dict[str, list[str]]:
+    """The traced modules by layer (docs/layout.md shows the counts): the Lightning adapter, the
+    policies and tiers its hooks run, the per-rank state captures, the compat accessors, and the
+    Lightning-free engine (the checkpoint core and ``core/``)."""
+    found: dict[str, list[str]] = {"adapter": [], "policies": [], "state": [], "compat": [], "engine": []}
+    for module in sorted(m.removeprefix("lightning_field.") for m in modules):
+        if module in ADAPTER:
+            found["adapter"].append(module)
+        elif module in POLICIES:
+            found["policies"].append(module)
+        elif module.startswith(("state.", "compat.")):
+            found[module.partition(".")[0]].append(module)
+        else:
+            found["engine"].append(module)
+    return found
 
 
 class ModuleTrace:
@@ -98,5 +121,5 @@ def test_a_persistent_save_and_a_resume_run_through_no_more_modules_than_they_di
         resume.stop()
     assert resumed.checkpoint_callback is not None and resumed.global_step == 8
     assert save.modules and "lightning_field.checkpoint.commit" in save.modules  # the trace saw the commit
-    assert len(save.modules) <= SAVE_CEILING, sorted(save.modules)
-    assert len(resume.modules) <= RESUME_CEILING, sorted(resume.modules)
+    assert len(save.modules) <= SAVE_CEILING, layers(save.modules)
+    assert len(resume.modules) <= RESUME_CEILING, layers(resume.modules)

@@ -174,7 +174,7 @@ def written_error(outcomes: list[RankOutcome], referenced: list[str]) -> str | N
     failed = [o for o in outcomes if o.error]
     if failed:
         return "; ".join(f"rank {o.rank}: {o.error}" for o in failed)
-    if unreported := sharded.unreported_shards(referenced, outcomes):
+    if referenced and (unreported := sharded.unreported_shards(referenced, outcomes)):  # a DCP save's
         return f"rank 0 (commit): DCP metadata references files no rank reported: {', '.join(unreported)}"
     return None
 

@@ -31,6 +31,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from lightning_field.checkpoint.owner import ExceptionSaveOwner
 from lightning_field.compat import lightning as internals
 from lightning_field.state.prefetch import PositionBeforeFetch
+from lightning_field.state.rank_tracking import RankStateTracker
 from lightning_field.state.step_end import StepEnd, WatchedTensors, changed_since
 
 __all__ = ["ExceptionSave", "Rewind"]
@@ -58,10 +59,13 @@ class ExceptionSave:
             :meth:`step_ended` at a batch's end (after its own saves), :meth:`spoil` where the state
             leaves the step's end (an optimizer step begins, a validation, an epoch's end), and
             :meth:`at_exception` from ``on_exception``.
+        rank_tracker: the rank state the callback captures, whose RNG and loader positions at the
+            step's end an exception's save records instead of the live ones.
     """
 
-    def __init__(self, checkpoint: ExceptionSaveOwner) -> None:
+    def __init__(self, checkpoint: ExceptionSaveOwner, rank_tracker: RankStateTracker) -> None:
         self._checkpoint = checkpoint
+        self._rank_tracker = rank_tracker
         self._end: StepEnd | None = None
         self._watch = WatchedTensors(())
         self._why_not = NOT_STARTED
@@ -81,7 +85,7 @@ class ExceptionSave:
         """A new fit: nothing to rewind to yet; copies of the loaders' position taken before every
         fetch where an exception save is possible at all (a single process)."""
         self._end, self._why_not = None, NOT_STARTED
-        self._checkpoint.rank_tracker.prefetched.for_every_loader = trainer.world_size == 1
+        self._rank_tracker.prefetched.for_every_loader = trainer.world_size == 1
         if trainer.world_size == 1:
             self._watch = WatchedTensors.of(trainer.lightning_module)
 
@@ -94,7 +98,7 @@ class ExceptionSave:
                 " accumulated gradients are in no checkpoint"
             )
             return
-        self._end = StepEnd.capture(trainer, self._checkpoint.rank_tracker.rng_at_batch_end, self._watch)
+        self._end = StepEnd.capture(trainer, self._rank_tracker.rng_at_batch_end, self._watch)
         self._why_not = ""
 
     def spoil(self, why: str) -> None:
@@ -121,7 +125,7 @@ class ExceptionSave:
             return None
         end = self._end
         assert end is not None
-        position = self._checkpoint.rank_tracker.prefetched.before(end.trained)
+        position = self._rank_tracker.prefetched.before(end.trained)
         assert position is not None  # _refusal checked it
         self.rewind = Rewind(end.progress, position, end.rng)
         detail = f"{kind} in step {end.step + 1}: {exception}"[:300]
@@ -162,6 +166,6 @@ class ExceptionSave:
         changed = changed_since(end, trainer)
         if changed is not None:
             return f"the failed step had already changed {changed}"
-        if self._checkpoint.rank_tracker.prefetched.before(end.trained) is None:
+        if self._rank_tracker.prefetched.before(end.trained) is None:
             return "the train loaders' position before the failed step's fetch was not seen"
         return None

@@ -159,9 +159,8 @@ class ManifestCheckpoint(CommittedCheckpoint):
         self._resolution: Resolution | None = None  # what ckpt_path="last" resolved to, for its load
         self._no_progress = NoProgressGuard(self, resume.max_failed_attempts, self._guard.code)
         self.config, self.code_dir, self.freshness = config, code_dir, Freshness(resume.require_fresh)
-        self.save_on_train_end, self.save_on_stop = interrupts.save_on_train_end, interrupts.save_on_stop
-        self._stops = StopPointSave(self)
-        self._exception_save = ExceptionSave(self)
+        self._stops = StopPointSave(self, interrupts.save_on_stop, interrupts.save_on_train_end)
+        self._exception_save = ExceptionSave(self, self.rank_tracker)
         self.snapshots = StepSnapshots(  # the step-snapshot tier
             self,
             snapshots.every_n_train_steps,
@@ -205,6 +204,24 @@ class ManifestCheckpoint(CommittedCheckpoint):
     @resume_inexact.setter
     def resume_inexact(self, allowed: bool) -> None:
         self._guard.resume_inexact = bool(allowed)
+
+    @property
+    def save_on_stop(self) -> bool:
+        """Whether a stop before the limits (``trainer.should_stop``) is saved where fit ends."""
+        return self._stops.save_on_stop
+
+    @save_on_stop.setter
+    def save_on_stop(self, save: bool) -> None:
+        self._stops.save_on_stop = bool(save)
+
+    @property
+    def save_on_train_end(self) -> bool:
+        """Whether reaching ``max_steps`` or ``max_epochs`` is saved where fit ends."""
+        return self._stops.save_on_train_end
+
+    @save_on_train_end.setter
+    def save_on_train_end(self, save: bool) -> None:
+        self._stops.save_on_train_end = bool(save)
 
     @property
     def preemption_check_every_n_steps(self) -> int | None:

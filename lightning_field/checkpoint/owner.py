@@ -1,7 +1,8 @@
 """What the checkpoint callback's policies and its snapshot tier may use of it: small protocols.
 
 ``ManifestCheckpoint`` builds its policies (the preemption, exception and stop-point saves, the
-no-progress guard) and its snapshot tier, and hands each the callback as its owner. Typed against
+no-progress guard) and its snapshot tier, each with its own options, and hands each the callback as
+its owner for the saves and the event log they share. Typed against
 the callback itself, every one of them would import it, and it imports them: a circle, type-only
 but a circle (issue 45). Each is typed against the few members it uses instead, named here, so the
 dependency runs one way and a reader sees at a glance how much of the callback a policy touches.
@@ -20,9 +21,8 @@ from lightning_field.checkpoint.stores import CheckpointStore, CheckpointWriter
 from lightning_field.core.events import EventLog
 from lightning_field.core.manifest import StopRecord
 from lightning_field.core.storage import Location
-from lightning_field.state.rank_tracking import RankStateTracker
 
-__all__ = ["EventSource", "ExceptionSaveOwner", "SavePoint", "SnapshotOwner", "StopPointOwner"]
+__all__ = ["EventSource", "ExceptionSaveOwner", "SavePoint", "SnapshotOwner"]
 
 
 class EventSource(Protocol):
@@ -50,18 +50,11 @@ class SavePoint(EventSource, Protocol):
     ) -> str | None: ...
 
 
-class StopPointOwner(SavePoint, Protocol):
-    """The stop-point saves: which stops the user wants saved."""
-
-    save_on_stop: bool
-    save_on_train_end: bool
-
-
 class ExceptionSaveOwner(SavePoint, Protocol):
-    """The exception and Ctrl-C saves: the rank state they rewind, and how the user names files."""
+    """The exception and Ctrl-C saves: whether and how the user asked for them (ModelCheckpoint's own
+    arguments), and the newest commit."""
 
     save_on_exception: bool
-    rank_tracker: RankStateTracker
     last_committed: tuple[str, int] | None
     filename: str | None
 

@@ -39,7 +39,7 @@ from lightning.pytorch.callbacks import EarlyStopping, Timer
 from lightning.pytorch.callbacks.early_stopping import EarlyStoppingReason
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
-from lightning_field.checkpoint.owner import StopPointOwner
+from lightning_field.checkpoint.owner import SavePoint
 from lightning_field.compat import lightning as internals
 from lightning_field.core.events import EventLog
 from lightning_field.core.manifest import Manifest, StopRecord
@@ -54,17 +54,20 @@ class StopPointSave:
     """Saves a recoverable checkpoint where the Trainer ends fit.
 
     Args:
-        checkpoint: the callback whose ``save_now`` commits the resume point. Its ``save_on_stop``
-            says whether to save when ``trainer.should_stop`` ends fit before its limits, its
-            ``save_on_train_end`` whether to save when ``max_steps`` or ``max_epochs`` ends it.
+        checkpoint: the callback whose ``save_now`` commits the resume point.
+        save_on_stop: save when ``trainer.should_stop`` ends fit before its limits
+            (``InterruptConfig.save_on_stop``).
+        save_on_train_end: save when ``max_steps`` or ``max_epochs`` ends it
+            (``InterruptConfig.save_on_train_end``).
 
     The checkpoint calls :meth:`after_batch` from ``on_train_batch_end`` (after its scheduled save,
     except on an epoch's last batch), :meth:`after_validation` from a mid-epoch ``on_validation_end``,
     and :meth:`at_epoch_end` from ``on_train_epoch_end``.
     """
 
-    def __init__(self, checkpoint: StopPointOwner) -> None:
+    def __init__(self, checkpoint: SavePoint, save_on_stop: bool, save_on_train_end: bool) -> None:
         self._checkpoint = checkpoint
+        self.save_on_stop, self.save_on_train_end = save_on_stop, save_on_train_end
         self._held_stop = False
 
     def reset(self) -> None:
@@ -79,7 +82,7 @@ class StopPointSave:
         if self._held_stop and not internals.accumulating(trainer):
             self._held_stop = False
             trainer.should_stop = True
-        if self._stop_requested(trainer) and self._checkpoint.save_on_stop:
+        if self._stop_requested(trainer) and self.save_on_stop:
             if internals.accumulating(trainer):
                 # The window's gradients would be lost; Lightning stops at the window's step instead.
                 self._held_stop = True
@@ -87,12 +90,12 @@ class StopPointSave:
                 return
             self._save(trainer, STOPPED_NAME, "trainer.should_stop was set")
             return
-        if self._checkpoint.save_on_train_end and _at_max_steps(trainer):
+        if self.save_on_train_end and _at_max_steps(trainer):
             self._save(trainer, FINAL_NAME, f"max_steps={trainer.max_steps} reached")
 
     def after_validation(self, trainer: pl.Trainer) -> None:
         """At a validation's end inside the epoch (``EarlyStopping`` decides there)."""
-        if self._checkpoint.save_on_stop and self._stop_requested(trainer) and not internals.accumulating(trainer):
+        if self.save_on_stop and self._stop_requested(trainer) and not internals.accumulating(trainer):
             self._save(trainer, STOPPED_NAME, "trainer.should_stop was set at validation")
 
     def at_epoch_end(self, trainer: pl.Trainer) -> None:
@@ -103,7 +106,7 @@ class StopPointSave:
         stopped = self._stop_requested(trainer)
         if not stopped and not internals.max_epochs_reached(trainer) and not _at_max_steps(trainer):
             return
-        if not (self._checkpoint.save_on_stop if stopped else self._checkpoint.save_on_train_end):
+        if not (self.save_on_stop if stopped else self.save_on_train_end):
             return
         if not internals.is_last_batch_of_epoch(trainer):
             # The stop was asked for after this callback's batch-end hook (a LightningModule's
