@@ -241,6 +241,58 @@ def test_a_file_rewritten_between_resolution_and_load_is_hashed_again_and_refuse
         checkpointer.restore({"model": model}, checkpoint=path)
 
 
+def test_a_checkpoint_published_again_under_a_verified_name_restores_what_it_holds_now(tmp_path: Path) -> None:
+    checkpointer = Checkpointer(tmp_path / "ckpts")
+    model, _, _ = make_loop()
+    path = checkpointer.save({"model": model}, step=5)
+    assert checkpointer.latest_recoverable() == path and checkpointer.verified(path) is not None
+    with torch.no_grad():
+        model[0].weight.add_(1.0)
+    assert checkpointer.save({"model": model}, step=5) == path  # the same name, new bytes and manifest
+    fresh, _, _ = make_loop()
+    checkpointer.restore({"model": fresh}, checkpoint=path)
+    assert bitwise_equal(fresh.state_dict(), model.state_dict())
+
+
+RANKS_RESTORING = textwrap.dedent(
+    """
+    import os, sys
+    import torch
+    import torch.distributed as dist
+    from lightning_field import Checkpointer
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    # Each rank its own directory: rank 0's holds a checkpoint, rank 1's none (a node whose disk was lost).
+    checkpointer = Checkpointer(os.path.join(sys.argv[1], f"rank{rank}"))
+    try:
+        checkpointer.restore({"model": torch.nn.Linear(2, 2)}, missing_ok=True)
+        print(f"rank {rank} restored", flush=True)
+    except Exception as err:
+        print(f"rank {rank} refused: {type(err).__name__}: {err}", flush=True)
+    dist.destroy_process_group()
+    """
+)
+
+
+@pytest.mark.slow  # two processes under torchrun
+def test_ranks_that_resolve_different_checkpoints_are_all_refused_naming_each_ranks_pick_and_none_waits(
+    tmp_path: Path,
+) -> None:
+    Checkpointer(tmp_path / "ckpts" / "rank0").save({"model": torch.nn.Linear(2, 2)}, step=1)
+    script = tmp_path / "ranks_restoring.py"
+    script.write_text(RANKS_RESTORING)
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script),
+         str(tmp_path / "ckpts")],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    for rank in (0, 1):
+        assert f"rank {rank} refused: CheckpointError: the ranks resolved different checkpoints" in result.stdout
+    assert "rank 1: None" in result.stdout and "rank0" in result.stdout
+
+
 def test_a_lightning_resume_from_last_hashes_each_file_of_the_checkpoint_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -254,7 +306,7 @@ def test_a_lightning_resume_from_last_hashes_each_file_of_the_checkpoint_once(
     assert hashed == {SHARED_STATE_FILE: 1, "rank-00000.pt": 1}
 
 
-def test_a_lightning_resume_from_last_reads_each_manifest_once_up_to_its_first_batch(
+def test_a_lightning_resume_from_last_lists_each_manifest_once_and_the_load_reads_its_own_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     torch.manual_seed(0)
@@ -279,8 +331,9 @@ def test_a_lightning_resume_from_last_reads_each_manifest_once_up_to_its_first_b
     torch.manual_seed(0)
     resumed.fit(BoringModel(), ckpt_path="last")
     assert resumed.global_step == 5
-    # Listed once by the resolver; the load reuses the manifest the picked one was verified against.
-    assert first_batch.seen == {"epoch=0-step=2": 1, "epoch=0-step=4": 1}
+    # Each listed once by the resolver; the picked one read again by the load, which verifies what it loads
+    # against what its manifest says now (the resolution's hashes are reused only where that agrees).
+    assert first_batch.seen == {"epoch=0-step=2": 1, "epoch=0-step=4": 2}
 
 
 def test_a_manifests_components_and_missing_lists_follow_the_one_registry_of_components(

@@ -31,8 +31,9 @@ from lightning_field.checkpoint.stores import (
     ObjectStore,
     store_for,
 )
+from lightning_field.checkpoint.stores.base import describe_error
 from lightning_field.checkpoint.verify import VerifyReport, verify_checkpoint
-from lightning_field.core.distributed import global_rank, world_size
+from lightning_field.core.distributed import all_gather_objects, global_rank, world_size
 from lightning_field.core.errors import CheckpointError
 from lightning_field.core.manifest import SHARED_STATE_FILE, Manifest, Provenance, rank_state_file
 from lightning_field.core.storage import Location, as_location, join, parent, same_location
@@ -208,6 +209,8 @@ class Checkpointer:
             model_state=model if isinstance(model, Mapping) else {},
         )
         self.commit(job)
+        # A verification of an earlier checkpoint of this name describes files that are gone.
+        self._verified = {path: r for path, r in self._verified.items() if not same_location(path, final)}
         if zero and self.keep is not None:
             for entry in self.committed()[self.keep :]:
                 self.remove(entry.path)
@@ -243,14 +246,16 @@ class Checkpointer:
         missing_ok: bool = False,
     ) -> Restored | None:
         """Load ``checkpoint`` (default: :meth:`latest_recoverable`), verified, into ``states`` and
-        this rank's RNG streams. Every rank calls it and each reads its own RNG state.
+        this rank's RNG streams. Collective: every rank calls it, the ranks agree on the checkpoint,
+        and each reads its own RNG state; a failure on any rank is raised on every rank.
 
         Raises:
             NothingToRestoreError: no recoverable checkpoint exists (unless ``missing_ok``: None).
-            CheckpointCorruptError: the checkpoint fails verification (on any rank: raised on every rank).
+            CheckpointCorruptError: the checkpoint fails verification.
+            CheckpointError: the ranks resolved different checkpoints, or one could not resolve any.
             ValueError: it was written by another world size, or lacks a component of ``states``.
         """
-        location = as_location(checkpoint) if checkpoint is not None else self.latest_recoverable()
+        location = self._agreed_checkpoint(checkpoint)
         if location is None:
             if missing_ok:
                 return None
@@ -275,6 +280,29 @@ class Checkpointer:
         rank_state = field["rank_state"] or {}
         unrestored = restore_rng_state(rank_state["rng"], generators) if "rng" in rank_state else ["rng"]
         return Restored(location, field["manifest"], unrestored)
+
+    def _agreed_checkpoint(self, checkpoint: str | os.PathLike[str] | None) -> Location | None:
+        """Collective: the checkpoint every rank restores (``checkpoint``, or each rank's
+        :meth:`latest_recoverable`), once every rank found the same one; else raised on every rank, so
+        that no rank enters the load's collective alone."""
+        location, error = None, None
+        try:
+            location = as_location(checkpoint) if checkpoint is not None else self.latest_recoverable()
+        except Exception as err:  # gathered below: never raised on one rank alone
+            error = err
+        own = (str(location) if location is not None else None, describe_error(error) if error is not None else None)
+        picks = all_gather_objects(own)
+        if error is not None:
+            raise error
+        problems = [f"rank {rank}: {problem}" for rank, (_, problem) in enumerate(picks) if problem is not None]
+        if problems:
+            raise CheckpointError(
+                "no checkpoint to restore could be resolved on every rank:\n  " + "\n  ".join(problems)
+            )
+        if len({pick for pick, _ in picks}) > 1:
+            found = "\n  ".join(f"rank {rank}: {pick}" for rank, (pick, _) in enumerate(picks))
+            raise CheckpointError(f"the ranks resolved different checkpoints to restore:\n  {found}")
+        return location
 
     # ------------------------------------------------------------------ retention
     def is_own(self, checkpoint: str | os.PathLike[str]) -> bool:

@@ -70,13 +70,13 @@ def load_from_store(
     store), verify that copy against the manifest, and load exactly those verified bytes, as
     untrusted input (:func:`~lightning_field.checkpoint.safe_load.torch_load_untrusted`).
 
-    ``verified``: the resolver's verification of this checkpoint, whose manifest is the one loaded
-    (read once, by the resolver); a local file it hashed and that is unchanged since is not hashed
-    again (:func:`~lightning_field.checkpoint.verify.verify_against`), and any other file is checked
-    against that same manifest."""
+    ``verified``: the resolver's verification of this checkpoint; a local file it hashed whose entry
+    in the manifest read here and whose stat identity are unchanged since is not hashed again
+    (:func:`~lightning_field.checkpoint.verify.verify_against`). The manifest is read here, not
+    taken from that verification: a checkpoint published again under the same name since (its
+    manifest replaced) is checked against what it holds now."""
     start = time.perf_counter()
-    resolved = verified.manifest if verified is not None else None
-    manifest = resolved if resolved is not None else read_manifest(checkpoint, store=store)
+    manifest = read_manifest(checkpoint, store=store)
     refuse_misnamed(checkpoint, manifest)
     if on_manifest is not None:
         on_manifest(manifest, checkpoint)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import MutableMapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from lightning_field.checkpoint.stores import CheckpointReader, read_manifest, store_for
 from lightning_field.checkpoint.stores.local import LAST_POINTER, TEMP_PREFIXES
@@ -52,7 +52,7 @@ class Resolution:
     path: str | None
     tier: str = "persistent"  # "persistent", "snapshot" (this node held it) or "replica" (received from a node)
     inexact: InexactChoice | None = None
-    verification: VerifyReport | None = None
+    verification: VerifyReport | None = field(default=None, compare=False, hash=False)
     """The pick's verification made here, which the load hands on instead of hashing the files again
     (a file changed since is hashed again: :func:`~lightning_field.checkpoint.verify.verify_against`);
     None where nothing here verified it (an inexact pick, a copy received from another node)."""

@@ -116,7 +116,8 @@ def resolve_last(
         _warn_rollback(where, found, store, skipped, entries)
         return found
     verified = snapshot.verification
-    assert snapshot.path is not None and verified is not None and verified.manifest is not None  # it verified
+    if snapshot.path is None or verified is None or verified.manifest is None:
+        raise ValueError(f"resolve_last: the snapshot pick {snapshot} carries no verification of its own")
     snapshot_step = verified.manifest.step
     try:
         persistent = _resolve_persistent(where, allow_inexact, store, skipped, entries)

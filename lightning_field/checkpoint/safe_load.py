@@ -101,6 +101,15 @@ def allowed_types(named: str = "") -> Iterator[None]:
         yield
 
 
+def _names_a_missing_lightning_type(refusal: str) -> bool:
+    """Whether the unpickler refused a global of :data:`LIGHTNING_SAFE_TYPES` that was not allowed
+    because Lightning was not imported yet (a retry with it imported may load the file)."""
+    return any(
+        lightning_type(qualified, import_it=False) is None and re.search(rf"GLOBAL {re.escape(qualified)}\b", refusal)
+        for qualified in LIGHTNING_SAFE_TYPES
+    )
+
+
 def load_untrusted(load: Callable[..., Any], shown: str | os.PathLike[str], trust_pickles: bool, **kwargs: Any) -> Any:
     """``load(weights_only=True, **kwargs)`` (``torch.load`` or a strategy's load) with the
     checkpoint types allowed; ``shown`` names the file in a refusal.
@@ -114,7 +123,7 @@ def load_untrusted(load: Callable[..., Any], shown: str | os.PathLike[str], trus
             with allowed_types():
                 return load(weights_only=True, **kwargs)
         except pickle.UnpicklingError as err:
-            if not any(qualified in str(err) for qualified in LIGHTNING_SAFE_TYPES):
+            if not _names_a_missing_lightning_type(str(err)):
                 raise
             with allowed_types(named=str(err)):  # a type of Lightning's, not imported yet
                 return load(weights_only=True, **kwargs)

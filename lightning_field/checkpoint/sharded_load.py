@@ -34,13 +34,19 @@ __all__ = ["dcp_files", "load_from_store", "load_through_strategy", "load_verifi
 
 
 def verify_in_parallel(
-    store: CheckpointReader, path: Location, names: list[str], rank: int, world_size: int
+    store: CheckpointReader,
+    path: Location,
+    names: list[str],
+    rank: int,
+    world_size: int,
+    manifest: Manifest | None = None,
 ) -> list[str]:
     """Collective: of the ``world_size`` ranks reading ``path``, the ``rank``-th hashes every
     ``world_size``-th file, and all ranks get all problems, so a sharded checkpoint is read once in
-    total, not once per rank, and every rank decides alike."""
+    total, not once per rank, and every rank decides alike. ``manifest``: the one the caller read
+    and checks the rest of the load against (else it is read here)."""
     mine = sorted(names)[rank::world_size]
-    report = verify_checkpoint(path, mine, store=store)
+    report = verify_checkpoint(path, mine, store=store, manifest=manifest)
     return [p for problems in all_gather_objects(report.problems) for p in problems]
 
 
@@ -84,7 +90,7 @@ def load_from_store(
             # The ranks that name one folder split its hashing: every copy is hashed whole, once.
             sharing = [rank for rank, folder in enumerate(folders) if folder == str(checkpoint)]
             problems = verify_in_parallel(
-                store, checkpoint, list(manifest.files), sharing.index(strategy.global_rank), len(sharing)
+                store, checkpoint, list(manifest.files), sharing.index(strategy.global_rank), len(sharing), manifest
             )
         else:
             own = [error] if local is None else verify_against(manifest, LOCAL_FILES, local, names).problems

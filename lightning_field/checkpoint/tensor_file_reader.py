@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from lightning_field.checkpoint.safe_load import ATTRIBUTE_DICT, lightning_type
+from lightning_field.checkpoint.safe_load import ATTRIBUTE_DICT, UnsafeCheckpointError, lightning_type
 from lightning_field.checkpoint.tensor_file import (
     _DTYPES,
     _MAX_DEPTH,
@@ -153,7 +153,7 @@ class _Decoder:
             raise self.error(f"its tree holds a node tagged {tag!r}, which this format does not write")
         try:
             return build(self, value, depth + 1)
-        except TensorFileError:
+        except (TensorFileError, UnsafeCheckpointError):
             raise
         except (TypeError, ValueError, KeyError, IndexError, OverflowError, AttributeError) as err:
             raise self.error(f"its {tag!r} node {_short(value)} is malformed ({err})") from None
@@ -197,8 +197,10 @@ def _numpy_scalar(decoder: _Decoder, value: Any, depth: int) -> Any:
 
 def _attribute_dict(decoder: _Decoder, value: Any, depth: int) -> Any:
     kind = lightning_type(ATTRIBUTE_DICT, import_it=True)
-    if kind is None:
-        raise ValueError("holds Lightning's AttributeDict, and Lightning is not installed here")
+    if kind is None:  # a well-formed file whose type cannot be built here: refused, not called malformed
+        raise UnsafeCheckpointError(
+            f"{decoder.shown} holds Lightning's {ATTRIBUTE_DICT}, and Lightning is not installed here"
+        )
     return kind(_pairs(decoder, value, depth))
 
 
