@@ -31,7 +31,7 @@ from lightning_field import (
 )
 from lightning_field.checkpoint.resolver import committed_checkpoints
 from lightning_field.cli.main import main as field_main
-from lightning_field.evidence import RestoreDrillError
+from lightning_field.evidence import RestoreDrillError, drill_runs
 from lightning_field.record.collect import collect
 from lightning_field.record.conditions import evaluate_conditions
 from lightning_field.record.config import load_record_config
@@ -170,7 +170,7 @@ def test_a_drill_of_a_checkpoint_whose_name_was_reused_never_marks_its_successor
     assert latest_recoverable(tmp_path / "ckpts") == tmp_path / "ckpts" / "latest"
 
 
-def keep_one_run(tmp_path: Path) -> RestoreDrill:
+def keep_one_run(tmp_path: Path, *extra: Callback) -> RestoreDrill:
     """ManifestCheckpoint's default retention (save_top_k=1), a save every 3 steps, a drill of each: the
     save at step 6 removes step 3's checkpoint while its drill process is still starting."""
     pl.seed_everything(0)
@@ -178,10 +178,38 @@ def keep_one_run(tmp_path: Path) -> RestoreDrill:
     drill = RestoreDrill(every_n_checkpoints=1)
     trainer = pl.Trainer(
         default_root_dir=tmp_path, max_steps=8, accelerator="cpu", deterministic=True, logger=False,
-        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0, callbacks=[drill, checkpoint],
+        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
+        callbacks=[*extra, drill, checkpoint],
     )  # fmt: skip
     trainer.fit(DemoRegressor(), datamodule=DemoDataModule())
     return drill
+
+
+class DrillsWaitForStep(Callback):
+    """Holds every drill process before its first line until training has passed ``step`` (its
+    checkpoint saved and retention done), so the race of a removal against a drill's start is decided:
+    the removal comes first, however loaded the machine."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, flag: Path, step: int) -> None:
+        self.flag, self.step = flag, step
+        real = drill_runs.subprocess.Popen
+
+        def held(argv: list[str], **kwargs: Any) -> Any:
+            python, _, module, *args = argv  # python -m lightning_field.evidence.drill_replay <spec>
+            code = (
+                f"import os, runpy, sys, time\nwhile not os.path.exists({str(flag)!r}): time.sleep(0.02)\n"
+                f"sys.argv[0] = {module!r}\nrunpy.run_module({module!r}, run_name='__main__', alter_sys=True)"
+            )
+            return real([python, "-c", code, *args], **kwargs)
+
+        monkeypatch.setattr(drill_runs.subprocess, "Popen", held)
+
+    def on_train_batch_start(self, trainer: pl.Trainer, *args: Any) -> None:
+        if trainer.global_step >= self.step:
+            self.flag.touch()
+
+    def on_train_end(self, trainer: pl.Trainer, *args: Any) -> None:
+        self.flag.touch()
 
 
 @pytest.mark.slow
@@ -343,7 +371,7 @@ def test_where_no_private_copy_can_be_made_a_removed_checkpoints_drill_is_report
 
     monkeypatch.setattr(os, "link", no_hard_links)
     with caplog.at_level(logging.WARNING, logger="lightning_field"):
-        drill = keep_one_run(tmp_path)
+        drill = keep_one_run(tmp_path, DrillsWaitForStep(monkeypatch, tmp_path / "step-6-saved", 6))
     outcomes = [(r["step"], r["outcome"], r["protected_copy"]) for r in drill.results]
     assert outcomes == [(3, "skipped", False), (6, "passed", False)]
     assert "removed by retention" in drill.results[0]["reason"] and drill.errors == 0
