@@ -192,7 +192,9 @@ def test_where_failures_are_frequent_against_the_persistent_interval_auto_snapsh
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     failures = FailureModel(mtbf_hours=0.001, snapshot_coverage=0.5)  # a failure every 3.6 s
-    trainer, said = run_with_defaults(tmp_path, caplog, every_n_train_steps=1000, failures=failures)
+    # A persistent save every million steps: half an hour apart even at 2 ms a step (a
+    # thousand steps of 1.6 ms, 1.6 s apart, were within the MTBF, and snapshots rightly did not pay).
+    trainer, said = run_with_defaults(tmp_path, caplog, every_n_train_steps=1_000_000, failures=failures)
     chosen = [e for e in read_events(tmp_path) if e["event"] == "snapshot_interval"]
     payload = chosen[0]["payload"]
     every = payload["every_n_train_steps"]
