@@ -30,7 +30,7 @@ from lightning_field.core.manifest import Manifest
 from lightning_field.core.storage import Location, as_location
 from lightning_field.state import reshard
 
-__all__ = ["dcp_files", "load_from_store", "load_through_strategy", "load_verified", "verify_in_parallel"]
+__all__ = ["dcp_files", "load_sharded_from_store", "load_through_strategy", "load_verified", "verify_in_parallel"]
 
 
 def verify_in_parallel(
@@ -57,7 +57,7 @@ def dcp_files(manifest: Manifest) -> list[str]:
     return sorted(name for name in manifest.files if name == DCP_METADATA or name.endswith(".distcp"))
 
 
-def load_from_store(
+def load_sharded_from_store(
     load: Callable[..., dict[str, Any]],
     checkpoint: Location,
     manifest: Manifest,
@@ -166,4 +166,4 @@ def load_verified(
     manifest = read_manifest(location, store=store)
     refuse_misnamed(location, manifest)  # every rank reads the same manifest: all refuse alike
     check_resume(manifest, location)
-    return load_from_store(load, location, manifest, store, strategy, trust_pickles)
+    return load_sharded_from_store(load, location, manifest, store, strategy, trust_pickles)
