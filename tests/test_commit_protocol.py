@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import blake3
@@ -160,3 +162,58 @@ def test_both_shipped_stores_are_checkpoint_stores_and_anything_else_is_refused_
     assert ManifestCheckpoint(dirpath=tmp_path, store=given)._store is given
     with pytest.raises(TypeError, match=r"store must implement .*CheckpointStore .* got dict"):
         ManifestCheckpoint(dirpath=tmp_path, store={})
+
+
+TWO_RANKS_COMMITTING = """
+import sys
+from pathlib import Path
+import torch
+import torch.distributed as dist
+from lightning_field.checkpoint.commit import SaveJob, commit_save
+from lightning_field.checkpoint.stores import LocalStore
+from lightning_field.core.manifest import rank_state_file
+
+dist.init_process_group("gloo")
+rank, how = dist.get_rank(), sys.argv[2]
+
+class Failing(LocalStore):
+    def prepare(self, final):
+        if how == "prepare":
+            raise OSError(28, "No space left on device")
+        return super().prepare(final)
+
+    def staging(self, final, token):
+        if how == "staging" and rank == 1:
+            raise OSError(28, "No space left on device")
+        return super().staging(final, token)
+
+job = SaveJob(
+    final=Path(sys.argv[1]) / "step=1", store=Failing(), rank=rank, is_global_zero=rank == 0, step=1, epoch=0,
+    world_size=2, files={rank_state_file(rank): ({"rng": {}}, ["rng"])}, rank_missing=[], data_restore=[],
+    stream_positions=[], shared_components=[], shared_missing=[], start=0.0,
+    shards={"state_dict": {"w": torch.ones(4)}} if how == "staging" else None,
+)
+print(f"rank {rank}: {commit_save(job)}", flush=True)
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow  # two processes under torchrun
+@pytest.mark.parametrize("how", ["prepare", "staging"])
+def test_a_failure_on_one_rank_before_a_collective_is_every_ranks_error_and_no_rank_waits(
+    tmp_path: Path, how: str
+) -> None:
+    # Rank 0's preparation of the hidden directory, or one rank's staging of a sharded (DCP) save: the
+    # rank that failed must not leave the others in a collective it never enters.
+    script = tmp_path / "two_ranks.py"
+    script.write_text(TWO_RANKS_COMMITTING)
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script),
+         str(tmp_path / "ckpts"), how],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    said = sorted(line for line in result.stdout.splitlines() if line.startswith("rank "))
+    expected = "rank 0 (prepare)" if how == "prepare" else "rank 1: staging the distributed checkpoint failed"
+    assert len(said) == 2 and all(expected in line and "No space left" in line for line in said), said
+    assert not committed_checkpoints(tmp_path / "ckpts")

@@ -18,6 +18,7 @@ what it left. After it, the checkpoint is complete.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 import uuid
@@ -111,10 +112,16 @@ def commit_save(job: SaveJob, group: Any = None) -> str | None:
     and every rank returns the same answer, so all of them raise, or none does.
     """
     store, final = job.store, job.final
+    unprepared = None
     if job.is_global_zero:
-        store.prepare(final)
+        try:
+            store.prepare(final)
+        except Exception as err:  # broadcast below: the other ranks must not wait in a collective rank 0 left
+            unprepared = f"rank 0 (prepare): {describe_error(err)}"
     # The broadcast also orders every rank's writes after rank 0's preparation.
-    token = broadcast_object(uuid.uuid4().hex[:8], group=group)
+    token, unprepared = broadcast_object((uuid.uuid4().hex[:8], unprepared), group=group)
+    if unprepared is not None:
+        return unprepared
     outcome, referenced = write_rank_part(job, token, group)
     gathered: list[RankReport] = all_gather_objects(
         (outcome, job.rank_missing, job.data_restore, job.stream_positions), group=group
@@ -158,10 +165,6 @@ def write_rank_part(job: SaveJob, token: str, group: Any) -> tuple[RankOutcome, 
     rank 0 of a sharded save, every file DCP's metadata references. Collective over ``group`` for a
     sharded save (DCP plans across the ranks); a rank whose capture failed writes nothing."""
     if job.shards is not None:
-        # DCP's save is collective: where any rank's capture failed, no rank enters it (one that did
-        # would wait for the others forever); the failed rank's outcome carries the error.
-        if any(all_gather_objects(job.snapshot_error is not None, group=group)):
-            return RankOutcome(job.rank, [], job.snapshot_error), []
         return _write_sharded(job, token, group)
     if job.snapshot_error is not None:  # this rank has nothing to write; the exchange still runs
         return RankOutcome(job.rank, [], job.snapshot_error), []
@@ -185,7 +188,19 @@ def _write_sharded(job: SaveJob, token: str, group: Any) -> tuple[RankOutcome, l
     URL into a private staging directory, uploaded only when everything in it was written."""
     assert job.shards is not None
     store = job.store
-    with store.staging(job.final, token) as staging:
+    with contextlib.ExitStack() as stack:
+        error, staging = job.snapshot_error, None
+        if error is None:
+            try:
+                staging = stack.enter_context(store.staging(job.final, token))
+                staging.mkdir(parents=True, exist_ok=True)
+            except Exception as err:  # gathered below: never raised on one rank alone
+                error = f"staging the distributed checkpoint failed: {describe_error(err)}"
+        # DCP's save is collective: where any rank cannot enter it (its capture or its staging failed),
+        # none does (one that did would wait for the others forever); the failed rank's outcome says why.
+        if any(all_gather_objects(error is not None, group=group)):
+            return RankOutcome(job.rank, [], error), []
+        assert staging is not None
         # Durable where the files are the checkpoint itself, unless the store is not (a node-local snapshot's).
         durable = store.writes_in_place and getattr(store, "durable", True)
         outcome, referenced = sharded.write_shards(staging, job.rank, job.shards, group, durable=durable)

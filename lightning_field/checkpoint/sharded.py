@@ -46,7 +46,8 @@ def split_state(checkpoint: dict[str, Any]) -> dict[str, Any]:
 def write_shards(
     tmp: Path, rank: int, shards: dict[str, Any], group: Any = None, durable: bool = True
 ) -> tuple[RankOutcome, list[str]]:
-    """Collective over ``group``: DCP-save ``shards`` into ``tmp``, then hash the files this rank wrote.
+    """Collective over ``group``: DCP-save ``shards`` into ``tmp`` (which exists: the caller made it
+    before every rank agreed to enter the save), then hash the files this rank wrote.
 
     ``tmp`` may be private to this rank (a local staging directory before an upload): DCP names
     every rank's files apart and only rank 0 writes ``.metadata``. ``durable=False`` skips the fsync
@@ -64,7 +65,6 @@ def write_shards(
     receipts: list[Receipt] = []
     referenced: list[str] = []
     try:
-        tmp.mkdir(parents=True, exist_ok=True)
         writer = dcp.FileSystemWriter(tmp, sync_files=durable)
         metadata = dcp.save(shards, storage_writer=writer, process_group=group)
         own = sorted(p.name for p in tmp.glob(f"__{rank}_*.distcp"))
