@@ -109,5 +109,6 @@ def test_large_files_go_up_as_parallel_multipart_uploads_and_verify(s3_bucket: t
 
 
 def test_object_store_refuses_a_part_size_below_the_s3_minimum() -> None:
-    with pytest.raises(ValueError, match="part_bytes must be at least 5 MiB"):
+    refusal = r"part_bytes must be an integer >= 5 MiB \(the S3 minimum part size\), got 1048576"
+    with pytest.raises(ValueError, match=refusal):
         ObjectStore(part_bytes=1 << 20)

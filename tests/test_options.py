@@ -9,6 +9,7 @@ import subprocess
 import sys
 import warnings
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -60,6 +61,7 @@ def _observable(checkpoint: ManifestCheckpoint) -> dict[str, object]:
         "snapshot_every": checkpoint.snapshots.requested,
         "snapshot_dir": checkpoint.snapshots.directory,
         "snapshot_in_line": checkpoint.snapshots.commits_in_line,
+        "overhead_budget": schedule.interval.budget if (schedule := checkpoint.snapshots.schedule) else None,
         "allow_resume_mismatch": checkpoint.allow_resume_mismatch,
         "allow_changed": checkpoint._guard.allow_changed,
         "resume_inexact": checkpoint.resume_inexact,
@@ -88,7 +90,9 @@ def test_every_flat_name_of_0x_builds_the_same_callback_as_its_group_and_warns_w
         assert any(s.startswith(spelling) and f"({field}=...))" in s for s in said), name
     assert caught[0].filename == __file__, "the warning points at the caller's line"
     assert _observable(old) == _observable(new)
-    assert _observable(new) != _observable(ManifestCheckpoint(dirpath="ckpts")), "the options changed nothing"
+    default = _observable(ManifestCheckpoint(dirpath="ckpts"))
+    unchanged = {key for key, value in _observable(new).items() if value == default[key]}
+    assert unchanged == {"require_fresh"}, "each option reaches what it sets (require_fresh is given its default)"
 
 
 def test_the_grouped_form_warns_about_nothing() -> None:
@@ -114,6 +118,42 @@ def test_a_flat_name_fills_a_field_its_group_leaves_at_the_default_as_a_shipped_
     with pytest.warns(DeprecationWarning, match=r"snapshot_dir=\.\.\.\) is deprecated"):
         checkpoint = ManifestCheckpoint(snapshots=SnapshotConfig(every_n_train_steps=3), snapshot_dir="/tmp/x")
     assert checkpoint.snapshots.directory == "/tmp/x" and checkpoint.snapshots.requested == 3
+
+
+def test_a_misspelled_model_checkpoint_argument_is_pointed_at_that_argument_not_at_an_option_group() -> None:
+    meant_by = {"every_n_train_step": "every_n_train_steps", "save_topk": "save_top_k", "monitr": "monitor"}
+    for typo, meant in meant_by.items():
+        with pytest.raises(TypeError, match=rf"did you mean {meant} for '{typo}'\?\)$"):
+            ManifestCheckpoint(**{typo: 3})
+
+
+def test_the_same_value_given_flat_and_in_its_group_is_one_setting_not_a_conflict() -> None:
+    with pytest.warns(DeprecationWarning):
+        checkpoint = ManifestCheckpoint(
+            resume=ResumeConfig(allow_mismatch=["config"]), allow_resume_mismatch=["config"],
+            interrupts=InterruptConfig(signals=[10]), preemption_signals=[10],
+        )  # fmt: skip
+    assert checkpoint.allow_resume_mismatch == ("config",) and checkpoint._preemption._watcher.signals == (10,)
+
+
+@pytest.mark.parametrize(
+    ("build", "names"),
+    [
+        (lambda: InterruptConfig(signals=15), r"interrupts\.signals .* got 15"),
+        (lambda: InterruptConfig(signals=["SIGTERM"]), r"interrupts\.signals .* got \['SIGTERM'\]"),
+        (lambda: InterruptConfig(signals=[0, 999]), r"interrupts\.signals"),
+        (lambda: InterruptConfig(signals=[9]), r"interrupts\.signals must be a list of signal numbers a handler can"),
+        (lambda: ResumeConfig(allow_mismatch=None), r"resume\.allow_mismatch must be a name or a list of names"),
+        (lambda: ResumeConfig(allow_changed=[1]), r"resume\.allow_changed must be a name or a list of names"),
+        (lambda: StorageConfig(options="endpoint"), r"storage\.options must be a mapping"),
+        (lambda: StorageConfig(upload_part_bytes=1.5e8), r"storage\.upload_part_bytes must be an integer"),
+    ],
+    ids=["signals-int", "signals-names", "signals-unknown", "signals-sigkill", "mismatch-none", "changed-int",
+         "options-str", "part-float"],
+)  # fmt: skip
+def test_a_malformed_option_is_refused_naming_its_group_and_field(build: Any, names: str) -> None:
+    with pytest.raises(ValueError, match=names):
+        build()
 
 
 @pytest.mark.parametrize("typo", ["snapshot_every_n_train_step", "snapshot_every"])
@@ -172,9 +212,28 @@ def test_the_groups_are_frozen_and_their_defaults_are_the_callbacks_defaults() -
     options = SnapshotConfig()
     with pytest.raises(dataclasses.FrozenInstanceError):
         options.every_n_train_steps = 3  # type: ignore[misc]
-    assert _observable(ManifestCheckpoint(dirpath="ckpts")) == _observable(
-        ManifestCheckpoint(dirpath="ckpts", **{name: kind() for name, kind in GROUPS.items()})
-    )
+    assert _observable(ManifestCheckpoint(dirpath="ckpts")) == {  # 0.x's defaults, written out
+        "storage_options": {},
+        "part_bytes": 64 << 20,
+        "concurrency": 8,
+        "async_save": False,
+        "on_save_error": "stop",
+        "store": None,
+        "snapshot_every": "auto",
+        "snapshot_dir": None,
+        "snapshot_in_line": None,
+        "overhead_budget": 0.01,
+        "allow_resume_mismatch": (),
+        "allow_changed": frozenset(),
+        "resume_inexact": False,
+        "require_fresh": False,
+        "max_failed_attempts": 3,
+        "trust_pickles": False,
+        "signals": (15, 10),
+        "check_every": None,
+        "save_on_stop": True,
+        "save_on_train_end": False,
+    }
 
 
 @pytest.mark.slow  # a fresh interpreter, to see what the import alone pulls in
@@ -192,4 +251,5 @@ def test_the_options_import_without_lightning(tmp_path: Path) -> None:
 def test_the_flat_names_map_onto_real_fields_of_their_groups() -> None:
     for name, (group, field) in FLAT_NAMES.items():
         assert field in {f.name for f in dataclasses.fields(GROUPS[group])}, name
-    assert sys.modules["lightning_field.checkpoint.options"].__all__  # a public module
+    module = sys.modules["lightning_field.checkpoint.options"]
+    assert set(module.__all__) <= set(dir(module))  # every public name exists

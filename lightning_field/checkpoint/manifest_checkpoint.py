@@ -134,7 +134,9 @@ class ManifestCheckpoint(CommittedCheckpoint):
         **deprecated: Any,
     ) -> None:
         groups = {"storage": storage, "snapshots": snapshots, "resume": resume, "interrupts": interrupts}
-        storage, snapshots, resume, interrupts = grouped_options(groups, deprecated)
+        storage, snapshots, resume, interrupts = grouped_options(
+            groups, deprecated, accepts=ManifestCheckpoint.__init__
+        )
         super().__init__(
             dirpath=dirpath,
             filename=filename,

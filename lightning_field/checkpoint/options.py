@@ -17,16 +17,17 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import inspect
 import numbers
 import os
 import signal
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
 from lightning_field.checkpoint.snapshot_interval import DEFAULT_BUDGET, check_every_n_train_steps
-from lightning_field.checkpoint.stores.object import DEFAULT_CONCURRENCY, DEFAULT_PART_BYTES
+from lightning_field.checkpoint.stores.object import DEFAULT_CONCURRENCY, DEFAULT_PART_BYTES, check_multipart
 from lightning_field.state.trainer_settings import allowed_changes
 
 __all__ = [
@@ -86,9 +87,35 @@ def positive_or_none(where: str, value: Any) -> int | None:
     return int(value)
 
 
-def _names(value: Iterable[str] | str) -> tuple[str, ...]:
-    # A lone string is one name, not its characters.
-    return (value,) if isinstance(value, str) else tuple(value)
+def _names(where: str, value: Iterable[str] | str) -> tuple[str, ...]:
+    """``value`` as names: a lone string is one name, not its characters.
+
+    Raises:
+        ValueError: anything but a string or an iterable of strings, naming ``where``.
+    """
+    names = (value,) if isinstance(value, str) else tuple(value) if isinstance(value, Iterable) else None
+    if names is None or not all(isinstance(name, str) for name in names):
+        raise ValueError(f"{where} must be a name or a list of names, got {value!r}")
+    return names
+
+
+_UNCATCHABLE = {int(signal.SIGKILL), int(signal.SIGSTOP)}
+
+
+def _signal_numbers(value: Any) -> tuple[int, ...]:
+    """``value`` as signal numbers this platform knows and a handler can catch.
+
+    Raises:
+        ValueError: anything else, naming ``interrupts.signals`` and the value.
+    """
+    known = {int(s) for s in signal.valid_signals()} - _UNCATCHABLE
+    items = tuple(value) if isinstance(value, Iterable) and not isinstance(value, (str, bytes)) else None
+    if items is None or not all(_is_count(item) and int(item) in known for item in items):
+        raise ValueError(
+            f"interrupts.signals must be a list of signal numbers a handler can catch (e.g. [{int(signal.SIGTERM)},"
+            f" {int(signal.SIGUSR1)}] for SIGTERM and SIGUSR1), got {value!r}"
+        )
+    return tuple(int(item) for item in items)
 
 
 @dataclass(frozen=True)
@@ -108,7 +135,8 @@ class StorageConfig:
             (default: a ``LocalStore`` for a path, an ``ObjectStore`` for a URL), or your own backend.
 
     Raises:
-        ValueError: a part size below 5 MiB, a concurrency below 1, or an unknown ``on_save_error``.
+        ValueError: a part size below 5 MiB, a concurrency below 1, ``options`` that are not a
+            mapping, or an unknown ``on_save_error``.
     """
 
     # Out of repr and hash: fsspec options carry credentials (key, secret), and a dict has no hash.
@@ -120,12 +148,14 @@ class StorageConfig:
     store: Any = None  # a CheckpointStore; checked against the protocol where the store is first used
 
     def __post_init__(self) -> None:
-        if not _is_count(self.upload_part_bytes) or self.upload_part_bytes < 5 << 20:
-            raise ValueError(f"storage.upload_part_bytes must be an integer >= 5 MiB, got {self.upload_part_bytes!r}")
-        if not _is_count(self.upload_concurrency) or self.upload_concurrency < 1:
-            raise ValueError(f"storage.upload_concurrency must be an integer >= 1, got {self.upload_concurrency!r}")
+        names = ("storage.upload_part_bytes", "storage.upload_concurrency")
+        check_multipart(self.upload_part_bytes, self.upload_concurrency, names)
         object.__setattr__(self, "on_save_error", save_error_policy(self.on_save_error))
         if self.options is not None:
+            if not isinstance(self.options, Mapping):
+                raise ValueError(
+                    f"storage.options must be a mapping of fsspec options, got {type(self.options).__name__}"
+                )
             object.__setattr__(self, "options", dict(self.options))
 
 
@@ -174,8 +204,9 @@ class ResumeConfig:
         trust_pickles: fully unpickle files that need it; off, such a file is refused naming its type.
 
     Raises:
-        ValueError: ``max_failed_attempts`` is not None or an integer >= 1, or ``allow_changed`` names
-            something other than a Trainer setting a resume may change.
+        ValueError: ``max_failed_attempts`` is not None or an integer >= 1, ``allow_mismatch`` or
+            ``allow_changed`` is not a name or a list of names, or ``allow_changed`` names something
+            other than a Trainer setting a resume may change.
     """
 
     allow_mismatch: Iterable[str] = ()
@@ -186,8 +217,8 @@ class ResumeConfig:
     trust_pickles: bool = False
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "allow_mismatch", _names(self.allow_mismatch))
-        object.__setattr__(self, "allow_changed", _names(self.allow_changed))
+        object.__setattr__(self, "allow_mismatch", _names("resume.allow_mismatch", self.allow_mismatch))
+        object.__setattr__(self, "allow_changed", _names("resume.allow_changed", self.allow_changed))
         allowed_changes(self.allow_changed)  # an unknown name is refused here, naming the valid ones
         object.__setattr__(
             self, "max_failed_attempts", positive_or_none("resume.max_failed_attempts", self.max_failed_attempts)
@@ -209,7 +240,8 @@ class InterruptConfig:
             ``max_epochs`` (unless saved): a rerun with larger limits then redoes none of the last steps.
 
     Raises:
-        ValueError: ``check_every_n_steps`` is not None or an integer >= 1.
+        ValueError: ``signals`` holds anything but numbers of signals a handler can catch, or
+            ``check_every_n_steps`` is not None or an integer >= 1.
     """
 
     signals: Sequence[int] = DEFAULT_SIGNALS
@@ -218,7 +250,7 @@ class InterruptConfig:
     save_on_train_end: bool = False
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "signals", tuple(int(s) for s in self.signals))
+        object.__setattr__(self, "signals", _signal_numbers(self.signals))
         object.__setattr__(
             self, "check_every_n_steps", positive_or_none("interrupts.check_every_n_steps", self.check_every_n_steps)
         )
@@ -276,14 +308,24 @@ def _as_group(kind: type[_Group], name: str, value: Any) -> _Group:
     raise TypeError(f"{name} must be a {kind.__name__}, a mapping of its fields or None, got {type(value).__name__}")
 
 
-def _nearest(name: str) -> str | None:
-    """The flat name of 0.x a misspelled keyword most likely meant: one it begins (``snapshot_every``),
-    else the closest by spelling."""
-    started = [flat for flat in FLAT_NAMES if flat.startswith(name) or name.startswith(flat)]
-    if started:
-        return min(started, key=len)
-    near = difflib.get_close_matches(name, list(FLAT_NAMES), n=1)
+def _nearest(name: str, parameters: Iterable[str]) -> str | None:
+    """What a misspelled keyword most likely meant: one of the callback's own ``parameters``
+    (ModelCheckpoint's ``every_n_train_steps``, say) or a flat name of 0.x, that it begins (a name cut
+    short), else the closest by spelling."""
+    candidates = [*parameters, *FLAT_NAMES]
+    begun = [candidate for candidate in candidates if len(name) >= 4 and candidate.startswith(name)]  # cut short
+    if begun:
+        return min(begun, key=len)
+    near = difflib.get_close_matches(name, candidates, n=1)
     return near[0] if near else None
+
+
+def _hint(owner: str, name: str, parameters: Iterable[str]) -> str | None:
+    near = _nearest(name, parameters)
+    if near is None:
+        return None
+    spelled = _new_spelling(owner, near) if near in FLAT_NAMES else near
+    return f"did you mean {spelled} for {name!r}?"
 
 
 def _new_spelling(owner: str, flat_name: str) -> str:
@@ -292,10 +334,15 @@ def _new_spelling(owner: str, flat_name: str) -> str:
 
 
 def grouped_options(
-    groups: Mapping[str, Any], flat: Mapping[str, Any], owner: str = "ManifestCheckpoint"
+    groups: Mapping[str, Any],
+    flat: Mapping[str, Any],
+    owner: str = "ManifestCheckpoint",
+    accepts: Callable[..., Any] | None = None,
 ) -> tuple[StorageConfig, SnapshotConfig, ResumeConfig, InterruptConfig]:
     """The four groups from ``groups`` (name -> a dataclass, a mapping or None) with 0.x's flat
     keywords ``flat`` folded in, each with a ``DeprecationWarning`` naming its new spelling.
+    ``accepts``: the owner's ``__init__``, whose own keyword names a misspelled keyword is matched
+    against too (read only then).
 
     Raises:
         TypeError: a keyword that is neither an argument nor a flat name of 0.x (the nearest names
@@ -305,9 +352,10 @@ def grouped_options(
     """
     unknown = sorted(set(flat) - set(FLAT_NAMES))
     if unknown:
-        hints = [
-            f"did you mean {_new_spelling(owner, near)} for {name!r}?" for name in unknown if (near := _nearest(name))
-        ]
+        named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+        own = [] if accepts is None else list(inspect.signature(accepts).parameters.values())
+        parameters = [p.name for p in own if p.kind in named and p.name != "self"]
+        hints = [hint for name in unknown if (hint := _hint(owner, name, parameters)) is not None]
         raise TypeError(
             f"{owner}.__init__() got an unexpected keyword argument {', '.join(map(repr, unknown))}"
             + (f" ({'; '.join(hints)})" if hints else "")
@@ -319,7 +367,8 @@ def grouped_options(
         # The group given (a shipped Hydra config fills every group) may leave the field at its default:
         # then the flat name sets it; a field the group sets to another value would be set twice.
         current, default = getattr(built[group], field), getattr(GROUPS[group](), field)
-        if current != default and current != value:
+        given = getattr(dataclasses.replace(GROUPS[group](), **{field: value}), field)  # as its group holds it
+        if current != default and current != given:
             raise ValueError(
                 f"{owner}: {name}={value!r} and {group}.{field}={current!r} set the same option;"
                 f" give it once, as {group}.{field}"

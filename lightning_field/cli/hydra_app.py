@@ -126,7 +126,7 @@ def _unknown_key(config_name: str, arguments: Sequence[str], key: str) -> str:
     """``model.hiddn: no such key; model has features, hidden, ...``: the keys that do exist there.
     A flat checkpoint option of 0.x (``callbacks.checkpoint.snapshot_dir``) is named with its group's key."""
     parent, _, leaf = key.rpartition(".")
-    if leaf in FLAT_NAMES and parent.endswith("checkpoint"):
+    if leaf in FLAT_NAMES and parent.rpartition(".")[2] == "checkpoint":  # the shipped callbacks.checkpoint
         group, field = FLAT_NAMES[leaf]
         return f"{key}: ManifestCheckpoint's options are grouped now; write {parent}.{group}.{field}=..."
     others = [a for a in arguments if a.split("=", 1)[0].lstrip("+~") != key]

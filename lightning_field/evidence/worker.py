@@ -18,10 +18,9 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from hydra.utils import get_class, instantiate
+from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from lightning_field.checkpoint.options import StorageConfig
 from lightning_field.checkpoint.resolver import latest_recoverable
 from lightning_field.checkpoint.stores import LocalStore
 from lightning_field.core.distributed import end_process_groups, exit_finished_process
@@ -75,10 +74,8 @@ def build_checkpoint(config: dict[str, Any], run_dir: Path, store: LocalStore | 
                 "callbacks.checkpoint.storage.store is set, and a kill inside a save (evidence.kill_mode=save or"
                 " mixed) interrupts the local store: use evidence.kill_mode=step with a store of your own"
             )
-        # The store is an object, not a config value: the storage group is built here with it.
-        kind = get_class(storage["_target_"]) if storage.get("_target_") else StorageConfig
-        fields = {str(key): value for key, value in storage.items() if key not in ("_target_", "store")}
-        extra["storage"] = kind(**fields, store=store)
+        # The store is an object, not a config value: it joins the group's fields, which the callback builds.
+        extra["storage"] = {**storage, "store": store}
     options["dirpath"] = str(run_dir / CHECKPOINTS)
     # Every checkpoint of an evidence run is kept: the bundle cites the manifests of all of them.
     options["save_top_k"] = -1

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import numbers
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
@@ -34,6 +35,25 @@ DEFAULT_PART_BYTES = 64 << 20
 
 DEFAULT_CONCURRENCY = 8
 """Parts in flight at once per file."""
+
+MIN_PART_BYTES = 5 << 20
+"""S3's minimum size of every part but the last."""
+
+
+def check_multipart(
+    part_bytes: Any, concurrency: Any, names: tuple[str, str] = ("part_bytes", "max_concurrency")
+) -> None:
+    """The multipart settings' one check; ``names``: how the caller's user spells them.
+
+    Raises:
+        ValueError: a part size that is not an integer of at least 5 MiB, or a concurrency below 1.
+    """
+    whole = (numbers.Integral,)
+    if not isinstance(part_bytes, whole) or isinstance(part_bytes, bool) or part_bytes < MIN_PART_BYTES:
+        raise ValueError(f"{names[0]} must be an integer >= 5 MiB (the S3 minimum part size), got {part_bytes!r}")
+    if not isinstance(concurrency, whole) or isinstance(concurrency, bool) or concurrency < 1:
+        raise ValueError(f"{names[1]} must be an integer >= 1, got {concurrency!r}")
+
 
 _REMOTE_BLOCK = 16 << 20
 """Read size when hashing an object: large sequential reads, not fsspec's default 5 MiB ranges."""
@@ -55,10 +75,7 @@ class ObjectStore:
         part_bytes: int = DEFAULT_PART_BYTES,
         max_concurrency: int = DEFAULT_CONCURRENCY,
     ) -> None:
-        if part_bytes < 5 << 20:
-            raise ValueError(f"part_bytes must be at least 5 MiB (the S3 minimum part size), got {part_bytes}")
-        if max_concurrency < 1:
-            raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
+        check_multipart(part_bytes, max_concurrency)
         self.storage_options = dict(storage_options or {})
         self.part_bytes = part_bytes
         self.max_concurrency = max_concurrency
