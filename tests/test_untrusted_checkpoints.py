@@ -225,41 +225,44 @@ def test_a_manifest_declaring_a_10_gb_file_is_refused_by_its_size_without_readin
 LOAD_IN_A_FRESH_PROCESS = """
 import sys
 from lightning_field.checkpoint.safe_load import torch_load_untrusted
-before = "lightning" in sys.modules
-try:
-    held = torch_load_untrusted(sys.argv[1])["held"]
-    name = held.__name__ if isinstance(held, type) else type(held).__name__
-    print("loaded", name, "lightning imported before", before)
-except Exception as err:
-    print("refused", type(err).__name__, err)
+for path in sys.argv[1:]:
+    before = "lightning" in sys.modules
+    try:
+        held = torch_load_untrusted(path)["held"]
+        name = held.__name__ if isinstance(held, type) else type(held).__name__
+        print(path, "loaded", name, "lightning imported before", before)
+    except Exception as err:
+        print(path, "refused", type(err).__name__, err)
 """
 
 
 @pytest.mark.slow  # fresh interpreters: the suite's own has Lightning imported already
-@pytest.mark.parametrize("kind", ["torch.save", "raw tensor file"])
 def test_lightnings_attribute_dict_loads_where_lightning_is_not_imported_yet_and_is_refused_by_name_where_absent(
-    tmp_path: Path, kind: str
+    tmp_path: Path,
 ) -> None:
     from lightning.fabric.utilities.data import AttributeDict
 
     from lightning_field.checkpoint.tensor_file import write_tensor_file
 
-    path = tmp_path / "state.pt"
-    if kind == "torch.save":  # the type named (weights_only builds no dict subclass with items)
-        torch.save({"state_dict": {"w": torch.ones(2)}, "held": AttributeDict}, path)
-    else:  # the container itself, which the raw format carries
-        state = {"state_dict": {"w": torch.ones(2)}, "held": AttributeDict(lr=0.5)}
-        assert write_tensor_file(state, path, durable=False) is not None
-    fresh = subprocess.run(
-        [sys.executable, "-c", LOAD_IN_A_FRESH_PROCESS, str(path)], capture_output=True, text=True, timeout=120
-    )
-    assert "loaded AttributeDict lightning imported before False" in fresh.stdout, fresh.stdout + fresh.stderr[-2000:]
+    pickled, raw = tmp_path / "pickled.pt", tmp_path / "raw.pt"
+    # The type named (weights_only builds no dict subclass with items); the container itself, which the
+    # raw format carries.
+    torch.save({"state_dict": {"w": torch.ones(2)}, "held": AttributeDict}, pickled)
+    assert write_tensor_file({"w": torch.ones(2), "held": AttributeDict(lr=0.5)}, raw, durable=False) is not None
+    for path in (pickled, raw):  # each in a process of its own: Lightning not imported before its load
+        fresh = subprocess.run(
+            [sys.executable, "-c", LOAD_IN_A_FRESH_PROCESS, str(path)], capture_output=True, text=True, timeout=120
+        )
+        loaded = f"{path} loaded AttributeDict lightning imported before False"
+        assert loaded in fresh.stdout, fresh.stdout + fresh.stderr[-2000:]
     absent = subprocess.run(
-        [sys.executable, "-c", BLOCK_LIGHTNING + LOAD_IN_A_FRESH_PROCESS, str(path)],
+        [sys.executable, "-c", BLOCK_LIGHTNING + LOAD_IN_A_FRESH_PROCESS, str(pickled), str(raw)],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
-    assert "refused" in absent.stdout and "AttributeDict" in absent.stdout, absent.stdout + absent.stderr[-2000:]
-    assert str(path) in absent.stdout  # named
+    for path in (pickled, raw):
+        refused = [line for line in absent.stdout.splitlines() if line.startswith(f"{path} refused")]
+        assert refused and "AttributeDict" in refused[0], absent.stdout + absent.stderr[-2000:]
+        assert refused[0].count(str(path)) == 2  # named in the refusal itself
 
 
 BLOCK_LIGHTNING = """
