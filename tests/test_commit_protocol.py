@@ -11,6 +11,7 @@ import blake3
 import pytest
 import torch
 
+from lightning_field import Checkpointer
 from lightning_field.checkpoint import commit, committed_checkpoints, latest_recoverable, read_last_pointer
 from lightning_field.checkpoint.manifest_checkpoint import ManifestCheckpoint
 from lightning_field.checkpoint.stores.base import save_durably, write_rank_files
@@ -164,56 +165,75 @@ def test_both_shipped_stores_are_checkpoint_stores_and_anything_else_is_refused_
         ManifestCheckpoint(dirpath=tmp_path, store={})
 
 
-TWO_RANKS_COMMITTING = """
+TWO_RANKS_FAILING_ALONE = """
 import sys
 from pathlib import Path
 import torch
 import torch.distributed as dist
+from lightning_field import Checkpointer
 from lightning_field.checkpoint.commit import SaveJob, commit_save
 from lightning_field.checkpoint.stores import LocalStore
 from lightning_field.core.manifest import rank_state_file
 
 dist.init_process_group("gloo")
-rank, how = dist.get_rank(), sys.argv[2]
+rank, root = dist.get_rank(), Path(sys.argv[1])
 
 class Failing(LocalStore):
+    def __init__(self, how):
+        super().__init__()
+        self.how = how
+
     def prepare(self, final):
-        if how == "prepare":
+        if self.how == "prepare":
             raise OSError(28, "No space left on device")
         return super().prepare(final)
 
     def staging(self, final, token):
-        if how == "staging" and rank == 1:
+        if self.how == "staging" and rank == 1:
             raise OSError(28, "No space left on device")
         return super().staging(final, token)
 
-job = SaveJob(
-    final=Path(sys.argv[1]) / "step=1", store=Failing(), rank=rank, is_global_zero=rank == 0, step=1, epoch=0,
-    world_size=2, files={rank_state_file(rank): ({"rng": {}}, ["rng"])}, rank_missing=[], data_restore=[],
-    stream_positions=[], shared_components=[], shared_missing=[], start=0.0,
-    shards={"state_dict": {"w": torch.ones(4)}} if how == "staging" else None,
-)
-print(f"rank {rank}: {commit_save(job)}", flush=True)
+for how in ("prepare", "staging"):  # rank 0's preparation; one rank's staging of a sharded (DCP) save
+    job = SaveJob(
+        final=root / how / "step=1", store=Failing(how), rank=rank, is_global_zero=rank == 0, step=1, epoch=0,
+        world_size=2, files={rank_state_file(rank): ({"rng": {}}, ["rng"])}, rank_missing=[], data_restore=[],
+        stream_positions=[], shared_components=[], shared_missing=[], start=0.0,
+        shards={"state_dict": {"w": torch.ones(4)}} if how == "staging" else None,
+    )
+    print(f"{how} rank {rank}: {commit_save(job)}", flush=True)
+
+# A restore where rank 0's directory holds a checkpoint and rank 1's none (a node whose disk was lost).
+try:
+    Checkpointer(root / "restore" / f"rank{rank}").restore({"model": torch.nn.Linear(2, 2)}, missing_ok=True)
+    print(f"restore rank {rank}: restored", flush=True)
+except Exception as err:
+    print(f"restore rank {rank}: {type(err).__name__}: {err}", flush=True)
 dist.destroy_process_group()
 """
 
 
 @pytest.mark.slow  # two processes under torchrun
-@pytest.mark.parametrize("how", ["prepare", "staging"])
-def test_a_failure_on_one_rank_before_a_collective_is_every_ranks_error_and_no_rank_waits(
-    tmp_path: Path, how: str
-) -> None:
-    # Rank 0's preparation of the hidden directory, or one rank's staging of a sharded (DCP) save: the
-    # rank that failed must not leave the others in a collective it never enters.
+def test_a_failure_on_one_rank_before_a_collective_is_every_ranks_error_and_no_rank_waits(tmp_path: Path) -> None:
+    # Rank 0's preparation of the hidden directory, one rank's staging of a sharded save, and a restore
+    # whose ranks resolve different checkpoints: no rank may leave the others in a collective it skips.
+    Checkpointer(tmp_path / "ckpts" / "restore" / "rank0").save({"model": torch.nn.Linear(2, 2)}, step=1)
     script = tmp_path / "two_ranks.py"
-    script.write_text(TWO_RANKS_COMMITTING)
+    script.write_text(TWO_RANKS_FAILING_ALONE)
     result = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script),
-         str(tmp_path / "ckpts"), how],
+         str(tmp_path / "ckpts")],
         capture_output=True, text=True, timeout=120, cwd=tmp_path,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
-    said = sorted(line for line in result.stdout.splitlines() if line.startswith("rank "))
-    expected = "rank 0 (prepare)" if how == "prepare" else "rank 1: staging the distributed checkpoint failed"
-    assert len(said) == 2 and all(expected in line and "No space left" in line for line in said), said
-    assert not committed_checkpoints(tmp_path / "ckpts")
+    lines = result.stdout.splitlines()
+    for how, expected in {
+        "prepare": "rank 0 (prepare)",
+        "staging": "rank 1: staging the distributed checkpoint failed",
+    }.items():
+        said = [line for line in lines if line.startswith(f"{how} rank ")]
+        assert len(said) == 2 and all(expected in line and "No space left" in line for line in said), lines
+        assert not committed_checkpoints(tmp_path / "ckpts" / how)
+    refused = [line for line in lines if line.startswith("restore rank ")]
+    assert len(refused) == 2, lines
+    assert all("CheckpointError: the ranks resolved different checkpoints" in line for line in refused), lines
+    assert "rank 1: None" in result.stdout and "rank0" in result.stdout  # each rank's pick named
